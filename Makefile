@@ -1,0 +1,32 @@
+# The two set-up commands of the README: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(TSTAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/scow run
+
+test: $(TSTAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(TSTAMP)
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) data

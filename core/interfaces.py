@@ -1,0 +1,224 @@
+"""The interfaces the kernel owns; built-in and third-party backends implement them.
+
+Each is a `typing.Protocol`, so a backend needs no base class. Plugins hand the kernel a
+frozen descriptor (see `scow.core.descriptors`) whose factory builds an object that
+satisfies one of these protocols; the hot path then calls that object directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from scow.core.message import Message, MessageRef
+
+# --------------------------------------------------------------------------- journal
+
+#: Called (on the event loop, or wherever the journal's dispatcher runs it) once the
+#: record it was passed with is as durable as asked for.
+Completion = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInfo:
+    """One committed record found by `Journal.load`, in journal order."""
+
+    id: int
+    type: int
+    data: bytes
+    is_update: bool = False
+
+
+@dataclass(slots=True)
+class PreparedTransaction:
+    """A transaction that was prepared but neither committed nor rolled back."""
+
+    tx_id: int
+    data: bytes
+    records: list[RecordInfo] = field(default_factory=list)
+    deletes: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """What recovery found: live records (adds and their updates) and prepared txs."""
+
+    records: list[RecordInfo] = field(default_factory=list)
+    prepared: list[PreparedTransaction] = field(default_factory=list)
+    max_id: int = 0
+
+
+@runtime_checkable
+class Journal(Protocol):
+    """An append-only record store that knows nothing about messages.
+
+    Records have a 64-bit id chosen by the caller and a small integer type. An *add*
+    creates a record, an *update* attaches more data to it (a *replaceable* update
+    supersedes earlier replaceable updates of the same type, so compaction may keep only
+    the last), a *delete* removes it and its updates. Transactional forms are buffered
+    under a transaction id until `commit` or `rollback`; `prepare` makes a transaction
+    survive a restart undecided.
+
+    Non-transactional methods take `sync` (wait for the disk before calling `on_done`)
+    and an optional `on_done` completion. The journal calls completions in batches through
+    its dispatcher (`set_dispatcher`), never on the caller's stack for a sync record
+    unless the journal has no disk at all.
+    """
+
+    def set_dispatcher(self, dispatch: Callable[[list[Completion]], None]) -> None:
+        """Route completions: `dispatch` receives each batch once it is durable."""
+
+    def load(self) -> LoadResult:
+        """Open (creating if needed) and recover; call once, before any append."""
+
+    def append_add(
+        self, record_id: int, record_type: int, data: bytes, *, sync: bool,
+        on_done: Completion | None = None,
+    ) -> None: ...
+
+    def append_update(
+        self, record_id: int, record_type: int, data: bytes, *, sync: bool,
+        on_done: Completion | None = None, replaceable: bool = False,
+    ) -> None: ...
+
+    def append_delete(
+        self, record_id: int, *, sync: bool, on_done: Completion | None = None
+    ) -> None: ...
+
+    def append_add_tx(self, tx_id: int, record_id: int, record_type: int, data: bytes) -> None: ...
+
+    def append_update_tx(
+        self, tx_id: int, record_id: int, record_type: int, data: bytes
+    ) -> None: ...
+
+    def append_delete_tx(self, tx_id: int, record_id: int) -> None: ...
+
+    def prepare(
+        self, tx_id: int, data: bytes, *, sync: bool, on_done: Completion | None = None
+    ) -> None: ...
+
+    def commit(self, tx_id: int, *, sync: bool, on_done: Completion | None = None) -> None: ...
+
+    def rollback(self, tx_id: int, *, sync: bool, on_done: Completion | None = None) -> None: ...
+
+    def flush(self) -> None:
+        """Block until everything appended so far is durable and its completions ran."""
+
+    def stop(self) -> None:
+        """Flush, stop background work and close files. Idempotent."""
+
+
+# --------------------------------------------------------------------------- paging
+
+
+@runtime_checkable
+class PageStore(Protocol):
+    """Pages of one address: an ordered sequence of pages of encoded messages.
+
+    Page numbers grow by one per page. A page is written once (appended to until full,
+    then closed) and deleted when every queue's cursor has passed it.
+    """
+
+    def page_numbers(self) -> list[int]:
+        """Every page stored, in order."""
+
+    def append(self, page: int, message: bytes) -> None:
+        """Add a message to the open page `page`."""
+
+    def sync(self) -> None:
+        """Make every appended message durable."""
+
+    def read(self, page: int) -> list[bytes]:
+        """The messages of `page` in the order they were appended."""
+
+    def delete(self, page: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- queues
+
+
+class Consumer(Protocol):
+    """Something that takes messages from a queue: a protocol's sending link."""
+
+    #: Selector the consumer gave when it subscribed, or None.
+    filter: Callable[[Message], bool] | None
+    #: True for a browser (distribution-mode copy): sees messages without taking them.
+    browse: bool
+
+    def credit(self) -> int:
+        """How many more messages it can take right now."""
+
+    def deliver(self, ref: MessageRef) -> None:
+        """Hand over one message; the queue will hear its outcome later."""
+
+
+@runtime_checkable
+class Queue(Protocol):
+    """A queue bound to an address. Implementations come from `QueueType` factories."""
+
+    name: str
+    address: str
+    durable: bool
+
+    def enqueue(self, ref: MessageRef) -> None: ...
+
+    def add_consumer(self, consumer: Consumer) -> None: ...
+
+    def remove_consumer(self, consumer: Consumer) -> None: ...
+
+    def consumer_count(self) -> int: ...
+
+    def message_count(self) -> int: ...
+
+    def dispatch(self) -> None:
+        """Offer pending messages to consumers with credit."""
+
+    def acknowledge(self, ref: MessageRef) -> None:
+        """The consumer is done with `ref` (accepted, or rejected without redelivery)."""
+
+    def release(self, ref: MessageRef, *, delivered: bool) -> None:
+        """Put `ref` back at its place; `delivered` counts it as a delivery attempt."""
+
+    def browse(self) -> Iterable[MessageRef]:
+        """The messages in the queue, in order, without taking them."""
+
+    def purge(self) -> int: ...
+
+
+# --------------------------------------------------------------------------- full policies
+
+
+class FullPolicy(Protocol):
+    """What an address does with a new message once it holds `max-size-bytes`."""
+
+    def admit(self, message: Message) -> bool | None:
+        """True to route it, False to drop it silently, None to refuse it (sender error)."""
+
+    def blocks_producers(self) -> bool:
+        """True while producers should get no more credit."""
+
+
+# --------------------------------------------------------------------------- protocols and services
+
+
+@runtime_checkable
+class Service(Protocol):
+    """Background work with a lifetime: started after the broker, stopped before it."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class ProtocolServer(Service, Protocol):
+    """A listener for one wire protocol."""
+
+    #: (host, port) pairs actually bound, available after `start`.
+    bound: Sequence[tuple[str, int]]
+
+    def stats(self) -> dict[str, Any]: ...
