@@ -1,0 +1,187 @@
+"""Assembling a broker from config and plugins, and running it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from scow.core.broker import Broker
+from scow.core.config import Config, ConfigError, load_config, read_plugin_list
+from scow.core.interfaces import Completion, ProtocolServer, Service
+from scow.core.plugins import PluginError, PluginManager
+from scow.core.selector import compile_selector
+from scow.core.storage import StorageManager
+
+log = structlog.get_logger("scow")
+
+
+class StartupError(Exception):
+    """The broker cannot start; the message says why and what would be accepted."""
+
+
+def load(
+    config_path: Path | None, overrides: Mapping[str, Mapping[str, object]] | None = None
+) -> tuple[PluginManager, Config]:
+    """Load the enabled plugins, then the config validated against their sections."""
+    try:
+        plugins = PluginManager()
+        plugins.load(read_plugin_list(config_path))
+        sections = plugins.collect("scow_config_sections")
+        config = load_config(config_path, sections, _only_known(overrides, sections))
+    except (ConfigError, PluginError) as exc:
+        raise StartupError(str(exc)) from exc
+    return plugins, config
+
+
+def _only_known(
+    overrides: Mapping[str, Mapping[str, object]] | None, sections: list[Any]
+) -> dict[str, dict[str, object]] | None:
+    """Drop overrides aimed at plugin sections that are not loaded (e.g. --listen)."""
+    if overrides is None:
+        return None
+    known = {s.name for s in sections} | {"broker", "plugins", "security"}
+    return {k: dict(v) for k, v in overrides.items() if k in known}
+
+
+def _run_all(completions: list[Completion]) -> None:
+    for completion in completions:
+        completion()
+
+
+class Server:
+    """A broker with its storage, services and protocol listeners."""
+
+    def __init__(self, plugins: PluginManager, config: Config) -> None:
+        self.plugins = plugins
+        self.config = config
+        self.broker: Broker | None = None
+        self.protocols: dict[str, ProtocolServer] = {}
+        self.services: list[Service] = []
+        self._stopped = asyncio.Event()
+        try:
+            self.queue_types = plugins.unique("scow_register_queue_types", "queue type")
+            self.journals = plugins.unique("scow_register_journals", "journal backend")
+            self.full_policies = plugins.unique("scow_register_full_policies", "full policy")
+            self.protocol_types = plugins.unique("scow_register_protocols", "protocol")
+        except PluginError as exc:
+            raise StartupError(str(exc)) from exc
+        if "standard" not in self.queue_types:
+            raise StartupError(
+                "no plugin provides the 'standard' queue type; enable 'standard-queues'"
+            )
+        plugins.hook.scow_configure(config=config)
+
+    def _storage(self) -> StorageManager:
+        broker_cfg = self.config.section("broker")
+        if not broker_cfg["persistence-enabled"]:
+            return StorageManager(None, None)
+        name = broker_cfg["journal"]
+        if not name:
+            if len(self.journals) != 1:
+                raise StartupError(
+                    "[broker] journal: choose one of the enabled journal backends "
+                    f"({', '.join(sorted(self.journals)) or 'none: enable file-journal'})"
+                )
+            name = next(iter(self.journals))
+        backend = self.journals.get(name)
+        if backend is None:
+            raise StartupError(
+                f"[broker] journal = {name!r}: no enabled plugin provides it "
+                f"(enabled journals: {', '.join(sorted(self.journals)) or 'none'})"
+            )
+        data_dir = Path(broker_cfg["data-dir"])
+        settings = self.config.section(name) if name in self.config.section_names else {}
+        bindings = backend.factory(data_dir, "bindings", settings)
+        messages = backend.factory(data_dir, "messages", settings)
+        sync = bool(settings.get("journal-sync-non-transactional", True))
+        return StorageManager(bindings, messages, sync_non_transactional=sync)
+
+    async def start(self) -> Broker:
+        loop = asyncio.get_running_loop()
+        storage = self._storage()
+        storage.set_dispatcher(lambda batch: loop.call_soon_threadsafe(_run_all, batch))
+        recovered = await loop.run_in_executor(None, storage.load)
+        broker = Broker(
+            self.config,
+            storage,
+            queue_types=self.queue_types,
+            full_policies=self.full_policies,
+            persistent=bool(storage.journals),
+            selector_compiler=lambda text: compile_selector(text).matches,
+        )
+        broker.hooks = self.plugins.hook
+        self.broker = broker
+        formats = [p.message_format for p in self.protocol_types.values() if p.message_format]
+        if recovered.messages and not formats:
+            raise StartupError("the journal holds messages but no protocol plugin can read them")
+        restored = broker.recover(recovered, formats[0]) if formats else 0
+        log.info(
+            "broker recovered",
+            addresses=len(broker.addresses),
+            queues=len(broker.queues),
+            messages=restored,
+        )
+        self.services = [ExpiryReaper(broker, self.config.section("broker"))]
+        self.services += self.plugins.collect("scow_services", broker=broker)
+        for service in self.services:
+            await service.start()
+        for name, protocol in self.protocol_types.items():
+            settings = self.config.section(name) if name in self.config.section_names else {}
+            server = protocol.factory(broker, settings)
+            await server.start()
+            self.protocols[name] = server
+        self.plugins.hook.scow_broker_started(broker=broker)
+        return broker
+
+    async def stop(self) -> None:
+        if self.broker is not None:
+            self.plugins.hook.scow_broker_stopping(broker=self.broker)
+        for server in self.protocols.values():
+            await server.stop()
+        for service in reversed(self.services):
+            await service.stop()
+        if self.broker is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.broker.storage.stop)
+        self._stopped.set()
+
+    async def run_forever(self) -> None:
+        """Start, then serve until SIGINT/SIGTERM."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        log.info("shutting down")
+        await self.stop()
+
+
+class ExpiryReaper:
+    """Moves expired messages out of queues every `message-expiry-scan-period` ms."""
+
+    def __init__(self, broker: Broker, settings: Mapping[str, Any]) -> None:
+        self.broker = broker
+        self.period = int(settings["message-expiry-scan-period"]) / 1000
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.period > 0:
+            self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            self.broker.expire_scan()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

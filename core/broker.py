@@ -1,0 +1,666 @@
+"""The broker: addresses, queues, routing, outcomes, dead letters and expiry.
+
+Protocols talk to the broker through a handful of methods (`send`, `subscribe`,
+`unsubscribe`, `acknowledge`, `release`, `reject`); everything a message does between
+producer and consumer happens here and in the queue objects.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from scow.core.message import Message, MessageFormat, MessageRef
+from scow.core.model import (
+    AddressInfo,
+    InvalidField,
+    NotFound,
+    QueueSpec,
+    ResourceLimitExceeded,
+    ResourceLocked,
+    RoutingType,
+    RouteStatus,
+)
+
+if TYPE_CHECKING:
+    from scow.core.address_settings import AddressSettings
+    from scow.core.config import Config
+    from scow.core.descriptors import FullPolicyType, QueueType
+    from scow.core.interfaces import Completion, Consumer
+    from scow.core.storage import Recovered, StorageManager
+
+log = structlog.get_logger("scow.broker")
+
+FQQN_SEPARATOR = "::"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    """One broker's topology and message flow. Runs on a single event loop thread."""
+
+    def __init__(
+        self,
+        config: Config,
+        storage: StorageManager,
+        *,
+        queue_types: Mapping[str, QueueType],
+        full_policies: Mapping[str, FullPolicyType],
+        persistent: bool,
+        selector_compiler: Callable[[str], Any],
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.queue_types = dict(queue_types)
+        self.full_policies = dict(full_policies)
+        #: False when the journal keeps nothing (persistence disabled, in-memory journal).
+        self.persistent = persistent
+        self.compile_selector = selector_compiler
+        #: The plugin hooks (pluggy's relay), for per-connection hook calls by protocols.
+        self.hooks: Any = None
+        self.addresses: dict[str, AddressInfo] = {}
+        self.queues: dict[str, Any] = {}
+        self._record_ids: dict[int, int] = {}  # id(AddressInfo) -> bindings record id
+        self.messages_routed = 0
+        self.messages_unrouted = 0
+        self.messages_expired = 0
+        self.messages_dead_lettered = 0
+
+    # ------------------------------------------------------------------ settings and ids
+
+    def settings_for(self, address: str) -> AddressSettings:
+        return self.config.address_settings.get(address)
+
+    def next_id(self) -> int:
+        return self.storage.next_id()
+
+    @staticmethod
+    def expired(message: Message) -> bool:
+        return 0 < message.expiration <= now_ms()
+
+    # ------------------------------------------------------------------ addresses
+
+    def get_address(self, name: str) -> AddressInfo | None:
+        return self.addresses.get(name)
+
+    def create_address(
+        self,
+        name: str,
+        routing_types: set[RoutingType],
+        *,
+        auto_created: bool = False,
+        durable: bool = True,
+        temporary: bool = False,
+        record_id: int | None = None,
+    ) -> AddressInfo:
+        """Create an address, or add routing types to an existing one."""
+        existing = self.addresses.get(name)
+        if existing is not None:
+            if not routing_types <= existing.routing_types:
+                existing.routing_types |= routing_types
+                self._store_address(existing)
+            return existing
+        settings = self.settings_for(name)
+        address = AddressInfo(
+            name,
+            set(routing_types),
+            settings,
+            auto_created=auto_created,
+            durable=durable,
+            temporary=temporary,
+        )
+        address.full_policy = self._full_policy_for(address)
+        self.addresses[name] = address
+        if record_id is None:
+            self._store_address(address)
+        else:
+            self._record_ids[id(address)] = record_id
+        log.debug("address created", address=name, routing=sorted(r.value for r in routing_types))
+        return address
+
+    def _full_policy_for(self, address: AddressInfo) -> Any:
+        settings = address.settings
+        if settings.max_size_bytes < 0 and settings.max_size_messages < 0:
+            return None
+        policy = self.full_policies.get(settings.address_full_policy)
+        if policy is None:
+            raise ResourceLimitExceeded(
+                f"address '{address.name}': address-full-policy "
+                f"'{settings.address_full_policy}' is not provided by any enabled plugin "
+                f"(available: {', '.join(sorted(self.full_policies)) or 'none'})"
+            )
+        return policy.factory(address)
+
+    def _store_address(self, address: AddressInfo) -> None:
+        if not (self.persistent and address.durable and not address.temporary):
+            return
+        old = self._record_ids.pop(id(address), None)
+        if old is not None:
+            self.storage.delete_binding(old)
+        record_id = self.next_id()
+        self._record_ids[id(address)] = record_id
+        self.storage.store_address(
+            record_id,
+            {
+                "name": address.name,
+                "routing-types": sorted(r.value for r in address.routing_types),
+                "auto-created": address.auto_created,
+            },
+        )
+
+    def delete_address(self, name: str) -> None:
+        address = self.addresses.pop(name, None)
+        if address is None:
+            return
+        for queue_name in list(address.queues):
+            self.delete_queue(queue_name)
+        record_id = self._record_ids.pop(id(address), None)
+        if record_id is not None:
+            self.storage.delete_binding(record_id)
+
+    def _address_for(self, name: str, routing_type: RoutingType | None) -> AddressInfo:
+        """The address `name`, auto-created if its settings allow."""
+        address = self.addresses.get(name)
+        if address is not None:
+            return address
+        settings = self.settings_for(name)
+        if not settings.auto_create_addresses:
+            raise NotFound(f"address '{name}' does not exist and auto-create-addresses is off")
+        rtype = routing_type or RoutingType(settings.default_address_routing_type)
+        return self.create_address(name, {rtype}, auto_created=True)
+
+    def routing_type_of(self, name: str, hint: RoutingType | None) -> RoutingType:
+        """The routing type a link on `name` gets: its hint, else the address's own."""
+        if hint is not None:
+            return hint
+        address = self.addresses.get(name)
+        if address is not None and len(address.routing_types) == 1:
+            return next(iter(address.routing_types))
+        return RoutingType(self.settings_for(name).default_address_routing_type)
+
+    # ------------------------------------------------------------------ queues
+
+    def create_queue(self, spec: QueueSpec, *, record_id: int | None = None) -> Any:
+        if spec.name in self.queues:
+            raise ResourceLocked(f"queue '{spec.name}' already exists")
+        queue_type = self.queue_types.get(spec.queue_type)
+        if queue_type is None:
+            raise InvalidField(
+                f"queue '{spec.name}': unknown queue type '{spec.queue_type}' "
+                f"(available: {', '.join(sorted(self.queue_types))})"
+            )
+        address = self.create_address(
+            spec.address,
+            {spec.routing_type},
+            auto_created=spec.auto_created,
+            durable=spec.durable,
+            temporary=spec.temporary,
+        )
+        queue_filter = self._compile(spec.filter) if spec.filter is not None else None
+        queue = queue_type.factory(spec, self)
+        durable = spec.durable and not spec.temporary and self.persistent
+        queue.id = record_id if record_id is not None else self.next_id()
+        queue.durable = durable
+        queue.filter = queue_filter
+        self.queues[spec.name] = queue
+        address.queues[spec.name] = queue
+        if durable and record_id is None:
+            self.storage.store_queue(queue.id, _queue_description(spec))
+        log.debug("queue created", queue=spec.name, address=spec.address)
+        return queue
+
+    def delete_queue(self, name: str) -> None:
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            return
+        address = self.addresses.get(queue.address)
+        if address is not None:
+            address.queues.pop(name, None)
+        for ref in queue.take():
+            self.discard(ref)
+        if queue.durable:
+            self.storage.delete_binding(queue.id)
+        log.debug("queue deleted", queue=name)
+        if (
+            address is not None
+            and not address.queues
+            and address.auto_created
+            and address.settings.auto_delete_addresses
+        ):
+            self.delete_address(address.name)
+
+    def _auto_delete(self, queue: Any) -> None:
+        spec: QueueSpec = queue.spec
+        if queue.consumer_count() or queue.name not in self.queues:
+            return
+        if spec.delete_on_no_consumers:
+            self.delete_queue(queue.name)
+            return
+        settings = self.settings_for(queue.address)
+        if (
+            spec.auto_created
+            and settings.auto_delete_queues
+            and queue.message_count() <= settings.auto_delete_queues_message_count
+        ):
+            self.delete_queue(queue.name)
+
+    # ------------------------------------------------------------------ producing
+
+    def send(
+        self,
+        data: bytes,
+        address_name: str,
+        fmt: MessageFormat,
+        routing_type: RoutingType | None = None,
+        on_stored: Completion | None = None,
+    ) -> RouteStatus:
+        """Route one message. `on_stored` runs once it is durable, if it must be.
+
+        Returns PENDING when `on_stored` will be called, otherwise the final status.
+        """
+        address = self._address_for(address_name, routing_type)
+        durable, priority, ttl = fmt.inspect(data)
+        settings = address.settings
+        message = Message(0, data, address_name, fmt, durable=durable, priority=priority)
+        message.expiration = _expiration(ttl, settings)
+        if address.full_policy is not None and address.is_full():
+            verdict = address.full_policy.admit(message)
+            if verdict is None:
+                raise ResourceLimitExceeded(
+                    f"address '{address_name}' is full ({address.size} bytes, "
+                    f"max-size-bytes {settings.max_size_bytes}) and its policy is "
+                    f"{settings.address_full_policy}"
+                )
+            if verdict is False:
+                return RouteStatus.DROPPED
+        queues = self._route_targets(address, routing_type, message)
+        if not queues:
+            self.messages_unrouted += 1
+            if settings.send_to_dla_on_no_route and settings.dead_letter_address:
+                queues = self._dead_letter_targets(settings.dead_letter_address, message)
+            if not queues:
+                return RouteStatus.NO_ROUTE
+        message.id = self.next_id()
+        self.messages_routed += 1
+        return self._enqueue(message, queues, address, on_stored)
+
+    def _route_targets(
+        self, address: AddressInfo, routing_type: RoutingType | None, message: Message
+    ) -> list[Any]:
+        anycast = multicast = ()
+        want_any = routing_type in (None, RoutingType.ANYCAST)
+        want_multi = routing_type in (None, RoutingType.MULTICAST)
+        if want_any and RoutingType.ANYCAST in address.routing_types:
+            anycast = address.anycast_queues()
+            if not anycast and address.settings.auto_create_queues:
+                anycast = [self._auto_queue(address.name, RoutingType.ANYCAST)]
+        if want_multi:
+            multicast = address.multicast_queues()
+        targets = [q for q in multicast if q.filter is None or q.filter(message)]
+        matching = [q for q in anycast if q.filter is None or q.filter(message)]
+        if matching:
+            address._anycast_index = (address._anycast_index + 1) % len(matching)
+            targets.append(matching[address._anycast_index])
+        return targets
+
+    def _auto_queue(self, name: str, routing_type: RoutingType) -> Any:
+        return self.create_queue(
+            QueueSpec(name, name, routing_type, auto_created=True, durable=True)
+        )
+
+    def _enqueue(
+        self,
+        message: Message,
+        queues: list[Any],
+        address: AddressInfo,
+        on_stored: Completion | None,
+    ) -> RouteStatus:
+        refs = [MessageRef(message, q) for q in queues]
+        message.refcount = len(refs)
+        address.size += len(message.data)
+        address.message_count += 1
+        status = RouteStatus.ROUTED
+        if message.durable and self.persistent:
+            durable_ids = [q.id for q in queues if q.durable]
+            if durable_ids:
+                message.stored_refs = len(durable_ids)
+                self.storage.store_message(
+                    message.id,
+                    message.address,
+                    message.expiration,
+                    durable_ids,
+                    message.data,
+                    on_stored,
+                )
+                status = RouteStatus.PENDING if on_stored is not None else status
+        for ref in refs:
+            ref.queue.enqueue(ref)
+        return status
+
+    # ------------------------------------------------------------------ consuming
+
+    def subscribe(
+        self,
+        consumer: Consumer,
+        address_name: str,
+        *,
+        routing_type: RoutingType | None = None,
+        selector: str | None = None,
+        durable: bool = False,
+        shared: bool = False,
+        global_: bool = False,
+        subscription: str | None = None,
+        client_id: str = "",
+    ) -> Any:
+        """Attach `consumer` to the queue it asked for, creating it where allowed.
+
+        Anycast: the queue named like the address (or `address::queue`). Multicast: a
+        subscription queue: temporary, or durable and named `client_id.subscription`
+        (just `subscription` for global shared ones).
+        """
+        if FQQN_SEPARATOR in address_name:
+            address_name, queue_name = address_name.split(FQQN_SEPARATOR, 1)
+            queue = self.queues.get(queue_name)
+            if queue is None or queue.address != address_name:
+                raise NotFound(f"queue '{queue_name}' on address '{address_name}' does not exist")
+            return self._attach(consumer, queue, selector)
+        rtype = self.routing_type_of(address_name, routing_type)
+        settings = self.settings_for(address_name)
+        if rtype is RoutingType.ANYCAST:
+            queue = self.queues.get(address_name)
+            if queue is None:
+                address = self.addresses.get(address_name)
+                if address is None and not settings.auto_create_addresses:
+                    raise NotFound(
+                        f"address '{address_name}' does not exist and auto-create-addresses is off"
+                    )
+                if not settings.auto_create_queues:
+                    raise NotFound(
+                        f"queue '{address_name}' does not exist and auto-create-queues is off"
+                    )
+                queue = self._auto_queue(address_name, RoutingType.ANYCAST)
+            return self._attach(consumer, queue, selector)
+        self._address_for(address_name, RoutingType.MULTICAST)
+        name = _subscription_queue_name(durable, shared, global_, subscription, client_id)
+        queue = self.queues.get(name) if name else None
+        if queue is not None and (durable or shared):
+            if queue.spec.filter != selector or queue.address != address_name:
+                if queue.consumer_count():
+                    raise ResourceLocked(
+                        f"subscription '{name}' is in use with a different address or selector"
+                    )
+                self.delete_queue(name)  # a changed durable subscription starts afresh
+                queue = None
+        if queue is None:
+            queue = self.create_queue(
+                QueueSpec(
+                    name or f"{address_name}.{uuid.uuid4()}",
+                    address_name,
+                    RoutingType.MULTICAST,
+                    filter=selector,
+                    durable=durable,
+                    temporary=not durable,
+                    delete_on_no_consumers=not durable,
+                )
+            )
+        return self._attach(consumer, queue, None)
+
+    def _compile(self, selector: str) -> Callable[[Message], bool]:
+        try:
+            compiled = self.compile_selector(selector)
+        except ValueError as exc:
+            raise InvalidField(str(exc)) from exc
+        return lambda message: compiled(message.lookup())
+
+    def _attach(self, consumer: Consumer, queue: Any, selector: str | None) -> Any:
+        spec: QueueSpec = queue.spec
+        if spec.max_consumers >= 0 and queue.consumer_count() >= spec.max_consumers:
+            raise ResourceLimitExceeded(
+                f"queue '{queue.name}' already has its max-consumers ({spec.max_consumers})"
+            )
+        consumer.filter = self._compile(selector) if selector is not None else None
+        queue.add_consumer(consumer)
+        return queue
+
+    def create_temporary_queue(self, consumer: Consumer | None = None) -> Any:
+        """A dynamic (reply-to) queue, deleted when its consumer goes."""
+        name = f"temp.{uuid.uuid4()}"
+        return self.create_queue(
+            QueueSpec(
+                name,
+                name,
+                RoutingType.ANYCAST,
+                durable=False,
+                temporary=True,
+                delete_on_no_consumers=True,
+            )
+        )
+
+    def unsubscribe(self, consumer: Consumer, queue: Any, *, remove_subscription: bool) -> None:
+        """Detach `consumer`; `remove_subscription` ends a durable subscription too."""
+        queue.remove_consumer(consumer)
+        if remove_subscription and queue.spec.routing_type is RoutingType.MULTICAST:
+            if not queue.consumer_count():
+                self.delete_queue(queue.name)
+            return
+        self._auto_delete(queue)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def acknowledge(self, ref: MessageRef) -> None:
+        ref.queue.acknowledge(ref)  # type: ignore[attr-defined]
+        self._dereference(ref)
+        if ref.queue.spec.auto_created and not ref.queue.consumer_count():  # type: ignore[attr-defined]
+            self._auto_delete(ref.queue)
+
+    def release(self, ref: MessageRef, *, delivered: bool) -> None:
+        """Put `ref` back; `delivered` makes it a failed attempt (delivery-count + 1)."""
+        queue: Any = ref.queue
+        if delivered:
+            ref.delivery_count += 1
+            limit = self.settings_for(queue.address).max_delivery_attempts
+            if 0 <= limit <= ref.delivery_count:
+                queue.remove_delivering(ref)
+                queue.messages_killed += 1
+                self._dead_letter(ref)
+                return
+            if ref.message.stored_refs and queue.durable:
+                self.storage.update_delivery_count(ref.message.id, queue.id, ref.delivery_count)
+        if queue.name in self.queues:
+            queue.release(ref, delivered=delivered)
+        else:
+            self.discard(ref)
+
+    def reject(self, ref: MessageRef) -> None:
+        """The consumer refuses the message for good: it goes to the dead-letter address."""
+        ref.queue.remove_delivering(ref)  # type: ignore[attr-defined]
+        ref.queue.messages_killed += 1  # type: ignore[attr-defined]
+        self._dead_letter(ref)
+
+    def discard(self, ref: MessageRef) -> None:
+        """Drop a reference without delivering it (purge, queue deletion, drop policies)."""
+        self._dereference(ref)
+
+    def _dereference(self, ref: MessageRef) -> None:
+        message = ref.message
+        message.refcount -= 1
+        if message.stored_refs and ref.queue.durable:  # type: ignore[attr-defined]
+            message.stored_refs -= 1
+            self.storage.acknowledge(message.id, ref.queue.id, message.stored_refs == 0)  # type: ignore[attr-defined]
+        if message.refcount == 0:
+            address = self.addresses.get(message.address)
+            if address is not None:
+                was_full = address.full_policy is not None and address.is_full()
+                address.size -= len(message.data)
+                address.message_count -= 1
+                if was_full and not address.is_full():
+                    for resume in list(address.on_space):
+                        resume()
+
+    # ------------------------------------------------------------------ dead letters and expiry
+
+    def _dead_letter(self, ref: MessageRef) -> None:
+        queue: Any = ref.queue
+        settings = self.settings_for(queue.address)
+        self._move(ref, settings.dead_letter_address, "x-opt-ORIG-", {})
+        self.messages_dead_lettered += 1
+
+    def expire(self, ref: MessageRef) -> None:
+        """`ref` has outlived its TTL: move it to the expiry address, or drop it."""
+        queue: Any = ref.queue
+        queue.remove_delivering(ref)
+        queue.messages_expired += 1
+        self.messages_expired += 1
+        settings = self.settings_for(queue.address)
+        self._move(ref, settings.expiry_address, "x-opt-ORIG-", {"x-opt-ACTUAL-EXPIRY": now_ms()})
+
+    def _move(self, ref: MessageRef, target: str | None, prefix: str, extra: dict) -> None:
+        message = ref.message
+        queue: Any = ref.queue
+        if target and target != queue.address:
+            queues = self._dead_letter_targets(target, message)
+            if queues:
+                data = message.format.annotate(
+                    message.data,
+                    {
+                        f"{prefix}ADDRESS": message.address,
+                        f"{prefix}QUEUE": queue.name,
+                        f"{prefix}MESSAGE-ID": message.id,
+                        **extra,
+                    },
+                )
+                copy = Message(
+                    self.next_id(),
+                    data,
+                    target,
+                    message.format,
+                    durable=message.durable,
+                    priority=message.priority,
+                )
+                self._enqueue(copy, queues, self.addresses[target], None)
+            else:
+                log.warning("no queue on dead-letter/expiry address", address=target)
+        self._dereference(ref)
+
+    def _dead_letter_targets(self, target: str, message: Message) -> list[Any]:
+        address = self.addresses.get(target) or self.create_address(
+            target, {RoutingType.ANYCAST}, auto_created=True
+        )
+        queues = list(address.queues.values())
+        if not queues:
+            queues = [self._auto_queue(target, RoutingType.ANYCAST)]
+        return [q for q in queues if q.filter is None or q.filter(message)]
+
+    def expire_scan(self) -> int:
+        """Move every expired waiting message out of its queue; returns how many."""
+        now = now_ms()
+        count = 0
+        for queue in list(self.queues.values()):
+            for ref in queue.take(lambda r: 0 < r.message.expiration <= now):
+                self.expire(ref)
+                count += 1
+        return count
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self, recovered: Recovered, fmt: MessageFormat) -> int:
+        """Rebuild topology and queued messages from storage; returns messages restored."""
+        for description in recovered.addresses:
+            self.create_address(
+                description["name"],
+                {RoutingType(r) for r in description["routing-types"]},
+                auto_created=description.get("auto-created", False),
+                record_id=description["id"],
+            )
+        by_id: dict[int, Any] = {}
+        for description in recovered.queues:
+            queue = self.create_queue(_queue_spec(description), record_id=description["id"])
+            by_id[queue.id] = queue
+        restored = 0
+        for rec in recovered.messages:
+            durable, priority, _ttl = fmt.inspect(rec.data)
+            message = Message(
+                rec.id, rec.data, rec.address, fmt, durable=durable, priority=priority,
+                expiration=rec.expiration,
+            )
+            queues = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]
+            if not queues:
+                continue
+            message.refcount = message.stored_refs = len(queues)
+            address = self.addresses.get(rec.address)
+            if address is not None:
+                address.size += len(rec.data)
+                address.message_count += 1
+            for queue, count in queues:
+                queue.enqueue(MessageRef(message, queue, count))
+            restored += 1
+        return restored
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "addresses": len(self.addresses),
+            "queues": {name: q.stats() for name, q in self.queues.items()},
+            "messages-routed": self.messages_routed,
+            "messages-unrouted": self.messages_unrouted,
+            "messages-expired": self.messages_expired,
+            "messages-dead-lettered": self.messages_dead_lettered,
+        }
+
+
+def _expiration(ttl: int, settings: AddressSettings) -> int:
+    """Absolute expiry (ms) from the message TTL and the address's expiry-delay limits."""
+    if ttl <= 0:
+        if settings.expiry_delay < 0:
+            return 0
+        ttl = settings.expiry_delay
+    if settings.min_expiry_delay >= 0:
+        ttl = max(ttl, settings.min_expiry_delay)
+    if settings.max_expiry_delay >= 0:
+        ttl = min(ttl, settings.max_expiry_delay)
+    return now_ms() + ttl if ttl > 0 else 0
+
+
+def _subscription_queue_name(
+    durable: bool, shared: bool, global_: bool, subscription: str | None, client_id: str
+) -> str | None:
+    if not subscription or not (durable or shared):
+        return None
+    if shared and global_:
+        return subscription
+    return f"{client_id}.{subscription}" if client_id else subscription
+
+
+def _queue_description(spec: QueueSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "address": spec.address,
+        "routing-type": spec.routing_type.value,
+        "filter": spec.filter,
+        "auto-created": spec.auto_created,
+        "queue-type": spec.queue_type,
+        "max-consumers": spec.max_consumers,
+        "exclusive": spec.exclusive,
+        "arguments": dict(spec.arguments),
+    }
+
+
+def _queue_spec(description: dict[str, Any]) -> QueueSpec:
+    return QueueSpec(
+        description["name"],
+        description["address"],
+        RoutingType(description["routing-type"]),
+        filter=description.get("filter"),
+        auto_created=description.get("auto-created", False),
+        queue_type=description.get("queue-type", "standard"),
+        max_consumers=description.get("max-consumers", -1),
+        exclusive=description.get("exclusive", False),
+        arguments=tuple(description.get("arguments", {}).items()),
+    )

@@ -1,0 +1,172 @@
+"""The `scow` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scow.core import app
+from scow.core import logging as scow_logging
+from scow.core.config import ConfigError, default_config_path, read_plugin_list
+from scow.core.plugins import PluginManager, describe_plugins, installed_plugins
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"config file (default: the packaged {default_config_path().name})",
+    )
+
+
+def _config_path(args: argparse.Namespace) -> Path:
+    return args.config if args.config is not None else default_config_path()
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    broker: dict[str, object] = {}
+    if getattr(args, "data_dir", None) is not None:
+        broker["data-dir"] = str(args.data_dir)
+    if getattr(args, "log_format", None) is not None:
+        broker["log-format"] = args.log_format
+    overrides: dict[str, dict[str, object]] = {"broker": broker}
+    if getattr(args, "listen", None):
+        overrides["amqp"] = {"listen": list(args.listen)}
+    return overrides
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        plugins, config = app.load(_config_path(args), _overrides(args))
+        broker_cfg = config.section("broker")
+        scow_logging.configure(broker_cfg["log-format"], broker_cfg["log-level"])
+        server = app.Server(plugins, config)
+    except app.StartupError as exc:
+        print(f"scow: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # uvloop is optional on platforms without it
+        runner = asyncio.run
+    try:
+        runner(server.run_forever())
+    except app.StartupError as exc:
+        print(f"scow: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"scow: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    try:
+        enabled = read_plugin_list(_config_path(args))
+    except ConfigError as exc:
+        print(f"scow: {exc}", file=sys.stderr)
+        return 2
+    for info in describe_plugins(enabled):
+        state = "enabled" if info.enabled else "installed"
+        print(f"{info.name:<18} {state:<10} {info.module}")
+        for hook in info.hooks:
+            print(f"    {hook}")
+    unknown = [name for name in enabled if name not in installed_plugins()]
+    for name in unknown:
+        print(f"{name:<18} MISSING    listed in [plugins] enable but not installed")
+    return 1 if unknown else 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    try:
+        _plugins, config = app.load(_config_path(args))
+    except app.StartupError as exc:
+        print(f"scow: {exc}", file=sys.stderr)
+        return 2
+    print(f"# {config.path or 'defaults'}: valid")
+    print(_to_toml(config.effective()))
+    return 0
+
+
+def _to_toml(tables: dict[str, Any], prefix: str = "") -> str:
+    lines: list[str] = []
+    nested: list[tuple[str, dict[str, Any]]] = []
+    for key, value in tables.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and prefix == "":
+            nested.append((key, value))
+        elif isinstance(value, dict):
+            nested.append((f"{prefix}.{_key(key)}", value))
+        else:
+            lines.append(f"{_key(key)} = {_value(value)}")
+    for name, table in nested:
+        body = _to_toml(table, name)
+        lines.append(f"\n[{name}]\n{body}".rstrip())
+    return "\n".join(lines)
+
+
+def _key(key: str) -> str:
+    return key if key.replace("-", "").replace("_", "").isalnum() else f'"{key}"'
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scow", description="Scow, an AMQP 1.0 broker")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start the broker")
+    _config_arg(run)
+    run.add_argument(
+        "--listen",
+        action="append",
+        metavar="HOST:PORT",
+        help="AMQP listen address, repeatable (overrides [amqp] listen)",
+    )
+    run.add_argument("--data-dir", type=Path, help="overrides [broker] data-dir")
+    run.add_argument("--log-format", choices=("console", "json"), help="overrides [broker]")
+    run.set_defaults(handler=cmd_run)
+
+    plugins = sub.add_parser("plugins", help="installed and enabled plugins and their hooks")
+    _config_arg(plugins)
+    plugins.set_defaults(handler=cmd_plugins)
+
+    config = sub.add_parser("config", help="configuration tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser("check", help="validate a config and print the effective one")
+    _config_arg(check)
+    check.set_defaults(handler=cmd_config_check)
+
+    tools = PluginManager()
+    for name, ep in sorted(installed_plugins().items()):
+        try:
+            tools.register(ep.load(), name)
+        except Exception as exc:  # a broken plugin must not take the CLI down
+            print(f"scow: plugin '{name}' failed to load: {exc}", file=sys.stderr)
+    tools.hook.scow_add_commands(subparsers=sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

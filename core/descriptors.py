@@ -1,0 +1,71 @@
+"""Frozen descriptors that registration hooks return.
+
+A descriptor names a backend and carries the factory that builds it. Hooks run once at
+startup; the objects the factories build are what the hot path calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+    from scow.core.interfaces import FullPolicy, Journal, PageStore, ProtocolServer, Queue
+    from scow.core.message import MessageFormat
+    from scow.core.model import AddressInfo, QueueSpec
+
+
+@dataclass(frozen=True)
+class QueueType:
+    """A kind of queue (standard FIFO, priority, last-value, ...)."""
+
+    name: str
+    factory: Callable[[QueueSpec, Broker], Queue]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class JournalBackend:
+    """A journal implementation, chosen by `[broker] journal`.
+
+    `factory(directory, kind, settings)` builds one journal; `kind` is "bindings" or
+    "messages"; `settings` is the backend's own validated config section (may be empty).
+    """
+
+    name: str
+    factory: Callable[[Path, str, Mapping[str, Any]], Journal]
+    doc: str = ""
+    #: False for backends that keep nothing across restarts (the in-memory journal).
+    persistent: bool = True
+
+
+@dataclass(frozen=True)
+class PageStoreBackend:
+    """Storage for the pages of paged addresses."""
+
+    name: str
+    factory: Callable[[Path, str, Mapping[str, Any]], PageStore]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class FullPolicyType:
+    """What an address does once full: PAGE, DROP, FAIL, BLOCK, ..."""
+
+    name: str
+    factory: Callable[[AddressInfo], FullPolicy]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class ProtocolType:
+    """A wire protocol the broker can listen for."""
+
+    name: str
+    factory: Callable[[Broker, Mapping[str, Any]], ProtocolServer]
+    doc: str = ""
+    #: How this protocol's messages are read; used to restore them from the journal.
+    message_format: MessageFormat | None = None

@@ -1,0 +1,220 @@
+"""Maps broker operations onto journal records (Artemis's storage manager).
+
+The journals store records with ids and types and know nothing about messages; this
+module decides what a durable address, queue, message, acknowledgement or delivery-count
+update looks like as records, and turns recovered records back into broker state.
+
+Message journal records:
+  MESSAGE        add     id = message id; address, expiration, the queue ids it was
+                         routed to, and the message bytes
+  ACK_REF        update  a queue acknowledged it (written only while other queues hold it)
+  DELIVERY_COUNT update  (queue id, delivery count), replaceable
+  (delete)               the last reference went away
+Bindings journal records:
+  ADDRESS, QUEUE add     JSON descriptions; deleted when the address or queue is
+  ID_BLOCK       update  the end of the block of ids handed out, replaceable
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransaction, RecordInfo
+
+MESSAGE = 10
+ACK_REF = 11
+DELIVERY_COUNT = 12
+ADDRESS = 1
+QUEUE = 2
+ID_BLOCK = 3
+
+#: Record id of the id-block record in the bindings journal.
+ID_BLOCK_RECORD = 1
+ID_BLOCK_SIZE = 1 << 20
+
+_MSG_HEAD = struct.Struct(">QHH")  # expiration, address length, queue count
+_QID = struct.Struct(">Q")
+_COUNT = struct.Struct(">QI")
+
+
+def encode_message_record(
+    address: str, expiration: int, queue_ids: Iterable[int], data: bytes
+) -> bytes:
+    ids = list(queue_ids)
+    addr = address.encode()
+    return b"".join(
+        (
+            _MSG_HEAD.pack(expiration, len(addr), len(ids)),
+            addr,
+            b"".join(_QID.pack(q) for q in ids),
+            data,
+        )
+    )
+
+
+def decode_message_record(record: bytes) -> tuple[str, int, list[int], bytes]:
+    expiration, alen, qcount = _MSG_HEAD.unpack_from(record)
+    pos = _MSG_HEAD.size
+    address = record[pos : pos + alen].decode()
+    pos += alen
+    qids = [_QID.unpack_from(record, pos + 8 * i)[0] for i in range(qcount)]
+    pos += 8 * qcount
+    return address, expiration, qids, record[pos:]
+
+
+@dataclass
+class RecoveredMessage:
+    id: int
+    address: str
+    expiration: int
+    data: bytes
+    #: queue id -> delivery count, for every queue still holding the message.
+    queues: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Recovered:
+    addresses: list[dict] = field(default_factory=list)  # with "id"
+    queues: list[dict] = field(default_factory=list)  # with "id"
+    messages: list[RecoveredMessage] = field(default_factory=list)
+    prepared: list[PreparedTransaction] = field(default_factory=list)
+    next_id: int = 1
+
+
+class StorageManager:
+    """Durable state of one broker, over a bindings journal and a message journal."""
+
+    def __init__(
+        self,
+        bindings: Journal | None,
+        messages: Journal | None,
+        *,
+        sync_non_transactional: bool = True,
+    ) -> None:
+        """Without journals (persistence disabled) nothing is stored and ids start at 1."""
+        self.bindings = bindings
+        self.messages = messages
+        self.sync = sync_non_transactional
+        self._next_id = 1
+        self._id_limit = 0
+
+    @property
+    def journals(self) -> list[Journal]:
+        return [j for j in (self.messages, self.bindings) if j is not None]
+
+    def set_dispatcher(self, dispatch: Callable[[list[Completion]], None]) -> None:
+        for journal in self.journals:
+            journal.set_dispatcher(dispatch)
+
+    # ------------------------------------------------------------------ ids
+
+    def next_id(self) -> int:
+        """A fresh id for a message, queue or address, never reused across restarts."""
+        if self._next_id >= self._id_limit and self.bindings is not None:
+            self._id_limit = self._next_id + ID_BLOCK_SIZE
+            self.bindings.append_update(
+                ID_BLOCK_RECORD, ID_BLOCK, _QID.pack(self._id_limit), sync=True, replaceable=True
+            )
+        value = self._next_id
+        self._next_id += 1
+        return value
+
+    # ------------------------------------------------------------------ bindings
+
+    def store_address(self, record_id: int, description: dict) -> None:
+        self.bindings.append_add(record_id, ADDRESS, json.dumps(description).encode(), sync=True)
+
+    def store_queue(self, record_id: int, description: dict) -> None:
+        self.bindings.append_add(record_id, QUEUE, json.dumps(description).encode(), sync=True)
+
+    def delete_binding(self, record_id: int) -> None:
+        self.bindings.append_delete(record_id, sync=True)
+
+    # ------------------------------------------------------------------ messages
+
+    def store_message(
+        self,
+        message_id: int,
+        address: str,
+        expiration: int,
+        queue_ids: list[int],
+        data: bytes,
+        on_done: Completion | None,
+    ) -> None:
+        record = encode_message_record(address, expiration, queue_ids, data)
+        self.messages.append_add(message_id, MESSAGE, record, sync=self.sync, on_done=on_done)
+
+    def acknowledge(self, message_id: int, queue_id: int, last: bool) -> None:
+        """A queue is done with a message; the last one deletes the message record."""
+        if last:
+            self.messages.append_delete(message_id, sync=self.sync)
+        else:
+            self.messages.append_update(message_id, ACK_REF, _QID.pack(queue_id), sync=self.sync)
+
+    def update_delivery_count(self, message_id: int, queue_id: int, count: int) -> None:
+        self.messages.append_update(
+            message_id,
+            DELIVERY_COUNT,
+            _COUNT.pack(queue_id, count),
+            sync=False,
+            replaceable=True,
+        )
+
+    # ------------------------------------------------------------------ recovery
+
+    def load(self) -> Recovered:
+        """Recover both journals; call once at startup."""
+        out = Recovered()
+        if self.bindings is None or self.messages is None:
+            self._id_limit = 1 << 62
+            return out
+        bindings = self.bindings.load()
+        id_limit = 0
+        for rec in bindings.records:
+            if rec.type == ID_BLOCK:
+                id_limit = max(id_limit, _QID.unpack(rec.data)[0])
+            elif rec.type == ADDRESS and not rec.is_update:
+                out.addresses.append({**json.loads(rec.data), "id": rec.id})
+            elif rec.type == QUEUE and not rec.is_update:
+                out.queues.append({**json.loads(rec.data), "id": rec.id})
+        messages = self.messages.load()
+        out.messages = _messages_from(messages)
+        out.prepared = messages.prepared
+        self._next_id = max(id_limit, bindings.max_id, messages.max_id, ID_BLOCK_RECORD) + 1
+        self._id_limit = 0
+        out.next_id = self._next_id
+        return out
+
+    def flush(self) -> None:
+        for journal in self.journals:
+            journal.flush()
+
+    def stop(self) -> None:
+        for journal in self.journals:
+            journal.stop()
+
+
+def _messages_from(result: LoadResult) -> list[RecoveredMessage]:
+    by_id: dict[int, RecoveredMessage] = {}
+    for rec in result.records:
+        _apply(by_id, rec)
+    return sorted((m for m in by_id.values() if m.queues), key=lambda m: m.id)
+
+
+def _apply(by_id: dict[int, RecoveredMessage], rec: RecordInfo) -> None:
+    if rec.type == MESSAGE and not rec.is_update:
+        address, expiration, qids, data = decode_message_record(rec.data)
+        by_id[rec.id] = RecoveredMessage(rec.id, address, expiration, data, dict.fromkeys(qids, 0))
+        return
+    msg = by_id.get(rec.id)
+    if msg is None:
+        return
+    if rec.type == ACK_REF:
+        msg.queues.pop(_QID.unpack(rec.data)[0], None)
+    elif rec.type == DELIVERY_COUNT:
+        qid, count = _COUNT.unpack(rec.data)
+        if qid in msg.queues:
+            msg.queues[qid] = count

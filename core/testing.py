@@ -1,0 +1,264 @@
+"""Test helpers for Scow and its plugins: start a real broker with a given config.
+
+`BrokerThread` runs a broker in-process on its own event loop thread, listening on an
+ephemeral port; `BrokerProcess` runs `scow run` as a subprocess (for crash tests that
+SIGKILL it). Both are also pytest fixtures when this module is loaded as a plugin
+(`pytest_plugins = ["scow.core.testing"]`): `scow_broker` and `scow_broker_process`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from scow.core import app
+from scow.core.broker import Broker
+
+T = TypeVar("T")
+
+DEFAULT_PLUGINS = ("amqp", "memory-journal", "standard-queues", "full-policies")
+
+
+def wait_for(
+    condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+def render_toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """A small TOML writer for test configs: {section: {key: value}}; nested dicts allowed."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(i) for i in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f'"{k}" = {value(i)}' for k, i in v.items()) + "}"
+        return str(v)
+
+    lines: list[str] = []
+    for section, table in tables.items():
+        plain = {k: v for k, v in table.items() if not isinstance(v, dict) or section != "address-settings"}
+        if section == "address-settings":
+            for pattern, settings in table.items():
+                lines.append(f'[address-settings."{pattern}"]')
+                lines += [f"{k} = {value(v)}" for k, v in settings.items()]
+            continue
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {value(v)}" for k, v in plain.items()]
+    return "\n".join(lines) + "\n"
+
+
+def broker_config(
+    data_dir: Path,
+    *,
+    plugins: Sequence[str] = DEFAULT_PLUGINS,
+    address_settings: Mapping[str, Mapping[str, Any]] | None = None,
+    sections: Mapping[str, Mapping[str, Any]] | None = None,
+    port: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """A config for tests: loopback ephemeral port, queue semantics for plain addresses."""
+    tables: dict[str, dict[str, Any]] = {
+        "plugins": {"enable": list(plugins)},
+        "broker": {"data-dir": str(data_dir), "message-expiry-scan-period": 100},
+        "amqp": {"listen": [f"127.0.0.1:{port}"]},
+        "address-settings": {
+            "#": {
+                "default-address-routing-type": "ANYCAST",
+                "dead-letter-address": "DLA",
+                "expiry-address": "ExpiryQueue",
+            }
+        },
+    }
+    for name, table in (sections or {}).items():
+        tables.setdefault(name, {}).update(table)
+    for pattern, settings in (address_settings or {}).items():
+        tables["address-settings"].setdefault(pattern, {}).update(settings)
+    return tables
+
+
+class BrokerThread:
+    """A broker on its own event-loop thread in this process."""
+
+    def __init__(self, config_path: Path) -> None:
+        self.config_path = config_path
+        self.loop = asyncio.new_event_loop()
+        self.server: app.Server | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def start(self) -> BrokerThread:
+        plugins, config = app.load(self.config_path)
+        self.server = app.Server(plugins, config)
+        self._thread.start()
+        self.call_async(self.server.start())
+        return self
+
+    @property
+    def broker(self) -> Broker:
+        assert self.server is not None and self.server.broker is not None
+        return self.server.broker
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.protocols["amqp"].bound[0][1]
+
+    @property
+    def url(self) -> str:
+        return f"amqp://127.0.0.1:{self.port}"
+
+    def call(self, fn: Callable[[], T], timeout: float = 10) -> T:
+        """Run `fn` on the broker's loop thread (broker state is not thread-safe)."""
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return future.result(timeout)
+
+    def call_async(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def queue_stats(self, name: str) -> dict[str, Any] | None:
+        def stats() -> dict[str, Any] | None:
+            queue = self.broker.queues.get(name)
+            return queue.stats() if queue is not None else None
+
+        return self.call(stats)
+
+    def stop(self) -> None:
+        if self.server is not None and self._thread.is_alive():
+            self.call_async(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BrokerProcess:
+    """`scow run` in a subprocess on a fixed free port; kill() sends SIGKILL."""
+
+    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
+        self.config_path = config_path
+        self.port = port
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> BrokerProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "scow.core.cli", "run", "--config", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+        def listening() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"broker exited with {self.proc.returncode}:\n{self.log_path.read_text()}"
+                )
+            with socket.socket() as sock:
+                return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+        wait_for(listening, timeout, 0.05, "the broker to listen")
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return int(self.proc.returncode)
+
+
+def write_config(path: Path, tables: Mapping[str, Mapping[str, Any]]) -> Path:
+    path.write_text(render_toml(tables))
+    return path
+
+
+@pytest.fixture
+def scow_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerThread]]:
+    """Factory: `scow_broker(address_settings=..., sections=..., plugins=...)` -> running broker."""
+    started: list[BrokerThread] = []
+
+    def start(**kwargs: Any) -> BrokerThread:
+        n = len(started)
+        config = write_config(
+            tmp_path / f"scow-{n}.toml", broker_config(tmp_path / f"data-{n}", **kwargs)
+        )
+        broker = BrokerThread(config).start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.stop()
+
+
+@pytest.fixture
+def scow_broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Factory for subprocess brokers sharing one data dir per test."""
+    started: list[BrokerProcess] = []
+
+    def start(**kwargs: Any) -> BrokerProcess:
+        port = kwargs.pop("port", None) or free_port()
+        config = write_config(
+            tmp_path / "scow.toml", broker_config(tmp_path / "data", port=port, **kwargs)
+        )
+        broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.kill()

@@ -1,0 +1,238 @@
+"""The standard FIFO queue: round-robin to consumers with credit, selectors per consumer.
+
+Dispatch keeps one invariant: after a full `dispatch()`, no waiting message can go to any
+consumer that has credit. So a new message only needs to be offered on its own, and a
+full pass is needed only when credit or the set of consumers changes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from scow.core.message import MessageRef
+from scow.core.model import QueueSpec
+
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+    from scow.core.interfaces import Consumer
+
+
+class StandardQueue:
+    """FIFO queue; released messages go back to their original place."""
+
+    def __init__(self, spec: QueueSpec, broker: Broker, queue_id: int = 0) -> None:
+        self.spec = spec
+        self.id = queue_id
+        self.name = spec.name
+        self.address = spec.address
+        self.routing_type = spec.routing_type
+        self.durable = spec.durable
+        self.broker = broker
+        self._messages: deque[MessageRef] = deque()
+        self._consumers: list[Consumer] = []
+        self._browsers: dict[Consumer, int] = {}  # browser -> last seq it saw
+        self._filtered = False  # any consumer with a selector
+        self._rr = 0
+        self._seq = 0
+        self._dispatching = False
+        #: References handed to consumers and not yet settled.
+        self.delivering = 0
+        self.messages_added = 0
+        self.messages_acknowledged = 0
+        self.messages_expired = 0
+        self.messages_killed = 0
+
+    def __repr__(self) -> str:
+        return f"<StandardQueue {self.name!r} on {self.address!r}, {len(self._messages)} ready>"
+
+    # ------------------------------------------------------------------ consumers
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        if consumer.browse:
+            self._browsers[consumer] = 0
+        else:
+            self._consumers.append(consumer)
+            self._filtered = any(c.filter is not None for c in self._consumers)
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if self._browsers.pop(consumer, None) is None and consumer in self._consumers:
+            self._consumers.remove(consumer)
+            self._filtered = any(c.filter is not None for c in self._consumers)
+
+    def consumer_count(self) -> int:
+        return len(self._consumers) + len(self._browsers)
+
+    def message_count(self) -> int:
+        """Messages in the queue, including those delivered and not yet settled."""
+        return len(self._messages) + self.delivering
+
+    def ready_count(self) -> int:
+        return len(self._messages)
+
+    # ------------------------------------------------------------------ messages
+
+    def enqueue(self, ref: MessageRef) -> None:
+        self._seq += 1
+        ref.seq = self._seq
+        self.messages_added += 1
+        if not (self._consumers and not self._dispatching and self._offer(ref)):
+            self._messages.append(ref)
+        for browser in self._browsers:
+            self._dispatch_browser(browser)
+
+    def _offer(self, ref: MessageRef) -> bool:
+        """Give `ref` to the next consumer with credit that accepts it."""
+        consumers = self._consumers
+        n = len(consumers)
+        message = ref.message
+        if message.expiration and self.broker.expired(message):
+            self.broker.expire(ref)
+            return True
+        for _ in range(n):
+            self._rr = (self._rr + 1) % n
+            consumer = consumers[self._rr]
+            if consumer.credit() > 0 and (consumer.filter is None or consumer.filter(message)):
+                ref.consumer = consumer
+                self.delivering += 1
+                consumer.deliver(ref)
+                return True
+        return False
+
+    def dispatch(self) -> None:
+        """Offer waiting messages to consumers with credit, in order."""
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            if self._browsers:
+                for browser in list(self._browsers):
+                    self._dispatch_browser(browser)
+            if not self._consumers or not self._messages:
+                return
+            if self._filtered:
+                self._dispatch_filtered()
+            else:
+                self._dispatch_fifo()
+        finally:
+            self._dispatching = False
+
+    def _dispatch_fifo(self) -> None:
+        messages = self._messages
+        consumers = self._consumers
+        expired = self.broker.expired
+        n = len(consumers)
+        idle = 0
+        while messages and idle < n:
+            self._rr = (self._rr + 1) % n
+            consumer = consumers[self._rr]
+            credit = consumer.credit()
+            if credit <= 0:
+                idle += 1
+                continue
+            idle = 0
+            for _ in range(min(credit, len(messages))):
+                ref = messages.popleft()
+                if ref.message.expiration and expired(ref.message):
+                    self.broker.expire(ref)
+                    continue
+                ref.consumer = consumer
+                self.delivering += 1
+                consumer.deliver(ref)
+                if n > 1:
+                    break  # round robin: one message per consumer per turn
+
+    def _dispatch_filtered(self) -> None:
+        waiting = self._messages
+        self._messages = deque()
+        try:
+            while waiting:
+                if not any(c.credit() > 0 for c in self._consumers):
+                    break
+                ref = waiting.popleft()
+                if not self._offer(ref):
+                    self._messages.append(ref)
+        finally:
+            self._messages.extend(waiting)
+
+    def _dispatch_browser(self, browser: Consumer) -> None:
+        """Show a browser the messages it has not seen yet, oldest first."""
+        seen = self._browsers[browser]
+        unseen = []
+        for ref in reversed(self._messages):  # the deque is always sorted by seq
+            if ref.seq <= seen:
+                break
+            unseen.append(ref)
+        for ref in reversed(unseen):
+            if browser.credit() <= 0:
+                return
+            self._browsers[browser] = ref.seq
+            if browser.filter is None or browser.filter(ref.message):
+                browser.deliver(ref)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def acknowledge(self, ref: MessageRef) -> None:
+        ref.consumer = None
+        self.delivering -= 1
+        self.messages_acknowledged += 1
+
+    def release(self, ref: MessageRef, *, delivered: bool) -> None:
+        """Return an unsettled ref to its original place and offer it again."""
+        if ref.consumer is not None:
+            ref.consumer = None
+            self.delivering -= 1
+        messages = self._messages
+        index = 0
+        for index, waiting in enumerate(messages):  # noqa: B007 - released refs sit near the head
+            if waiting.seq > ref.seq:
+                break
+        else:
+            index = len(messages)
+        messages.insert(index, ref)
+        self.dispatch()
+
+    def remove_delivering(self, ref: MessageRef) -> None:
+        """Forget a delivered ref the broker moved elsewhere (dead-lettered, expired)."""
+        if ref.consumer is not None:
+            ref.consumer = None
+            self.delivering -= 1
+
+    def take(self, predicate: Any = None) -> list[MessageRef]:
+        """Remove and return waiting refs matching `predicate` (all when None)."""
+        if predicate is None:
+            taken = list(self._messages)
+            self._messages.clear()
+            return taken
+        keep: deque[MessageRef] = deque()
+        taken = []
+        for ref in self._messages:
+            (taken if predicate(ref) else keep).append(ref)
+        self._messages = keep
+        return taken
+
+    def browse(self) -> Iterator[MessageRef]:
+        return iter(list(self._messages))
+
+    def purge(self) -> int:
+        refs = self.take()
+        for ref in refs:
+            self.broker.discard(ref)
+        return len(refs)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "routing-type": self.routing_type.value,
+            "durable": self.durable,
+            "message-count": self.message_count(),
+            "delivering-count": self.delivering,
+            "consumer-count": self.consumer_count(),
+            "messages-added": self.messages_added,
+            "messages-acknowledged": self.messages_acknowledged,
+            "messages-expired": self.messages_expired,
+            "messages-killed": self.messages_killed,
+        }

@@ -1,0 +1,257 @@
+"""One client connection: socket bytes in, proton events to broker calls, bytes out."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import platform
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from scow.core.model import BrokerError, ConnectionInfo
+from scow.protocols.amqp import engine
+from scow.protocols.amqp.links import ConsumerLink, ProducerLink
+from scow.protocols.amqp.sasl import SaslServer, State
+
+if TYPE_CHECKING:
+    from scow.protocols.amqp.server import AmqpServer
+
+log = structlog.get_logger("scow.amqp")
+
+_ids = itertools.count(1)
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class AmqpConnection(asyncio.Protocol):
+    """asyncio protocol driving a proton Transport/Connection pair for one socket."""
+
+    def __init__(self, server: AmqpServer) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.engine = engine.Engine(
+            max_frame=server.max_frame_size, idle_timeout_ms=server.idle_timeout
+        )
+        self.sasl = SaslServer(
+            mechanisms=server.sasl_mechanisms,
+            users=server.users,
+            allow_anonymous=server.allow_anonymous,
+        )
+        self.links: dict[Any, ProducerLink | ConsumerLink] = {}
+        self.socket: asyncio.Transport | None = None
+        self.info = ConnectionInfo(next(_ids), "amqp", "")
+        self.closed = False
+        self.container_id = ""
+        self._dirty = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._opened = False
+
+    # ------------------------------------------------------------------ socket side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.socket = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.sasl.state is not State.AMQP:
+            out, data = self.sasl.feed(data)
+            if out and self.socket is not None:
+                self.socket.write(out)
+            if self.sasl.state is State.FAILED:
+                log.info("connection refused", remote=self.info.remote, reason=self.sasl.error)
+                self._close_socket()
+                return
+            if not data:
+                return
+            self.info.user = self.sasl.user
+        if not self.engine.push(data):
+            self.engine.close_input()
+        self.process()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.engine.close_input()
+        self.engine.close_output()
+        self._process_events()
+        self._cleanup()
+
+    def _close_socket(self) -> None:
+        if self.socket is not None and not self.socket.is_closing():
+            self.socket.close()
+
+    # ------------------------------------------------------------------ engine side
+
+    def mark_dirty(self) -> None:
+        """Output is waiting: flush this connection once the current work is done."""
+        if not self._dirty:
+            self._dirty = True
+            self.server.schedule_flush(self)
+
+    def accepter(self, delivery: Any) -> Any:
+        """A completion that accepts `delivery` once its message is durable."""
+
+        def accept() -> None:
+            if not self.closed:
+                engine.delivery_update(delivery, engine.ACCEPTED)
+                engine.delivery_settle(delivery)
+                self.mark_dirty()
+
+        return accept
+
+    def process(self) -> None:
+        if self.closed:
+            return
+        self._process_events()
+        self.flush()
+
+    def flush(self) -> None:
+        self._dirty = False
+        if self.closed:
+            return
+        output = self.engine.output
+        while True:
+            data = output()
+            if data is None:
+                self._close_socket()
+                self._cleanup()
+                return
+            if not data:
+                break
+            if self.socket is not None:
+                self.socket.write(data)
+        self._schedule_tick()
+
+    def _schedule_tick(self) -> None:
+        if not self.server.idle_timeout or self._timer is not None:
+            return
+        deadline = self.engine.tick(_monotonic_ms())
+        if deadline:
+            delay = max(0.0, (deadline - _monotonic_ms()) / 1000)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._timer = None
+        if not self.closed:
+            self.engine.tick(_monotonic_ms())
+            self.process()
+
+    def _process_events(self) -> None:
+        try:
+            self._dispatch_events()
+        except Exception:
+            # A bug must cost this connection only, never the broker or other clients.
+            log.exception("connection failed", remote=self.info.remote)
+            engine.collector_pop(self.engine.collector)  # the event that failed
+            engine.close_connection(
+                self.engine.connection, "amqp:internal-error", "the broker failed on this connection"
+            )
+            self.engine.close_input()
+
+    def _dispatch_events(self) -> None:
+        collector = self.engine.collector
+        peek, pop, etype = engine.collector_peek, engine.collector_pop, engine.event_type
+        event = peek(collector)
+        while event:
+            kind = etype(event)
+            if kind == engine.DELIVERY:
+                delivery = engine.event_delivery(event)
+                handler = self.links.get(engine.delivery_link(delivery))
+                if handler is not None:
+                    if type(handler) is ProducerLink:
+                        handler.on_delivery(delivery)
+                    else:
+                        handler.on_disposition(delivery)  # type: ignore[union-attr]
+            elif kind == engine.LINK_FLOW:
+                handler = self.links.get(engine.event_link(event))
+                if type(handler) is ConsumerLink:
+                    handler.on_flow()
+            else:
+                self._on_event(kind, event)
+            pop(collector)
+            event = peek(collector)
+
+    def _on_event(self, kind: int, event: Any) -> None:
+        if kind == engine.CONNECTION_REMOTE_OPEN:
+            self._on_open()
+        elif kind == engine.CONNECTION_REMOTE_CLOSE:
+            engine.close_connection(self.engine.connection)
+        elif kind == engine.SESSION_REMOTE_OPEN:
+            engine.open_session(engine.event_session(event))
+        elif kind == engine.SESSION_REMOTE_CLOSE:
+            session = engine.event_session(event)
+            for link in [lk for lk in self.links if engine.link_session(lk) == session]:
+                self._drop_link(link, remote_closed=False)
+            engine.close_session(session)
+        elif kind == engine.LINK_REMOTE_OPEN:
+            self._on_link_open(engine.event_link(event))
+        elif kind in (engine.LINK_REMOTE_CLOSE, engine.LINK_REMOTE_DETACH):
+            link = engine.event_link(event)
+            closed = kind == engine.LINK_REMOTE_CLOSE
+            self._drop_link(link, remote_closed=closed)
+            if closed:
+                engine.close_link(link)
+            else:
+                engine.detach_link(link)
+        elif kind == engine.TRANSPORT_ERROR:
+            name, description = self.engine.transport_condition()
+            log.info("connection error", remote=self.info.remote, condition=name, reason=description)
+
+    def _on_open(self) -> None:
+        connection = self.engine.connection
+        self.container_id = engine.remote_container(connection)
+        self.info.container_id = self.container_id
+        engine.open_connection(
+            connection,
+            self.server.container_id,
+            {
+                "product": "scow",
+                "version": self.server.version,
+                "platform": f"Python {platform.python_version()} ({platform.system()})",
+            },
+        )
+        self._opened = True
+        self.server.hooks.scow_connection_opened(info=self.info)
+
+    def _on_link_open(self, link: Any) -> None:
+        try:
+            if engine.link_is_sender(link):
+                self.links[link] = ConsumerLink(self, link, engine.remote_source(link))
+            else:
+                target = engine.remote_target(link)
+                if target.is_coordinator:
+                    engine.refuse_link(
+                        link,
+                        "amqp:not-implemented",
+                        "transactions are not supported yet: the coordinator target is refused",
+                    )
+                    return
+                self.links[link] = ProducerLink(self, link, target)
+        except BrokerError as exc:
+            engine.refuse_link(link, exc.condition, exc.description)
+
+    def _drop_link(self, link: Any, *, remote_closed: bool) -> None:
+        handler = self.links.pop(link, None)
+        if handler is not None:
+            handler.close(remote_closed)
+
+    def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for link in list(self.links):
+            self._drop_link(link, remote_closed=False)
+        self.server.connections.discard(self)
+        if self._opened:
+            self.server.hooks.scow_connection_closed(info=self.info)
+        self.engine.free()

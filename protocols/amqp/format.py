@@ -1,0 +1,35 @@
+"""AMQP 1.0 messages as the broker sees them: a MessageFormat over the narrow codec."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from scow.core.message import Message
+from scow.protocols.amqp import codec
+
+
+class AmqpMessageFormat:
+    """Reads header fields and rewrites delivery-count without re-encoding the message."""
+
+    name = "amqp-1.0"
+
+    def inspect(self, data: bytes) -> tuple[bool, int, int]:
+        durable, priority, ttl, _first, _count = codec.MessageInfo(data).header
+        return durable, priority, ttl or 0
+
+    def selector_lookup(self, message: Message) -> Callable[[str], object]:
+        return codec.selector_lookup(codec.MessageInfo(message.data))
+
+    def for_delivery(self, message: Message, delivery_count: int) -> bytes:
+        if delivery_count == 0:
+            return message.data
+        return codec.with_delivery_count(message.data, delivery_count)
+
+    def annotate(self, data: bytes, annotations: Mapping[str, object]) -> bytes:
+        return codec.with_annotations(data, dict(annotations))
+
+    def target_address(self, data: bytes) -> str | None:
+        return codec.MessageInfo(data).to
+
+
+AMQP_FORMAT = AmqpMessageFormat()

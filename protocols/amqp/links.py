@@ -1,0 +1,225 @@
+"""Links: producers (the client sends, we receive) and consumers (we send to the client)."""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from scow.core.model import BrokerError, RoutingType, RouteStatus
+from scow.protocols.amqp import engine
+from scow.protocols.amqp.codec import Described
+from scow.protocols.amqp.format import AMQP_FORMAT
+
+if TYPE_CHECKING:
+    from scow.core.message import Message, MessageRef
+    from scow.protocols.amqp.connection import AmqpConnection
+
+log = structlog.get_logger("scow.amqp")
+
+SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
+_TAG = struct.Struct(">Q")
+
+
+def routing_hint(capabilities: frozenset[str]) -> RoutingType | None:
+    """Terminus capabilities `queue`/`topic` ask for anycast/multicast."""
+    if "queue" in capabilities:
+        return RoutingType.ANYCAST
+    if "topic" in capabilities:
+        return RoutingType.MULTICAST
+    return None
+
+
+def selector_of(filters: dict[str, Any]) -> str | None:
+    for value in filters.values():
+        if isinstance(value, Described) and value.descriptor in SELECTOR_DESCRIPTORS:
+            return str(value.value)
+    return None
+
+
+class ProducerLink:
+    """A link the client sends on; routes each complete message into the broker."""
+
+    def __init__(self, conn: AmqpConnection, link: Any, target: engine.TerminusInfo) -> None:
+        self.conn = conn
+        self.link = link
+        self.address = target.address  # None: anonymous relay, routed by each message's `to`
+        self.routing_type = routing_hint(target.capabilities)
+        self.credit = conn.server.producer_credit
+        self.blocked_on: Any = None  # the full address holding back our credit
+        self.closed = False
+        if self.address is not None:
+            conn.broker._address_for(self.address, self.routing_type)
+        engine.open_link(link, address=self.address)
+        engine.link_flow(link, self.credit)
+
+    def on_delivery(self, delivery: Any) -> None:
+        if engine.delivery_partial(delivery):
+            return
+        link = self.link
+        if engine.delivery_aborted(delivery):
+            engine.delivery_settle(delivery)
+            engine.link_advance(link)
+            return
+        data = engine.receive(link, delivery)
+        presettled = engine.delivery_settled(delivery)
+        address = self.address
+        try:
+            if address is None:
+                address = AMQP_FORMAT.target_address(data)
+                if not address:
+                    raise _NoAddress("anonymous relay: the message has no 'to' address")
+            if presettled:
+                self.conn.broker.send(data, address, AMQP_FORMAT, self.routing_type)
+                engine.delivery_settle(delivery)
+            else:
+                status = self.conn.broker.send(
+                    data, address, AMQP_FORMAT, self.routing_type, self.conn.accepter(delivery)
+                )
+                if status is not RouteStatus.PENDING:
+                    engine.delivery_update(delivery, engine.ACCEPTED)
+                    engine.delivery_settle(delivery)
+        except BrokerError as exc:
+            self._refuse(delivery, presettled, exc.condition, exc.description)
+        except ValueError as exc:  # a message our codec cannot read
+            self._refuse(delivery, presettled, "amqp:decode-error", str(exc))
+        self._replenish()
+
+    def _refuse(self, delivery: Any, presettled: bool, condition: str, description: str) -> None:
+        if presettled:
+            engine.delivery_settle(delivery)
+            log.warning("pre-settled message refused", condition=condition, reason=description)
+        else:
+            engine.reject(delivery, condition, description)
+
+    def _replenish(self) -> None:
+        credit = engine.link_credit(self.link)
+        if credit > self.credit // 2:
+            return
+        address = self.conn.broker.get_address(self.address) if self.address else None
+        if address is not None and address.full_policy is not None:
+            if address.full_policy.blocks_producers():
+                if self.blocked_on is None:
+                    self.blocked_on = address
+                    address.on_space.append(self.resume)
+                return
+        engine.link_flow(self.link, self.credit - credit)
+
+    def resume(self) -> None:
+        """The full address has room again: hand out credit."""
+        if self.blocked_on is not None:
+            self.blocked_on.on_space.remove(self.resume)
+            self.blocked_on = None
+        if not self.closed and not self.conn.closed:
+            self._replenish()
+            self.conn.mark_dirty()
+
+    def close(self, remote_closed: bool) -> None:
+        self.closed = True
+        if self.blocked_on is not None:
+            self.blocked_on.on_space.remove(self.resume)
+            self.blocked_on = None
+
+
+class _NoAddress(BrokerError):
+    condition = "amqp:not-found"
+
+
+class ConsumerLink:
+    """A link the broker sends on: a queue consumer (or browser) with the link's credit."""
+
+    def __init__(self, conn: AmqpConnection, link: Any, source: engine.TerminusInfo) -> None:
+        self.conn = conn
+        self.link = link
+        self.filter: Any = None
+        self.browse = source.distribution_mode == engine.DIST_MODE_COPY
+        self.unsettled: dict[Any, MessageRef] = {}
+        self.presettled = engine.link_snd_settle_mode(link) == engine.SND_SETTLED
+        self._tag = 0
+        self.closed = False
+        broker = conn.broker
+        caps = source.capabilities
+        self.durable = False
+        if source.dynamic:
+            self.queue = broker.create_temporary_queue()
+            address = self.queue.name
+            broker._attach(self, self.queue, None)
+        else:
+            address = source.address
+            if not address:
+                raise _NoAddress("a receiving link needs a source address (or dynamic)")
+            routing = routing_hint(caps)
+            shared = "shared" in caps
+            self.durable = source.durable and source.expiry_never
+            name = engine.link_name(link)
+            self.queue = broker.subscribe(
+                self,
+                address,
+                routing_type=routing,
+                selector=selector_of(source.filters),
+                durable=self.durable,
+                shared=shared,
+                global_="global" in caps,
+                subscription=name.split("|", 1)[0] if shared else name,
+                client_id=conn.container_id,
+            )
+        engine.open_link(link, address=address, dynamic=source.dynamic)
+
+    def credit(self) -> int:
+        return engine.link_credit(self.link)  # type: ignore[no-any-return]
+
+    def deliver(self, ref: MessageRef) -> None:
+        message: Message = ref.message
+        self._tag += 1
+        data = message.format.for_delivery(message, ref.delivery_count)
+        delivery = engine.send(self.link, _TAG.pack(self._tag), data)
+        if self.browse:
+            engine.delivery_settle(delivery)
+        elif self.presettled:
+            engine.delivery_settle(delivery)
+            self.conn.broker.acknowledge(ref)
+        else:
+            self.unsettled[delivery] = ref
+        self.conn.mark_dirty()
+
+    def on_flow(self) -> None:
+        self.queue.dispatch()
+        if engine.link_get_drain(self.link):
+            engine.link_drained(self.link)
+
+    def on_disposition(self, delivery: Any) -> None:
+        state = engine.delivery_remote_state(delivery)
+        settled = engine.delivery_settled(delivery)
+        if not state and not settled:
+            return
+        ref = self.unsettled.pop(delivery, None)
+        engine.delivery_settle(delivery)
+        if ref is None:
+            return
+        broker = self.conn.broker
+        if state == engine.ACCEPTED or (settled and not state):
+            broker.acknowledge(ref)
+        elif state == engine.RELEASED:
+            broker.release(ref, delivered=False)
+        elif state == engine.MODIFIED:
+            failed, _undeliverable = engine.disposition_failed(delivery)
+            broker.release(ref, delivered=failed)
+        elif state == engine.REJECTED:
+            broker.reject(ref)
+        else:  # `received` or unknown: the client still has it
+            self.unsettled[delivery] = ref
+
+    def close(self, remote_closed: bool) -> None:
+        """Give back what the client did not settle (each counts as a delivery), detach."""
+        if self.closed:
+            return
+        self.closed = True
+        queue = self.queue
+        queue.remove_consumer(self)
+        refs = sorted(self.unsettled.values(), key=lambda r: r.seq)
+        self.unsettled.clear()
+        broker = self.conn.broker
+        for ref in refs:
+            broker.release(ref, delivered=True)
+        broker.unsubscribe(self, queue, remove_subscription=remote_closed and self.durable)

@@ -1,0 +1,92 @@
+"""The AMQP 1.0 protocol plugin: its config section, listener and `scow perf client`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from scow.core import hookimpl
+from scow.core.config import ConfigSection, Setting
+from scow.core.descriptors import ProtocolType
+from scow.protocols.amqp.format import AMQP_FORMAT
+
+SECTION = ConfigSection(
+    "amqp",
+    (
+        Setting(
+            "listen",
+            list,
+            ["localhost:5672"],
+            "Addresses to accept AMQP connections on; a host name binds every address "
+            "it resolves to, port 0 picks a free port.",
+            kind="host-port-list",
+        ),
+        Setting(
+            "idle-timeout",
+            int,
+            60000,
+            "Close connections silent for this long (ms); 0 turns it off.",
+            kind="duration-ms",
+            minimum=0,
+        ),
+        Setting(
+            "max-frame-size",
+            int,
+            131072,
+            "Largest frame accepted; a bigger one closes the connection (framing-error).",
+            kind="size",
+            minimum=512,
+        ),
+        Setting(
+            "sasl-mechanisms",
+            list,
+            ["ANONYMOUS", "PLAIN"],
+            "SASL mechanisms offered (ANONYMOUS only while [security] allow-anonymous).",
+            item_type=str,
+        ),
+        Setting(
+            "producer-credit",
+            int,
+            1000,
+            "Credit given to each sending link, replenished as it is used.",
+            minimum=1,
+        ),
+    ),
+    "The AMQP 1.0 listener.",
+)
+
+
+def _factory(broker: Any, settings: Mapping[str, Any]) -> Any:
+    from scow.protocols.amqp.server import AmqpServer
+
+    security = broker.config.section("security")
+    return AmqpServer(
+        broker,
+        settings,
+        hooks=broker.hooks,
+        users=security["users"],
+        allow_anonymous=security["allow-anonymous"],
+        container_id=broker.config.section("broker")["name"],
+    )
+
+
+@hookimpl
+def scow_config_sections() -> list[ConfigSection]:
+    return [SECTION]
+
+
+@hookimpl
+def scow_register_protocols() -> list[ProtocolType]:
+    return [
+        ProtocolType(
+            "amqp", _factory, "AMQP 1.0 over proton's C engine", message_format=AMQP_FORMAT
+        )
+    ]
+
+
+@hookimpl
+def scow_add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from scow.protocols.amqp import perf
+
+    perf.add_commands(subparsers)
