@@ -51,7 +51,8 @@ def proton_sections(data: bytes) -> list[tuple[int, Any]]:
         d.rewind()
         d.next()
         obj = d.get_object()
-        out.append((int(obj.descriptor), obj.value))
+        # norm copies memoryviews out before the Data that owns them is freed
+        out.append((int(obj.descriptor), norm(obj.value)))
         off += n
     return out
 
@@ -68,7 +69,7 @@ def proton_view(data: bytes) -> dict[str, Any]:
     m = Message()
     m.decode(data)
     view = {
-        name: getattr(m, name)
+        name: norm(getattr(m, name))
         for name in (
             "durable",
             "priority",
@@ -205,12 +206,19 @@ def _proton_array(draw: st.DrawFn) -> proton.Array:
     return proton.Array(descriptor, kind, *draw(st.lists(elems, max_size=5)))
 
 
+def not_described(v: Any) -> bool:
+    # proton 0.40's Data loses the elements after a described value that directly holds
+    # another described value (even in its own encoding), so such values cannot be
+    # cross-checked; test_nested_described_values_decode covers them.
+    return not isinstance(v, proton.Described | Described)
+
+
 proton_values = st.recursive(
     proton_scalars,
     lambda inner: st.one_of(
         st.lists(inner, max_size=5),
         st.dictionaries(st.one_of(texts, ascii_texts.map(proton.symbol)), inner, max_size=4),
-        st.builds(proton.Described, ascii_texts.map(proton.symbol), inner),
+        st.builds(proton.Described, ascii_texts.map(proton.symbol), inner.filter(not_described)),
         st.composite(_proton_array)(),
     ),
     max_leaves=12,
@@ -393,7 +401,11 @@ our_values = st.recursive(
     lambda inner: st.one_of(
         st.lists(inner, max_size=6),
         st.dictionaries(st.one_of(texts, ascii_texts.map(Symbol)), inner, max_size=4),
-        st.builds(Described, st.one_of(ascii_texts.map(Symbol), st.integers(0, 2**64 - 1)), inner),
+        st.builds(
+            Described,
+            st.one_of(ascii_texts.map(Symbol), st.integers(0, 2**64 - 1)),
+            inner.filter(not_described),
+        ),
     ),
     max_leaves=40,
 )
@@ -415,6 +427,14 @@ def test_encode_value_decodes_with_proton_and_round_trips(value: Any) -> None:
     back, end = decode_value(raw)
     assert end == len(raw)
     assert back == value
+
+
+def test_nested_described_values_decode() -> None:
+    inner = Described(Symbol("b"), None)
+    value = [Described(Symbol("a"), inner), None]
+    raw = encode_value(value)
+    assert raw == b"\xc0\x0b\x02\x00\xa3\x01a\x00\xa3\x01b\x40\x40"
+    assert decode_value(raw) == (value, len(raw))
 
 
 def test_plain_ints_encode_as_the_smallest_long() -> None:
@@ -576,7 +596,10 @@ def _section_form(data: bytes, form: str) -> bytes:
 @given(any_message, st.sampled_from(["symbol", "ulong"]))
 def test_symbol_and_ulong_descriptors_read_the_same(data: bytes, form: str) -> None:
     other = _section_form(data, form)
-    assert proton_view(other) == proton_view(data)
+    if form == "ulong":
+        # proton 0.40 ignores sections with symbolic descriptors, so only this form can be
+        # checked against it.
+        assert proton_view(other) == proton_view(data)
     a, b = MessageInfo(data), MessageInfo(other)
     assert a.header == b.header
     assert a.properties == b.properties

@@ -90,6 +90,8 @@ def test_defaults_are_filled(tmp_path: Path) -> None:
         "name": "x",
         "data-dir": "./data",
         "persistence-enabled": True,
+        "journal": "",
+        "message-expiry-scan-period": 30000,
         "log-format": "console",
         "log-level": "info",
     }

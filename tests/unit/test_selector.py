@@ -960,13 +960,24 @@ _odd_values = st.one_of(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@st.composite
+def _damaged_selectors(draw: st.DrawFn) -> str:
+    """A valid selector, maybe with a random slice cut out: text near the grammar."""
+    text = _render(draw(_cond(2)), draw(st.randoms(use_true_random=False)))
+    if draw(st.booleans()):
+        return text
+    start = draw(st.integers(0, len(text)))
+    return text[:start] + text[draw(st.integers(start, len(text))) :]
+
+
+@settings(max_examples=600, deadline=None)
 @given(
     text=st.one_of(
         st.lists(st.sampled_from(_SOUP), max_size=14).flatmap(
             lambda parts: st.sampled_from([" ", ""]).map(lambda sep: sep.join(parts))
         ),
         st.text(max_size=30),
+        _damaged_selectors(),
     ),
     values=st.lists(_odd_values, min_size=1, max_size=4),
 )
