@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pluggy
-
 from scow.core.descriptors import (
     FullPolicyType,
     JournalBackend,

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-
 from scow.core.broker import Broker
 from scow.core.config import Config, ConfigError, load_config, read_plugin_list
 from scow.core.interfaces import Completion, ProtocolServer, Service

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
-
 from scow.core.message import Message, MessageFormat, MessageRef
 from scow.core.model import (
     AddressInfo,
@@ -22,8 +21,8 @@ from scow.core.model import (
     QueueSpec,
     ResourceLimitExceeded,
     ResourceLocked,
-    RoutingType,
     RouteStatus,
+    RoutingType,
 )
 
 if TYPE_CHECKING:
@@ -293,7 +292,8 @@ class Broker:
     def _route_targets(
         self, address: AddressInfo, routing_type: RoutingType | None, message: Message
     ) -> list[Any]:
-        anycast = multicast = ()
+        anycast: list[Any] = []
+        multicast: list[Any] = []
         want_any = routing_type in (None, RoutingType.ANYCAST)
         want_multi = routing_type in (None, RoutingType.MULTICAST)
         if want_any and RoutingType.ANYCAST in address.routing_types:
@@ -388,15 +388,17 @@ class Broker:
             return self._attach(consumer, queue, selector)
         self._address_for(address_name, RoutingType.MULTICAST)
         name = _subscription_queue_name(durable, shared, global_, subscription, client_id)
-        queue = self.queues.get(name) if name else None
-        if queue is not None and (durable or shared):
-            if queue.spec.filter != selector or queue.address != address_name:
-                if queue.consumer_count():
-                    raise ResourceLocked(
-                        f"subscription '{name}' is in use with a different address or selector"
-                    )
-                self.delete_queue(name)  # a changed durable subscription starts afresh
-                queue = None
+        queue: Any = self.queues.get(name) if name else None
+        changed = queue is not None and (
+            queue.spec.filter != selector or queue.address != address_name
+        )
+        if changed:
+            if queue.consumer_count():
+                raise ResourceLocked(
+                    f"subscription '{name}' is in use with a different address or selector"
+                )
+            self.delete_queue(queue.name)  # a changed subscription starts afresh
+            queue = None
         if queue is None:
             queue = self.create_queue(
                 QueueSpec(
@@ -454,9 +456,9 @@ class Broker:
     # ------------------------------------------------------------------ outcomes
 
     def acknowledge(self, ref: MessageRef) -> None:
-        ref.queue.acknowledge(ref)  # type: ignore[attr-defined]
+        ref.queue.acknowledge(ref)
         self._dereference(ref)
-        if ref.queue.spec.auto_created and not ref.queue.consumer_count():  # type: ignore[attr-defined]
+        if ref.queue.spec.auto_created and not ref.queue.consumer_count():
             self._auto_delete(ref.queue)
 
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
@@ -479,8 +481,8 @@ class Broker:
 
     def reject(self, ref: MessageRef) -> None:
         """The consumer refuses the message for good: it goes to the dead-letter address."""
-        ref.queue.remove_delivering(ref)  # type: ignore[attr-defined]
-        ref.queue.messages_killed += 1  # type: ignore[attr-defined]
+        ref.queue.remove_delivering(ref)
+        ref.queue.messages_killed += 1
         self._dead_letter(ref)
 
     def discard(self, ref: MessageRef) -> None:
@@ -490,9 +492,9 @@ class Broker:
     def _dereference(self, ref: MessageRef) -> None:
         message = ref.message
         message.refcount -= 1
-        if message.stored_refs and ref.queue.durable:  # type: ignore[attr-defined]
+        if message.stored_refs and ref.queue.durable:
             message.stored_refs -= 1
-            self.storage.acknowledge(message.id, ref.queue.id, message.stored_refs == 0)  # type: ignore[attr-defined]
+            self.storage.acknowledge(message.id, ref.queue.id, message.stored_refs == 0)
         if message.refcount == 0:
             address = self.addresses.get(message.address)
             if address is not None:
@@ -586,7 +588,12 @@ class Broker:
         for rec in recovered.messages:
             durable, priority, _ttl = fmt.inspect(rec.data)
             message = Message(
-                rec.id, rec.data, rec.address, fmt, durable=durable, priority=priority,
+                rec.id,
+                rec.data,
+                rec.address,
+                fmt,
+                durable=durable,
+                priority=priority,
                 expiration=rec.expiration,
             )
             queues = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]

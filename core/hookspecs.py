@@ -41,7 +41,7 @@ def scow_config_sections() -> list[ConfigSection]:
 
 
 @hookspec
-def scow_add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def scow_add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add sub-commands to the `scow` command line (e.g. `scow data ...`).
 
     Called once when the CLI starts, for every *installed* plugin (commands are tools,

@@ -74,13 +74,24 @@ class Journal(Protocol):
         """Open (creating if needed) and recover; call once, before any append."""
 
     def append_add(
-        self, record_id: int, record_type: int, data: bytes, *, sync: bool,
+        self,
+        record_id: int,
+        record_type: int,
+        data: bytes,
+        *,
+        sync: bool,
         on_done: Completion | None = None,
     ) -> None: ...
 
     def append_update(
-        self, record_id: int, record_type: int, data: bytes, *, sync: bool,
-        on_done: Completion | None = None, replaceable: bool = False,
+        self,
+        record_id: int,
+        record_type: int,
+        data: bytes,
+        *,
+        sync: bool,
+        on_done: Completion | None = None,
+        replaceable: bool = False,
     ) -> None: ...
 
     def append_delete(

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
     from scow.core.interfaces import FullPolicy, Queue
-    from scow.core.message import Message
 
 
 class RoutingType(enum.Enum):
@@ -76,10 +75,10 @@ class AddressInfo:
     _anycast_index: int = 0
 
     def anycast_queues(self) -> list[Queue]:
-        return [q for q in self.queues.values() if q.routing_type is RoutingType.ANYCAST]  # type: ignore[attr-defined]
+        return [q for q in self.queues.values() if q.routing_type is RoutingType.ANYCAST]
 
     def multicast_queues(self) -> list[Queue]:
-        return [q for q in self.queues.values() if q.routing_type is RoutingType.MULTICAST]  # type: ignore[attr-defined]
+        return [q for q in self.queues.values() if q.routing_type is RoutingType.MULTICAST]
 
     def is_full(self) -> bool:
         limit = self.settings.max_size_bytes
@@ -118,4 +117,3 @@ class ConnectionInfo:
     container_id: str = ""
     user: str | None = None
     properties: dict[str, Any] = field(default_factory=dict)
-

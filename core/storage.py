@@ -95,15 +95,27 @@ class StorageManager:
         sync_non_transactional: bool = True,
     ) -> None:
         """Without journals (persistence disabled) nothing is stored and ids start at 1."""
-        self.bindings = bindings
-        self.messages = messages
+        self._bindings = bindings
+        self._messages = messages
         self.sync = sync_non_transactional
         self._next_id = 1
         self._id_limit = 0
 
     @property
     def journals(self) -> list[Journal]:
-        return [j for j in (self.messages, self.bindings) if j is not None]
+        return [j for j in (self._messages, self._bindings) if j is not None]
+
+    @property
+    def bindings(self) -> Journal:
+        if self._bindings is None:
+            raise RuntimeError("persistence is disabled: there is no bindings journal")
+        return self._bindings
+
+    @property
+    def messages(self) -> Journal:
+        if self._messages is None:
+            raise RuntimeError("persistence is disabled: there is no message journal")
+        return self._messages
 
     def set_dispatcher(self, dispatch: Callable[[list[Completion]], None]) -> None:
         for journal in self.journals:
@@ -113,7 +125,7 @@ class StorageManager:
 
     def next_id(self) -> int:
         """A fresh id for a message, queue or address, never reused across restarts."""
-        if self._next_id >= self._id_limit and self.bindings is not None:
+        if self._next_id >= self._id_limit and self._bindings is not None:
             self._id_limit = self._next_id + ID_BLOCK_SIZE
             self.bindings.append_update(
                 ID_BLOCK_RECORD, ID_BLOCK, _QID.pack(self._id_limit), sync=True, replaceable=True
@@ -168,7 +180,7 @@ class StorageManager:
     def load(self) -> Recovered:
         """Recover both journals; call once at startup."""
         out = Recovered()
-        if self.bindings is None or self.messages is None:
+        if self._bindings is None or self._messages is None:
             self._id_limit = 1 << 62
             return out
         bindings = self.bindings.load()

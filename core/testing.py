@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-
 from scow.core import app
 from scow.core.broker import Broker
 
@@ -61,14 +60,13 @@ def render_toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
 
     lines: list[str] = []
     for section, table in tables.items():
-        plain = {k: v for k, v in table.items() if not isinstance(v, dict) or section != "address-settings"}
         if section == "address-settings":
             for pattern, settings in table.items():
                 lines.append(f'[address-settings."{pattern}"]')
                 lines += [f"{k} = {value(v)}" for k, v in settings.items()]
             continue
         lines.append(f"[{section}]")
-        lines += [f"{k} = {value(v)}" for k, v in plain.items()]
+        lines += [f"{k} = {value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -65,15 +65,26 @@ class MemoryJournal:
         self._updates.pop(record_id, None)
 
     def append_add(
-        self, record_id: int, record_type: int, data: bytes, *, sync: bool,
+        self,
+        record_id: int,
+        record_type: int,
+        data: bytes,
+        *,
+        sync: bool,
         on_done: Completion | None = None,
     ) -> None:
         self._add(RecordInfo(record_id, record_type, bytes(data)))
         self._done(on_done)
 
     def append_update(
-        self, record_id: int, record_type: int, data: bytes, *, sync: bool,
-        on_done: Completion | None = None, replaceable: bool = False,
+        self,
+        record_id: int,
+        record_type: int,
+        data: bytes,
+        *,
+        sync: bool,
+        on_done: Completion | None = None,
+        replaceable: bool = False,
     ) -> None:
         self._update(RecordInfo(record_id, record_type, bytes(data), True), replaceable)
         self._done(on_done)
@@ -137,7 +148,9 @@ def _factory(directory: Path, kind: str, settings: Mapping[str, Any]) -> MemoryJ
 def scow_register_journals() -> list[JournalBackend]:
     return [
         JournalBackend(
-            "memory", _factory, "keeps records in memory; nothing survives a restart",
+            "memory",
+            _factory,
+            "keeps records in memory; nothing survives a restart",
             persistent=False,
         )
     ]

@@ -9,7 +9,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
-
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.links import ConsumerLink, ProducerLink
@@ -152,7 +151,9 @@ class AmqpConnection(asyncio.Protocol):
             log.exception("connection failed", remote=self.info.remote)
             engine.collector_pop(self.engine.collector)  # the event that failed
             engine.close_connection(
-                self.engine.connection, "amqp:internal-error", "the broker failed on this connection"
+                self.engine.connection,
+                "amqp:internal-error",
+                "the broker failed on this connection",
             )
             self.engine.close_input()
 
@@ -203,7 +204,9 @@ class AmqpConnection(asyncio.Protocol):
                 engine.detach_link(link)
         elif kind == engine.TRANSPORT_ERROR:
             name, description = self.engine.transport_condition()
-            log.info("connection error", remote=self.info.remote, condition=name, reason=description)
+            log.info(
+                "connection error", remote=self.info.remote, condition=name, reason=description
+            )
 
     def _on_open(self) -> None:
         connection = self.engine.connection

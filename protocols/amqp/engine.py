@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cproton_ffi import ffi, lib
-
 from scow.protocols.amqp import codec
 
 CData = Any  # a cffi pointer
@@ -50,7 +49,7 @@ SND_SETTLED = lib.PN_SND_SETTLED
 LOCAL_CLOSED = lib.PN_LOCAL_CLOSED
 REMOTE_CLOSED = lib.PN_REMOTE_CLOSED
 
-# --------------------------------------------------------------------------- hot path (bare C calls)
+# ------------------------------------------------------------ hot path (bare C calls)
 
 collector_peek = lib.pn_collector_peek
 collector_pop = lib.pn_collector_pop
@@ -87,10 +86,7 @@ _recv_buf = ffi.new("char[]", _RECV_SIZE)
 def receive(link: CData, delivery: CData) -> bytes:
     """The complete message of a readable, non-partial delivery; advances the link."""
     size = lib.pn_delivery_pending(delivery)
-    if size <= _RECV_SIZE:
-        buf = _recv_buf
-    else:
-        buf = ffi.new("char[]", size)
+    buf = _recv_buf if size <= _RECV_SIZE else ffi.new("char[]", size)
     got = lib.pn_link_recv(link, buf, size)
     lib.pn_link_advance(link)
     return ffi.buffer(buf, got)[:] if got > 0 else b""
@@ -214,7 +210,9 @@ def open_connection(connection: CData, container_id: str, properties: Mapping[st
     lib.pn_connection_open(connection)
 
 
-def close_connection(connection: CData, condition: str | None = None, description: str = "") -> None:
+def close_connection(
+    connection: CData, condition: str | None = None, description: str = ""
+) -> None:
     if condition:
         _set_condition(lib.pn_connection_condition(connection), condition, description)
     lib.pn_connection_close(connection)
@@ -454,3 +452,30 @@ def new_receiver(session: CData, name: str, address: str, credit: int) -> CData:
     if credit:
         lib.pn_link_flow(link, credit)
     return link
+
+
+# ---- perf additions
+# For `scow perf`: socket I/O through preallocated C buffers, tags and messages patched in
+# place, and the per-message calls a load generator makes, all without per-call copies.
+
+new_delivery = lib.pn_delivery
+link_send = lib.pn_link_send
+link_recv = lib.pn_link_recv
+link_remote_snd_settle_mode = lib.pn_link_remote_snd_settle_mode
+transport_push = lib.pn_transport_push
+transport_peek = lib.pn_transport_peek
+transport_pop = lib.pn_transport_pop
+
+
+def new_buffer(size: int) -> tuple[CData, memoryview]:
+    """A C byte buffer and a writable view of the same memory."""
+    buf = ffi.new("char[]", size)
+    return buf, memoryview(ffi.buffer(buf))
+
+
+def new_tag(size: int = 8) -> tuple[CData, memoryview]:
+    """A delivery tag to pass to `new_delivery` (by value) and a view to rewrite it through."""
+    buf, view = new_buffer(size)
+    tag = ffi.new("pn_delivery_tag_t *", (size, buf))
+    # the struct refers to `buf` without owning it; the view keeps it alive
+    return tag[0], view

@@ -6,8 +6,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 import structlog
-
-from scow.core.model import BrokerError, RoutingType, RouteStatus
+from scow.core.model import BrokerError, RouteStatus, RoutingType
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.codec import Described
 from scow.protocols.amqp.format import AMQP_FORMAT
@@ -98,12 +97,12 @@ class ProducerLink:
         if credit > self.credit // 2:
             return
         address = self.conn.broker.get_address(self.address) if self.address else None
-        if address is not None and address.full_policy is not None:
-            if address.full_policy.blocks_producers():
-                if self.blocked_on is None:
-                    self.blocked_on = address
-                    address.on_space.append(self.resume)
-                return
+        policy = address.full_policy if address is not None else None
+        if policy is not None and policy.blocks_producers():
+            if self.blocked_on is None:
+                self.blocked_on = address
+                address.on_space.append(self.resume)  # type: ignore[union-attr]
+            return
         engine.link_flow(self.link, self.credit - credit)
 
     def resume(self) -> None:

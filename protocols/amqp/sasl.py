@@ -64,7 +64,8 @@ class SaslServer:
         while self.state in (State.HEADER, State.INIT):
             if self.state is State.HEADER:
                 if len(self._buffer) < 8:
-                    if not (AMQP_HEADER.startswith(self._buffer) or SASL_HEADER.startswith(self._buffer)):
+                    prefix = self._buffer
+                    if not (AMQP_HEADER.startswith(prefix) or SASL_HEADER.startswith(prefix)):
                         return self._fail_header(out)
                     break
                 header, self._buffer = self._buffer[:8], self._buffer[8:]
@@ -123,7 +124,7 @@ class SaslServer:
             self.error = "expected sasl-init"
             self.state = State.FAILED
             return self._outcome(OUTCOME_SYS)
-        fields = list(value.value or []) + [None, None, None]
+        fields = [*(value.value or []), None, None, None]
         mechanism, response = str(fields[0] or ""), fields[1] or b""
         if mechanism not in self.mechanisms:
             self.error = f"SASL mechanism {mechanism!r} not offered (offered: {self.mechanisms})"
@@ -135,7 +136,8 @@ class SaslServer:
                 self.error = "malformed PLAIN response"
                 self.state = State.FAILED
                 return self._outcome(OUTCOME_AUTH)
-            user, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+            user = parts[1].decode("utf-8", "replace")
+            password = parts[2].decode("utf-8", "replace")
             expected = self.users.get(user)
             if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
                 self.error = f"authentication failed for user {user!r}"

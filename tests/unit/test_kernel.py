@@ -32,9 +32,15 @@ def test_kernel_never_imports_a_plugin_or_protocol():
 
 
 def test_every_package_directory_is_listed_in_pyproject():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    mapping = {"core": "scow.core", "plugins": "scow.plugins", "protocols": "scow.protocols",
-               "config": "scow.config"}
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    mapping = {
+        "core": "scow.core",
+        "plugins": "scow.plugins",
+        "protocols": "scow.protocols",
+        "config": "scow.config",
+    }
     found = set()
     for top, package in mapping.items():
         for init in (ROOT / top).rglob("__init__.py"):
@@ -52,7 +58,9 @@ def test_every_hookspec_is_documented_and_typed():
 
 
 def test_builtin_plugins_are_installed_as_entry_points():
-    assert {"amqp", "memory-journal", "standard-queues", "full-policies"} <= set(installed_plugins())
+    assert {"amqp", "memory-journal", "standard-queues", "full-policies"} <= set(
+        installed_plugins()
+    )
 
 
 def test_unknown_plugin_name_suggests_the_close_one():
