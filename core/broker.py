@@ -388,11 +388,8 @@ class Broker:
             return self._attach(consumer, queue, selector)
         self._address_for(address_name, RoutingType.MULTICAST)
         name = _subscription_queue_name(durable, shared, global_, subscription, client_id)
-        queue: Any = self.queues.get(name) if name else None
-        changed = queue is not None and (
-            queue.spec.filter != selector or queue.address != address_name
-        )
-        if changed:
+        queue = self.queues.get(name) if name else None
+        if queue is not None and (queue.spec.filter != selector or queue.address != address_name):
             if queue.consumer_count():
                 raise ResourceLocked(
                     f"subscription '{name}' is in use with a different address or selector"
