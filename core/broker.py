@@ -37,6 +37,17 @@ log = structlog.get_logger("scow.broker")
 FQQN_SEPARATOR = "::"
 
 
+class Transaction:
+    """A client's local transaction: sends and acknowledgements applied at commit."""
+
+    __slots__ = ("acks", "id", "sends")
+
+    def __init__(self, tx_id: int) -> None:
+        self.id = tx_id
+        self.sends: list[tuple[bytes, str, MessageFormat, RoutingType | None]] = []
+        self.acks: list[MessageRef] = []
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -258,21 +269,45 @@ class Broker:
         fmt: MessageFormat,
         routing_type: RoutingType | None = None,
         on_stored: Completion | None = None,
+        tx: Transaction | None = None,
     ) -> RouteStatus:
         """Route one message. `on_stored` runs once it is durable, if it must be.
 
         Returns PENDING when `on_stored` will be called, otherwise the final status.
+        Within a transaction the message is only checked now and routed at commit.
         """
         address = self._address_for(address_name, routing_type)
+        if tx is not None:
+            tx.sends.append((data, address_name, fmt, routing_type))
+            return RouteStatus.ROUTED
+        routed = self._route(data, address, fmt, routing_type)
+        if isinstance(routed, RouteStatus):
+            return routed
+        message, queues = routed
+        refs = self._store(message, queues, address, on_stored, None)
+        for ref in refs:
+            ref.queue.enqueue(ref)
+        if message.stored_refs and on_stored is not None:
+            return RouteStatus.PENDING
+        return RouteStatus.ROUTED
+
+    def _route(
+        self,
+        data: bytes,
+        address: AddressInfo,
+        fmt: MessageFormat,
+        routing_type: RoutingType | None,
+    ) -> RouteStatus | tuple[Message, list[Any]]:
+        """The message and the queues it goes to, or why it goes nowhere."""
         durable, priority, ttl = fmt.inspect(data)
         settings = address.settings
-        message = Message(0, data, address_name, fmt, durable=durable, priority=priority)
+        message = Message(0, data, address.name, fmt, durable=durable, priority=priority)
         message.expiration = _expiration(ttl, settings)
         if address.full_policy is not None and address.is_full():
             verdict = address.full_policy.admit(message)
             if verdict is None:
                 raise ResourceLimitExceeded(
-                    f"address '{address_name}' is full ({address.size} bytes, "
+                    f"address '{address.name}' is full ({address.size} bytes, "
                     f"max-size-bytes {settings.max_size_bytes}) and its policy is "
                     f"{settings.address_full_policy}"
                 )
@@ -287,7 +322,7 @@ class Broker:
                 return RouteStatus.NO_ROUTE
         message.id = self.next_id()
         self.messages_routed += 1
-        return self._enqueue(message, queues, address, on_stored)
+        return message, queues
 
     def _route_targets(
         self, address: AddressInfo, routing_type: RoutingType | None, message: Message
@@ -314,18 +349,19 @@ class Broker:
             QueueSpec(name, name, routing_type, auto_created=True, durable=True)
         )
 
-    def _enqueue(
+    def _store(
         self,
         message: Message,
         queues: list[Any],
         address: AddressInfo,
         on_stored: Completion | None,
-    ) -> RouteStatus:
+        tx_id: int | None,
+    ) -> list[MessageRef]:
+        """Account for `message` and journal it if durable; returns refs to enqueue."""
         refs = [MessageRef(message, q) for q in queues]
         message.refcount = len(refs)
         address.size += len(message.data)
         address.message_count += 1
-        status = RouteStatus.ROUTED
         if message.durable and self.persistent:
             durable_ids = [q.id for q in queues if q.durable]
             if durable_ids:
@@ -337,11 +373,54 @@ class Broker:
                     durable_ids,
                     message.data,
                     on_stored,
+                    tx_id=tx_id,
                 )
-                status = RouteStatus.PENDING if on_stored is not None else status
-        for ref in refs:
-            ref.queue.enqueue(ref)
-        return status
+        return refs
+
+    # ------------------------------------------------------------------ transactions
+
+    def begin(self) -> Transaction:
+        return Transaction(self.next_id())
+
+    def commit(self, tx: Transaction, on_done: Completion) -> RouteStatus:
+        """Route the transaction's messages and apply its acknowledgements, atomically.
+
+        The durable part is one journal transaction; messages become visible and
+        acknowledgements take effect once it is on disk, then `on_done` runs. Raises
+        BrokerError (and changes nothing) if a message can no longer be routed.
+        """
+        routed: list[tuple[Message, list[Any], AddressInfo]] = []
+        for data, address_name, fmt, routing_type in tx.sends:
+            address = self._address_for(address_name, routing_type)
+            result = self._route(data, address, fmt, routing_type)
+            if not isinstance(result, RouteStatus):
+                routed.append((*result, address))
+        refs: list[MessageRef] = []
+        for message, queues, address in routed:
+            refs += self._store(message, queues, address, None, tx.id)
+        journaled = any(m.stored_refs for m, _, _ in routed)
+        for ref in tx.acks:
+            journaled |= self._journal_ack(ref, tx.id)
+        acks, tx.acks, tx.sends = tx.acks, [], []
+
+        def finish() -> None:
+            for ref in refs:
+                ref.queue.enqueue(ref)
+            for ref in acks:
+                self._settle_ack(ref)
+            on_done()
+
+        if journaled:
+            self.storage.commit(tx.id, finish)
+            return RouteStatus.PENDING
+        finish()
+        return RouteStatus.ROUTED
+
+    def rollback(self, tx: Transaction) -> None:
+        """Forget the transaction's messages; its acknowledged messages go back (+1 count)."""
+        acks, tx.acks, tx.sends = tx.acks, [], []
+        for ref in sorted(acks, key=lambda r: r.seq):
+            self.release(ref, delivered=True)
 
     # ------------------------------------------------------------------ consuming
 
@@ -452,9 +531,17 @@ class Broker:
 
     # ------------------------------------------------------------------ outcomes
 
-    def acknowledge(self, ref: MessageRef) -> None:
+    def acknowledge(self, ref: MessageRef, tx: Transaction | None = None) -> None:
+        """The consumer is done with `ref`; within `tx`, only once `tx` commits."""
+        if tx is not None:
+            tx.acks.append(ref)
+            return
+        self._journal_ack(ref, None)
+        self._settle_ack(ref)
+
+    def _settle_ack(self, ref: MessageRef) -> None:
         ref.queue.acknowledge(ref)
-        self._dereference(ref)
+        self._release_memory(ref)
         if ref.queue.spec.auto_created and not ref.queue.consumer_count():
             self._auto_delete(ref.queue)
 
@@ -487,11 +574,21 @@ class Broker:
         self._dereference(ref)
 
     def _dereference(self, ref: MessageRef) -> None:
+        self._journal_ack(ref, None)
+        self._release_memory(ref)
+
+    def _journal_ack(self, ref: MessageRef, tx_id: int | None) -> bool:
+        """Journal that `ref`'s queue is done with the message; True if anything was written."""
+        message = ref.message
+        if not (message.stored_refs and ref.queue.durable):
+            return False
+        message.stored_refs -= 1
+        self.storage.acknowledge(message.id, ref.queue.id, message.stored_refs == 0, tx_id=tx_id)
+        return True
+
+    def _release_memory(self, ref: MessageRef) -> None:
         message = ref.message
         message.refcount -= 1
-        if message.stored_refs and ref.queue.durable:
-            message.stored_refs -= 1
-            self.storage.acknowledge(message.id, ref.queue.id, message.stored_refs == 0)
         if message.refcount == 0:
             address = self.addresses.get(message.address)
             if address is not None:
@@ -542,7 +639,8 @@ class Broker:
                     durable=message.durable,
                     priority=message.priority,
                 )
-                self._enqueue(copy, queues, self.addresses[target], None)
+                for copy_ref in self._store(copy, queues, self.addresses[target], None, None):
+                    copy_ref.queue.enqueue(copy_ref)
             else:
                 log.warning("no queue on dead-letter/expiry address", address=target)
         self._dereference(ref)

@@ -688,8 +688,8 @@ def _like_regex(pattern: str, escape: str | None) -> re.Pattern[str] | None:
 
     The pattern is cut at each `%` into fixed-width segments. Every segment but the last is
     matched at its leftmost occurrence inside an atomic group: that is always a correct
-    choice for fixed-width segments, and it keeps `'%a%a%a%b'` linear instead of letting the
-    regex engine backtrack through every split.
+    choice for fixed-width segments, and it stops `'%a%a%a%b'` from backtracking through
+    every way of splitting a long string of a's.
     """
     segments: list[list[str]] = [[]]
     i = 0

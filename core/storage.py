@@ -93,11 +93,13 @@ class StorageManager:
         messages: Journal | None,
         *,
         sync_non_transactional: bool = True,
+        sync_transactional: bool = True,
     ) -> None:
         """Without journals (persistence disabled) nothing is stored and ids start at 1."""
         self._bindings = bindings
         self._messages = messages
         self.sync = sync_non_transactional
+        self.sync_tx = sync_transactional
         self._next_id = 1
         self._id_limit = 0
 
@@ -155,16 +157,32 @@ class StorageManager:
         queue_ids: list[int],
         data: bytes,
         on_done: Completion | None,
+        *,
+        tx_id: int | None = None,
     ) -> None:
         record = encode_message_record(address, expiration, queue_ids, data)
-        self.messages.append_add(message_id, MESSAGE, record, sync=self.sync, on_done=on_done)
-
-    def acknowledge(self, message_id: int, queue_id: int, last: bool) -> None:
-        """A queue is done with a message; the last one deletes the message record."""
-        if last:
-            self.messages.append_delete(message_id, sync=self.sync)
+        if tx_id is not None:
+            self.messages.append_add_tx(tx_id, message_id, MESSAGE, record)
         else:
-            self.messages.append_update(message_id, ACK_REF, _QID.pack(queue_id), sync=self.sync)
+            self.messages.append_add(message_id, MESSAGE, record, sync=self.sync, on_done=on_done)
+
+    def acknowledge(
+        self, message_id: int, queue_id: int, last: bool, *, tx_id: int | None = None
+    ) -> None:
+        """A queue is done with a message; the last one deletes the message record."""
+        journal = self.messages
+        if tx_id is not None:
+            if last:
+                journal.append_delete_tx(tx_id, message_id)
+            else:
+                journal.append_update_tx(tx_id, message_id, ACK_REF, _QID.pack(queue_id))
+        elif last:
+            journal.append_delete(message_id, sync=self.sync)
+        else:
+            journal.append_update(message_id, ACK_REF, _QID.pack(queue_id), sync=self.sync)
+
+    def commit(self, tx_id: int, on_done: Completion) -> None:
+        self.messages.commit(tx_id, sync=self.sync_tx, on_done=on_done)
 
     def update_delivery_count(self, message_id: int, queue_id: int, count: int) -> None:
         self.messages.append_update(

@@ -13,8 +13,10 @@ from scow.core.model import BrokerError, ConnectionInfo
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.links import ConsumerLink, ProducerLink
 from scow.protocols.amqp.sasl import SaslServer, State
+from scow.protocols.amqp.transactions import CoordinatorLink
 
 if TYPE_CHECKING:
+    from scow.core.broker import Transaction
     from scow.protocols.amqp.server import AmqpServer
 
 log = structlog.get_logger("scow.amqp")
@@ -40,7 +42,9 @@ class AmqpConnection(asyncio.Protocol):
             users=server.users,
             allow_anonymous=server.allow_anonymous,
         )
-        self.links: dict[Any, ProducerLink | ConsumerLink] = {}
+        self.links: dict[Any, ProducerLink | ConsumerLink | CoordinatorLink] = {}
+        #: Declared, undischarged transactions by their AMQP txn-id.
+        self.transactions: dict[bytes, Transaction] = {}
         self.socket: asyncio.Transport | None = None
         self.info = ConnectionInfo(next(_ids), "amqp", "")
         self.closed = False
@@ -166,11 +170,10 @@ class AmqpConnection(asyncio.Protocol):
             if kind == engine.DELIVERY:
                 delivery = engine.event_delivery(event)
                 handler = self.links.get(engine.delivery_link(delivery))
-                if handler is not None:
-                    if type(handler) is ProducerLink:
-                        handler.on_delivery(delivery)
-                    else:
-                        handler.on_disposition(delivery)  # type: ignore[union-attr]
+                if type(handler) is ConsumerLink:
+                    handler.on_disposition(delivery)
+                elif handler is not None:
+                    handler.on_delivery(delivery)  # type: ignore[union-attr]
             elif kind == engine.LINK_FLOW:
                 handler = self.links.get(engine.event_link(event))
                 if type(handler) is ConsumerLink:
@@ -231,13 +234,9 @@ class AmqpConnection(asyncio.Protocol):
             else:
                 target = engine.remote_target(link)
                 if target.is_coordinator:
-                    engine.refuse_link(
-                        link,
-                        "amqp:not-implemented",
-                        "transactions are not supported yet: the coordinator target is refused",
-                    )
-                    return
-                self.links[link] = ProducerLink(self, link, target)
+                    self.links[link] = CoordinatorLink(self, link)
+                else:
+                    self.links[link] = ProducerLink(self, link, target)
         except BrokerError as exc:
             engine.refuse_link(link, exc.condition, exc.description)
 
@@ -252,6 +251,9 @@ class AmqpConnection(asyncio.Protocol):
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        for tx in self.transactions.values():
+            self.broker.rollback(tx)
+        self.transactions.clear()
         for link in list(self.links):
             self._drop_link(link, remote_closed=False)
         self.server.connections.discard(self)

@@ -479,3 +479,21 @@ def new_tag(size: int = 8) -> tuple[CData, memoryview]:
     tag = ffi.new("pn_delivery_tag_t *", (size, buf))
     # the struct refers to `buf` without owning it; the view keeps it alive
     return tag[0], view
+
+
+# --------------------------------------------------------------------------- delivery states
+
+
+def remote_state_fields(delivery: CData) -> list[Any]:
+    """The fields of a remote delivery state proton does not model (transactional-state)."""
+    value = decode_data(lib.pn_disposition_data(lib.pn_delivery_remote(delivery)))
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def update_with_fields(delivery: CData, state: int, fields: list[Any]) -> None:
+    """Set our delivery state to a described state `state` carrying `fields` (a list)."""
+    data = lib.pn_disposition_data(lib.pn_delivery_local(delivery))
+    lib.pn_data_clear(data)
+    encoded = codec.encode_value(list(fields))
+    lib.pn_data_decode(data, encoded, len(encoded))
+    lib.pn_delivery_update(delivery, state)

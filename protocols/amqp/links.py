@@ -10,6 +10,13 @@ from scow.core.model import BrokerError, RouteStatus, RoutingType
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.codec import Described
 from scow.protocols.amqp.format import AMQP_FORMAT
+from scow.protocols.amqp.transactions import (
+    ACCEPTED_DESCRIPTOR,
+    TRANSACTIONAL_STATE,
+    accept_in,
+    descriptor_code,
+    transaction_of,
+)
 
 if TYPE_CHECKING:
     from scow.core.message import Message, MessageRef
@@ -69,7 +76,12 @@ class ProducerLink:
                 address = AMQP_FORMAT.target_address(data)
                 if not address:
                     raise _NoAddress("anonymous relay: the message has no 'to' address")
-            if presettled:
+            transactional = transaction_of(self.conn, delivery)
+            if transactional is not None:
+                tx = transactional[0]
+                self.conn.broker.send(data, address, AMQP_FORMAT, self.routing_type, tx=tx)
+                accept_in(delivery, tx)
+            elif presettled:
                 self.conn.broker.send(data, address, AMQP_FORMAT, self.routing_type)
                 engine.delivery_settle(delivery)
             else:
@@ -197,7 +209,19 @@ class ConsumerLink:
         if ref is None:
             return
         broker = self.conn.broker
-        if state == engine.ACCEPTED or (settled and not state):
+        if state == TRANSACTIONAL_STATE:
+            try:
+                tx, fields = transaction_of(self.conn, delivery)  # type: ignore[misc]
+            except BrokerError:
+                broker.release(ref, delivered=False)  # no such transaction: nothing happened
+                return
+            outcome = fields[1] if len(fields) > 1 else None
+            code = descriptor_code(getattr(outcome, "descriptor", None))
+            if code == ACCEPTED_DESCRIPTOR:
+                broker.acknowledge(ref, tx)
+            else:
+                broker.release(ref, delivered=False)
+        elif state == engine.ACCEPTED or (settled and not state):
             broker.acknowledge(ref)
         elif state == engine.RELEASED:
             broker.release(ref, delivered=False)

@@ -1,0 +1,217 @@
+"""Client-side helpers for the wire tests: proton options, pumping, raw frames."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from proton import Array, Data, Delivery, Endpoint, Message, Terminus, symbol
+from proton.reactor import Container, LinkOption
+from proton.utils import BlockingConnection, BlockingReceiver
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+CLOSE = 0x18
+_FRAME = struct.Struct(">IBBH")
+
+
+# --------------------------------------------------------------------------- connections
+
+
+@contextlib.contextmanager
+def connected(url: str, **kwargs: Any) -> Iterator[BlockingConnection]:
+    """A BlockingConnection that is closed however the test ends."""
+    kwargs.setdefault("timeout", 10)
+    conn = BlockingConnection(url, **kwargs)
+    try:
+        yield conn
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def send(conn: BlockingConnection, address: str | None, *messages: Message) -> None:
+    """Send each message and wait for the broker to settle it (raises if it refuses)."""
+    sender = conn.create_sender(address)
+    for message in messages:
+        sender.send(message)
+    sender.close()
+
+
+def receive(receiver: BlockingReceiver, count: int, *, accept: bool = True) -> list[Message]:
+    """Receive exactly `count` messages, accepting each unless told not to."""
+    got = []
+    for _ in range(count):
+        got.append(receiver.receive(timeout=10))
+        if accept:
+            receiver.accept()
+    return got
+
+
+def bodies(messages: Iterable[Message]) -> list[Any]:
+    return [m.body for m in messages]
+
+
+def settle_modified(receiver: BlockingReceiver, *, failed: bool) -> None:
+    """Settle the oldest unsettled message as `modified` with delivery-failed set as given.
+
+    BlockingReceiver.release(delivered=True) sends `modified` but never sets
+    delivery-failed, so the broker could not tell a failed attempt from a plain release.
+    """
+    delivery = receiver.fetcher.unsettled.popleft()
+    delivery.local.failed = failed
+    delivery.update(Delivery.MODIFIED)
+    delivery.settle()
+
+
+def detach(conn: BlockingConnection, receiver: BlockingReceiver) -> None:
+    """Detach (not close) a link and wait for the broker to answer."""
+    link = receiver.link
+    link.detach()
+    conn.wait(lambda: not (link.state & Endpoint.REMOTE_ACTIVE), msg="detaching")
+
+
+def pump(
+    conns: Sequence[BlockingConnection],
+    condition: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "",
+) -> Any:
+    """Drive several blocking connections' event loops until `condition()` is truthy."""
+    saved = [c.container.timeout for c in conns]
+    deadline = time.monotonic() + timeout
+    try:
+        for c in conns:
+            c.container.timeout = 0.01
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+            for c in conns:
+                c.container.process()
+    finally:
+        for c, t in zip(conns, saved, strict=True):
+            c.container.timeout = t
+
+
+def run_container(handler: Any, done: Callable[[], bool], timeout: float = 30.0) -> Container:
+    """Run a reactor Container with `handler` until `done()` or fail after `timeout`."""
+    container = Container(handler)
+    container.timeout = 0.05
+    container.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s; handler state: {vars(handler)}")
+            container.process()
+    finally:
+        container.stop()
+    return container
+
+
+# --------------------------------------------------------------------------- link options
+
+
+class Capabilities(LinkOption):
+    """Set capabilities on a receiver's source (or a sender's target): `topic`, `shared`..."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = [symbol(n) for n in names]
+
+    def apply(self, link: Any) -> None:
+        terminus = link.source if link.is_receiver else link.target
+        terminus.capabilities.put_object(Array(Data.NULL, Data.SYMBOL, *self.names))
+
+
+class Durable(LinkOption):
+    """A durable subscription's source: durability and expiry-policy never."""
+
+    def __init__(self, durability: int = Terminus.DELIVERIES) -> None:
+        self.durability = durability
+
+    def apply(self, link: Any) -> None:
+        link.source.durability = self.durability
+        link.source.expiry_policy = Terminus.EXPIRE_NEVER
+
+
+# --------------------------------------------------------------------------- raw sockets
+
+
+def frame(body: bytes, frame_type: int = 0, channel: int = 0) -> bytes:
+    """An AMQP frame: 8-byte header (size, doff=2, type, channel) then `body`."""
+    return _FRAME.pack(8 + len(body), 2, frame_type, channel) + body
+
+
+def exchange(port: int, data: bytes, *, timeout: float = 5.0, close: bool = False) -> bytes:
+    """Send raw bytes and read what the broker answers until it closes the socket.
+
+    With `close` the client closes its side right after sending (and reads nothing).
+    Raises AssertionError when the broker keeps the socket open past `timeout`.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        if close:
+            return b""
+        reply = b""
+        deadline = time.monotonic() + timeout
+        while True:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                raise AssertionError(
+                    f"the broker kept the socket open for {timeout}s; it sent {reply!r}"
+                ) from None
+            except ConnectionResetError:
+                return reply
+            if not chunk:
+                return reply
+            reply += chunk
+
+
+def performatives(reply: bytes) -> list[Any]:
+    """Decode the AMQP frames after the protocol header into proton Described values."""
+    assert reply.startswith(AMQP_HEADER), f"no AMQP header in {reply!r}"
+    out = []
+    pos = len(AMQP_HEADER)
+    while pos + 8 <= len(reply):
+        size, doff, _ftype, _channel = _FRAME.unpack_from(reply, pos)
+        body = reply[pos + doff * 4 : pos + size]
+        pos += size
+        if not body:
+            continue  # an empty (heartbeat) frame
+        data = Data()
+        data.decode(body)
+        data.rewind()
+        data.next()
+        out.append(data.get_object())
+    return out
+
+
+def close_condition(reply: bytes) -> tuple[str | None, str | None]:
+    """(condition, description) of the `close` frame in `reply`; (None, None) without one."""
+    for performative in performatives(reply):
+        if performative.descriptor == CLOSE:
+            fields = list(performative.value) + [None]
+            error = fields[0]
+            if error is None:
+                return None, None
+            error_fields = list(error.value) + [None, None]
+            return str(error_fields[0]), error_fields[1]
+    return None, None
+
+
+def round_trip(url: str, address: str = "health", **kwargs: Any) -> None:
+    """A normal client sends and receives one message: the broker is still serving."""
+    with connected(url, **kwargs) as conn:
+        send(conn, address, Message(body="still here"))
+        receiver = conn.create_receiver(address)
+        assert receiver.receive(timeout=10).body == "still here"
+        receiver.accept()

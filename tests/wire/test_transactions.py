@@ -1,0 +1,149 @@
+"""AMQP local transactions: declare, transactional send and accept, commit and rollback."""
+
+from __future__ import annotations
+
+from proton import Message
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import Container
+from proton.utils import BlockingConnection
+from scow.core.testing import wait_for
+
+
+class TxClient(MessagingHandler, TransactionHandler):
+    """Sends `count` messages in one transaction, then commits or aborts."""
+
+    def __init__(self, url: str, address: str, count: int, commit: bool) -> None:
+        super().__init__(prefetch=0, auto_accept=False)
+        self.url, self.address, self.count, self.commit = url, address, count, commit
+        self.outcome: str | None = None
+
+    def on_start(self, event):
+        self.conn = event.container.connect(self.url)
+        self.sender = event.container.create_sender(self.conn, self.address)
+        event.container.declare_transaction(self.conn, handler=self)
+
+    def on_transaction_declared(self, event):
+        for i in range(self.count):
+            event.transaction.send(self.sender, Message(body=f"tx{i}", durable=True))
+        if self.commit:
+            event.transaction.commit()
+        else:
+            event.transaction.abort()
+
+    def on_transaction_committed(self, event):
+        self.outcome = "committed"
+        self.conn.close()
+
+    def on_transaction_aborted(self, event):
+        self.outcome = "aborted"
+        self.conn.close()
+
+    def on_transaction_declare_failed(self, event):
+        self.outcome = "declare-failed"
+        self.conn.close()
+
+
+class TxReceiver(MessagingHandler, TransactionHandler):
+    """Receives `count` messages and accepts them in one transaction, then discharges."""
+
+    def __init__(self, url: str, address: str, count: int, commit: bool) -> None:
+        super().__init__(prefetch=0, auto_accept=False)
+        self.url, self.address, self.count, self.commit = url, address, count, commit
+        self.received: list[str] = []
+        self.outcome: str | None = None
+
+    def on_start(self, event):
+        self.conn = event.container.connect(self.url)
+        self.receiver = event.container.create_receiver(self.conn, self.address)
+        event.container.declare_transaction(self.conn, handler=self)
+
+    def on_transaction_declared(self, event):
+        self.transaction = event.transaction
+        self.receiver.flow(self.count)
+
+    def on_message(self, event):
+        self.received.append(event.message.body)
+        self.transaction.accept(event.delivery)
+        if len(self.received) == self.count:
+            if self.commit:
+                self.transaction.commit()
+            else:
+                self.transaction.abort()
+
+    def on_transaction_committed(self, event):
+        self.outcome = "committed"
+        self.conn.close()
+
+    def on_transaction_aborted(self, event):
+        self.outcome = "aborted"
+        self.conn.close()
+
+
+def _drain(url: str, address: str, timeout: float = 1.0) -> list[tuple[str, int]]:
+    conn = BlockingConnection(url, timeout=10)
+    try:
+        receiver = conn.create_receiver(address)
+        got = []
+        while True:
+            try:
+                message = receiver.receive(timeout=timeout)
+            except Exception:
+                return got
+            got.append((message.body, message.delivery_count))
+            receiver.accept()
+    finally:
+        conn.close()
+
+
+def test_committed_sends_become_visible_and_rolled_back_ones_never(scow_broker):
+    broker = scow_broker()
+    committed = TxClient(broker.url, "txq", 3, commit=True)
+    Container(committed).run()
+    assert committed.outcome == "committed"
+    aborted = TxClient(broker.url, "txq", 2, commit=False)
+    Container(aborted).run()
+    assert aborted.outcome == "aborted"
+    assert [body for body, _ in _drain(broker.url, "txq")] == ["tx0", "tx1", "tx2"]
+
+
+def test_sends_are_invisible_until_commit(scow_broker):
+    broker = scow_broker()
+    conn = BlockingConnection(broker.url, timeout=10)
+    try:
+        conn.create_receiver("txq2")  # creates the queue
+        client = TxClient(broker.url, "txq2", 2, commit=False)
+        Container(client).run()
+        wait_for(lambda: broker.queue_stats("txq2") is not None)
+        assert broker.queue_stats("txq2")["message-count"] == 0
+    finally:
+        conn.close()
+
+
+def test_rolled_back_acknowledgements_return_messages_with_a_higher_count(scow_broker):
+    broker = scow_broker()
+    conn = BlockingConnection(broker.url, timeout=10)
+    sender = conn.create_sender("acks")
+    for i in range(2):
+        sender.send(Message(body=f"a{i}"))
+    conn.close()
+    rolled = TxReceiver(broker.url, "acks", 2, commit=False)
+    Container(rolled).run()
+    assert rolled.outcome == "aborted" and rolled.received == ["a0", "a1"]
+    assert _drain(broker.url, "acks") == [("a0", 1), ("a1", 1)]
+
+
+def test_committed_acknowledgements_remove_the_messages(scow_broker):
+    broker = scow_broker()
+    conn = BlockingConnection(broker.url, timeout=10)
+    sender = conn.create_sender("acks2")
+    for i in range(3):
+        sender.send(Message(body=f"b{i}"))
+    conn.close()
+    committed = TxReceiver(broker.url, "acks2", 3, commit=True)
+    Container(committed).run()
+    assert committed.outcome == "committed"
+    wait_for(
+        lambda: (
+            broker.queue_stats("acks2") is None or broker.queue_stats("acks2")["message-count"] == 0
+        )
+    )
