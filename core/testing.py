@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import pytest
 from scow.core import app
+from scow.core import logging as scow_logging
 from scow.core.broker import Broker
 
 T = TypeVar("T")
@@ -109,6 +110,7 @@ class BrokerThread:
 
     def start(self) -> BrokerThread:
         plugins, config = app.load(self.config_path)
+        scow_logging.configure("console", config.section("broker")["log-level"])
         self.server = app.Server(plugins, config)
         self._thread.start()
         self.call_async(self.server.start())

@@ -242,9 +242,8 @@ def compact(j: FileJournal) -> bool:
         if j._failed is not None or j._stopping or j._compacting:
             return False
         old = list(j._files)
-        if not old or (len(old) == 1 and old[0].pos == 0 and old[0].used <= DATA_START
-                       and not j._chunks[1:]):
-            return False
+        if not old or (len(old) == 1 and j._pos == DATA_START):
+            return False  # nothing written yet
         reserved = len(old) + 2
         first_epoch = j._next_epoch
         j._next_epoch += reserved
