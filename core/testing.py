@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
 from scow.core import app
 from scow.core import logging as scow_logging
 from scow.core.broker import Broker

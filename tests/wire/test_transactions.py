@@ -6,6 +6,7 @@ from proton import Message
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 from proton.utils import BlockingConnection
+
 from scow.core.testing import wait_for
 
 
