@@ -15,6 +15,20 @@ from scow.core.config import ConfigError, default_config_path, read_plugin_list
 from scow.core.plugins import PluginManager, describe_plugins, installed_plugins
 
 
+def command_group(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    help: str,
+) -> argparse._SubParsersAction:
+    """The sub-commands of group `name` (`scow perf ...`), created by whichever plugin
+    asks first, so several plugins can add commands to one group."""
+    parser = subparsers.choices.get(name)
+    if parser is None:
+        parser = subparsers.add_parser(name, help=help)
+        parser.set_defaults(_group=parser.add_subparsers(dest=f"{name}_command", required=True))
+    return parser.get_default("_group")
+
+
 def _config_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",

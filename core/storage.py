@@ -102,6 +102,7 @@ class StorageManager:
         self.sync_tx = sync_transactional
         self._next_id = 1
         self._id_limit = 0
+        self._have_block = False  # the ID_BLOCK record exists in the bindings journal
 
     @property
     def journals(self) -> list[Journal]:
@@ -129,9 +130,14 @@ class StorageManager:
         """A fresh id for a message, queue or address, never reused across restarts."""
         if self._next_id >= self._id_limit and self._bindings is not None:
             self._id_limit = self._next_id + ID_BLOCK_SIZE
-            self.bindings.append_update(
-                ID_BLOCK_RECORD, ID_BLOCK, _QID.pack(self._id_limit), sync=True, replaceable=True
-            )
+            block = _QID.pack(self._id_limit)
+            if self._have_block:
+                self.bindings.append_update(
+                    ID_BLOCK_RECORD, ID_BLOCK, block, sync=True, replaceable=True
+                )
+            else:
+                self.bindings.append_add(ID_BLOCK_RECORD, ID_BLOCK, block, sync=True)
+                self._have_block = True
         value = self._next_id
         self._next_id += 1
         return value
@@ -206,6 +212,7 @@ class StorageManager:
         for rec in bindings.records:
             if rec.type == ID_BLOCK:
                 id_limit = max(id_limit, _QID.unpack(rec.data)[0])
+                self._have_block = True
             elif rec.type == ADDRESS and not rec.is_update:
                 out.addresses.append({**json.loads(rec.data), "id": rec.id})
             elif rec.type == QUEUE and not rec.is_update:

@@ -79,7 +79,7 @@ _UPDATE_TX = int(Kind.UPDATE_TX)
 _DELETE_TX = int(Kind.DELETE_TX)
 
 # lifecycle
-_NEW, _OPEN, _STOPPED = 0, 1, 2
+_NEW, _OPEN, _CLOSING, _STOPPED = 0, 1, 2, 3
 
 
 class JournalError(Exception):
@@ -164,7 +164,8 @@ class FileJournal:
         self._maint_lock = threading.Lock()  # one reclaim or compaction at a time
         self._state = _NEW
         self._failed: BaseException | None = None
-        self._stopping = False
+        self._stopping = False  # background threads: finish up
+        self._writer_stop = False  # writer: exit once the buffer is empty
 
         # live state
         self._records: dict[int, JFile | _Rec] = {}
@@ -242,6 +243,7 @@ class FileJournal:
         replay = Replay(data, directory=self.directory)
         replay.run()
         prepared, abandoned = self._adopt(replay)
+        self._seal_recovered(replay)
 
         self._files = data
         for f in free:
@@ -434,7 +436,7 @@ class FileJournal:
         with self._lock:
             if self._failed is not None:
                 raise JournalError(f"journal {self.directory} failed: {self._failed}")
-            if self._state != _OPEN:
+            if self._state not in (_OPEN, _CLOSING):
                 return
             self._force = True
             target = self._batch_no + 1
@@ -454,21 +456,27 @@ class FileJournal:
         self._check_not_own_thread("stop")
         with self._lock:
             if self._state != _OPEN:
-                self._state = _STOPPED
+                if self._state == _NEW:
+                    self._state = _STOPPED
                 return
-        try:
-            if self._failed is None:
-                self.flush()
-        except JournalError:
-            pass
-        with self._lock:
+            self._state = _CLOSING  # appends are refused from here on
             self._stopping = True
             self._maint_cond.notify_all()
             self._files_cond.notify_all()
+        # Background work first: a running compaction gives up or finishes (it may flush).
         for t in self._threads:
             if t is not self._writer_thread and t is not self._syncer_thread:
                 t.join()
         with self._lock:
+            if self._failed is None:
+                # A sealed last file tells the next load that this was a clean stop.
+                self._seal_current()
+        try:
+            self.flush()
+        except JournalError:
+            pass
+        with self._lock:
+            self._writer_stop = True
             self._cond.notify_all()
         if self._writer_thread is not None:
             self._writer_thread.join()
@@ -757,7 +765,7 @@ class FileJournal:
         """Wait for work, let the buffer fill until the timeout, take a batch."""
         with self._lock:
             while not (self._pending or self._sealed or self._force):
-                if self._stopping or self._failed is not None:
+                if self._writer_stop or self._failed is not None:
                     return None
                 self._wake_at = 1
                 self._cond.wait()
@@ -1003,6 +1011,30 @@ class FileJournal:
             return self._live_ratio() * 100 < s.journal_compact_percentage
 
     # ================================================================== load helpers
+
+    def _seal_recovered(self, replay: Replay) -> None:
+        """Write the EOF record a file lacks because the process stopped while writing it.
+
+        Nothing is ever appended to a recovered file again, so this fixes its end for good:
+        bytes past it (a torn batch) can never be read, and later loads see a sealed file.
+        A file that stopped at a damaged record keeps its damage for inspection.
+        """
+        for stop in replay.stops:
+            if stop.reason not in ("end", "stale", "truncated"):
+                continue
+            f = stop.file
+            fd = os.open(f.path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, encode_record(Kind.EOF, 0, 0, f.epoch, 0, 0, b""), stop.offset)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            f.used = stop.offset + HEADER_SIZE
+            if stop is replay.stops[-1]:
+                structlog.get_logger().info(
+                    "journal was not stopped cleanly; recovered up to the end of valid data",
+                    file=f.path, offset=stop.offset, reason=stop.reason,
+                )
 
     def _adopt(self, replay: Replay) -> tuple[list, list[int]]:
         """Build the live bookkeeping from what recovery found."""

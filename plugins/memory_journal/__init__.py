@@ -55,12 +55,16 @@ class MemoryJournal:
         self._updates.pop(rec.id, None)
 
     def _update(self, rec: RecordInfo, replaceable: bool = False) -> None:
+        if rec.id not in self._records:
+            raise ValueError(f"memory journal: update of record id {rec.id}: no live record")
         updates = self._updates.setdefault(rec.id, [])
         if replaceable:
             updates[:] = [u for u in updates if u.type != rec.type]
         updates.append(rec)
 
     def _delete(self, record_id: int) -> None:
+        if record_id not in self._records:
+            raise ValueError(f"memory journal: delete of record id {record_id}: no live record")
         self._records.pop(record_id, None)
         self._updates.pop(record_id, None)
 

@@ -939,8 +939,9 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    perf = subparsers.add_parser("perf", help="AMQP load generator and a trivial sink to test it")
-    sub = perf.add_subparsers(dest="perf_command", required=True)
+    from scow.core.cli import command_group
+
+    sub = command_group(subparsers, "perf", "load generators and measurements")
 
     client = sub.add_parser(
         "client",

@@ -562,8 +562,12 @@ def test_encode_message_decodes_with_proton_to_the_intended_fields(
     for name, theirs in zip(PROPERTY_FIELDS, listed, strict=True):
         assert theirs == props.get(name), name
         flavour = flavours.get(name)
-        if flavour is not None and isinstance(props.get(name), int | str):
-            assert isinstance(theirs, flavour), name
+        mine = props.get(name)
+        if flavour is not None and isinstance(mine, int | str):
+            if name.endswith("_id"):
+                assert isinstance(theirs, proton.ulong) == isinstance(mine, int), name
+            else:
+                assert isinstance(theirs, flavour), name
     assert (view["properties"] or {}) == (kw.get("application_properties") or {})
     assert (view["annotations"] or {}) == (kw.get("message_annotations") or {})
     body = kw["body"]

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from proton import Array, Data, Delivery, Endpoint, Message, Terminus, symbol
+from proton import UNDESCRIBED, Array, Data, Delivery, Message, Terminus, symbol
 from proton.reactor import Container, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver
 
@@ -68,11 +68,16 @@ def settle_modified(receiver: BlockingReceiver, *, failed: bool) -> None:
     delivery.settle()
 
 
-def detach(conn: BlockingConnection, receiver: BlockingReceiver) -> None:
-    """Detach (not close) a link and wait for the broker to answer."""
-    link = receiver.link
-    link.detach()
-    conn.wait(lambda: not (link.state & Endpoint.REMOTE_ACTIVE), msg="detaching")
+def detach(
+    conn: BlockingConnection, receiver: BlockingReceiver, until: Callable[[], Any]
+) -> None:
+    """Detach (not close) a link, pumping the connection until `until()` (a broker-side check).
+
+    A detach that is not a close leaves proton's remote link state as it was, so there is
+    nothing on the client side to wait for.
+    """
+    receiver.link.detach()
+    pump([conn], until, what="the broker to see the detach")
 
 
 def pump(
@@ -127,7 +132,7 @@ class Capabilities(LinkOption):
 
     def apply(self, link: Any) -> None:
         terminus = link.source if link.is_receiver else link.target
-        terminus.capabilities.put_object(Array(Data.NULL, Data.SYMBOL, *self.names))
+        terminus.capabilities.put_object(Array(UNDESCRIBED, Data.SYMBOL, *self.names))
 
 
 class Durable(LinkOption):
