@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 ADDRESS_SETTINGS_SECTION = "address-settings"
-DEFAULT_PLUGINS: tuple[str, ...] = ("amqp", "memory-journal", "standard-queues", "full-policies")
+DEFAULT_PLUGINS: tuple[str, ...] = ("amqp", "file-journal", "standard-queues", "full-policies")
 
 _KINDS = ("plain", "size", "duration-ms", "host-port-list")
 

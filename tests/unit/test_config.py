@@ -321,11 +321,18 @@ def test_parse_host_port() -> None:
         parse_host_port("::1:5672")
 
 
+def _plugin_sections() -> list[ConfigSection]:
+    from scow.plugins.file_journal.plugin import SECTION as JOURNAL
+    from scow.protocols.amqp.plugin import SECTION as REAL_AMQP
+
+    return [REAL_AMQP, JOURNAL]
+
+
 def test_packaged_default_config_loads() -> None:
     path = default_config_path()
     assert path.is_file()
-    config = load_config(path, [AMQP])
-    assert config.enabled_plugins == ("amqp", "memory-journal", "standard-queues", "full-policies")
+    config = load_config(path, _plugin_sections())
+    assert config.enabled_plugins == ("amqp", "file-journal", "standard-queues", "full-policies")
     assert config.section("broker")["data-dir"] == "./data"
     assert config.section("amqp")["listen"] == ["localhost:5672"]
     s = config.address_settings.get("orders")
@@ -347,7 +354,7 @@ def test_packaged_default_config_shows_every_kernel_setting() -> None:
 
 def test_commented_defaults_in_packaged_config_are_the_real_defaults(tmp_path: Path) -> None:
     """Uncommenting every `# key = value` line of the packaged file must change nothing."""
-    known = {s.name for section in [*core_sections(), AMQP] for s in section.settings}
+    known = {s.name for section in [*core_sections(), *_plugin_sections()] for s in section.settings}
     known |= set(ADDRESS_SETTING_DOCS)
     # shown as examples of what to write, not as defaults
     examples = {"users", "page-full-policy", "default-last-value-key"}
@@ -359,10 +366,10 @@ def test_commented_defaults_in_packaged_config_are_the_real_defaults(tmp_path: P
             line = f"{m.group(1)} = {m.group(2)}"
         lines.append(line)
     path = write(tmp_path, "\n".join(lines))
-    full = load_config(path, [AMQP])
-    baseline = load_config(default_config_path(), [AMQP])
+    full = load_config(path, _plugin_sections())
+    baseline = load_config(default_config_path(), _plugin_sections())
     assert len(full.address_settings.explicit("#") or {}) > 20  # the lines were uncommented
-    for name in ("broker", "plugins", "security", "amqp"):
+    for name in ("broker", "plugins", "security", "amqp", "journal"):
         assert full.section(name) == baseline.section(name)
     assert full.address_settings.get("x") == baseline.address_settings.get("x")
 

@@ -1,0 +1,221 @@
+"""JMS selectors on consumer links (`apache.org:selector-filter:string`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from proton import Message
+from proton.reactor import Selector
+from proton.utils import LinkDetached
+
+from .helpers import bodies, connected, pump, receive, send
+
+#: Five messages with application properties covering strings, numbers, NULLs and escapes.
+CATALOG: list[dict[str, Any]] = [
+    {"name": "apple", "color": "red", "size": 1, "price": 1.5, "code": "A_1", "stock": 10},
+    {"name": "banana", "color": "yellow", "size": 2, "price": 0.5, "code": "B%2", "stock": 0},
+    {"name": "cherry", "color": "red", "size": 3, "price": 4.0, "code": "C_3"},
+    {"name": "date", "color": "brown", "size": 4, "price": 6.25, "code": "D4", "stock": 3},
+    {"name": "elder", "color": "black", "size": 5, "price": 2.0, "code": "E%5", "stock": 7},
+]
+NAMES = [item["name"] for item in CATALOG]
+
+
+def select(broker, selector: str, messages: list[Message] | None = None) -> tuple[list, list]:
+    """Send `messages` (the catalog by default), consume through `selector`.
+
+    Returns (bodies the selector consumer got, bodies left on the queue for a plain
+    consumer), both in queue order. Together they must be every message exactly once.
+    """
+    if messages is None:
+        messages = [Message(body=item["name"], properties=item) for item in CATALOG]
+    queue = "fruit"
+    with connected(broker.url) as conn:
+        send(conn, queue, *messages)
+        total = len(messages)
+        chooser = conn.create_receiver(queue, credit=total, name="chooser", options=Selector(selector))
+        # The selector consumer has credit for everything; once every message has been
+        # offered to it (the queue's ready count stops holding matches), what it holds is
+        # what matched.
+        pump(
+            [conn],
+            lambda: chooser.fetcher.has_message == _delivering(broker, queue),
+            what="the selector consumer's deliveries",
+        )
+        matched = [chooser.fetcher.pop() for _ in range(chooser.fetcher.has_message)]
+        for _ in matched:
+            chooser.accept()
+        pump(
+            [conn],
+            lambda: broker.queue_stats(queue)["message-count"] == total - len(matched),
+            what="the acks",
+        )
+        chooser.close()
+        rest = total - len(matched)
+        plain = conn.create_receiver(queue, credit=max(rest, 1), name="plain")
+        left = receive(plain, rest)
+    return bodies(matched), bodies(left)
+
+
+def _delivering(broker, queue: str) -> int:
+    stats = broker.queue_stats(queue)
+    return stats["delivering-count"] if stats else -1
+
+
+def expect(broker, selector: str, matching: list[str]) -> None:
+    matched, left = select(broker, selector)
+    assert matched == matching, selector
+    assert left == [n for n in NAMES if n not in matching], selector
+
+
+def test_selector_equality_and_inequality(scow_broker):
+    broker = scow_broker()
+    expect(broker, "color = 'red'", ["apple", "cherry"])
+
+
+def test_selector_not_equal_excludes_missing_properties(scow_broker):
+    broker = scow_broker()
+    # `stock` is NULL for cherry: NULL <> 0 is UNKNOWN, so cherry does not match
+    expect(broker, "stock <> 0", ["apple", "date", "elder"])
+
+
+def test_selector_less_and_greater_than(scow_broker):
+    broker = scow_broker()
+    expect(broker, "size < 3 OR price > 5", ["apple", "banana", "date"])
+
+
+def test_selector_less_or_equal_and_greater_or_equal(scow_broker):
+    broker = scow_broker()
+    expect(broker, "size >= 2 AND price <= 4.0", ["banana", "cherry", "elder"])
+
+
+def test_selector_like_with_wildcards_and_escape(scow_broker):
+    broker = scow_broker()
+    # '!%' is a literal percent sign: codes containing '%'
+    expect(broker, "code LIKE '%!%%' ESCAPE '!'", ["banana", "elder"])
+
+
+def test_selector_like_single_character_wildcard(scow_broker):
+    broker = scow_broker()
+    expect(broker, "name LIKE '_a%' AND code NOT LIKE 'B%'", ["date"])
+
+
+def test_selector_in_list(scow_broker):
+    broker = scow_broker()
+    expect(broker, "color IN ('yellow', 'black')", ["banana", "elder"])
+
+
+def test_selector_not_in_list(scow_broker):
+    broker = scow_broker()
+    expect(broker, "color NOT IN ('red', 'yellow')", ["date", "elder"])
+
+
+def test_selector_between_and_not_between(scow_broker):
+    broker = scow_broker()
+    expect(broker, "size BETWEEN 2 AND 4 AND price NOT BETWEEN 3 AND 5", ["banana", "date"])
+
+
+def test_selector_is_null_and_is_not_null(scow_broker):
+    broker = scow_broker()
+    expect(broker, "stock IS NULL", ["cherry"])
+
+
+def test_selector_is_not_null(scow_broker):
+    broker = scow_broker()
+    expect(broker, "stock IS NOT NULL AND stock > 0", ["apple", "date", "elder"])
+
+
+def test_selector_boolean_logic_with_not_and_parentheses(scow_broker):
+    broker = scow_broker()
+    expect(broker, "NOT (color = 'red' OR size > 4) AND (size = 2 OR size = 4)", ["banana", "date"])
+
+
+def test_selector_arithmetic(scow_broker):
+    broker = scow_broker()
+    # apple 1.5*1+10=11.5, banana 1.0+0=1, date 25+3=28, elder 10+7=17; cherry has no stock
+    expect(broker, "price * size + stock > 10 AND size - 1 <> 3 / 1", ["apple", "elder"])
+
+
+def test_selector_on_header_priority(scow_broker):
+    broker = scow_broker()
+    messages = [Message(body=f"p{p}", priority=p) for p in (1, 4, 7, 9)]
+    matched, left = select(broker, "JMSPriority >= 7", messages)
+    assert matched == ["p7", "p9"]
+    assert left == ["p1", "p4"]
+
+
+@pytest.mark.parametrize("identifier", ["JMSType", "properties.subject"])
+def test_selector_on_subject(scow_broker, identifier):
+    broker = scow_broker()
+    messages = [Message(body=s, subject=s) for s in ("order", "invoice", "order-cancelled")]
+    matched, left = select(broker, f"{identifier} = 'order'", messages)
+    assert matched == ["order"]
+    assert left == ["invoice", "order-cancelled"]
+
+
+def test_selector_consumer_skips_non_matching_messages_at_the_head(scow_broker):
+    """Non-matching messages ahead in the queue do not starve a selector consumer."""
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        blues = [Message(body=f"blue{i}", properties={"color": "blue"}) for i in range(5)]
+        send(conn, "paint", *blues, Message(body="red0", properties={"color": "red"}))
+        reds = conn.create_receiver("paint", name="reds", options=Selector("color = 'red'"))
+        assert bodies(receive(reds, 1)) == ["red0"]
+        pump([conn], lambda: broker.queue_stats("paint")["message-count"] == 5, what="the ack")
+
+
+def test_messages_a_selector_refuses_stay_for_another_consumer(scow_broker):
+    """A selector consumer does not take (or hold back) messages it does not match."""
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        reds = conn.create_receiver(
+            "paint", credit=10, name="reds", options=Selector("color = 'red'")
+        )
+        mixed = [
+            Message(body=f"{color}{i}", properties={"color": color})
+            for i in range(3)
+            for color in ("red", "blue")
+        ]
+        send(conn, "paint", *mixed)
+        assert bodies(receive(reds, 3)) == ["red0", "red1", "red2"]
+
+        blues = conn.create_receiver("paint", credit=10, name="blues")
+        assert bodies(receive(blues, 3)) == ["blue0", "blue1", "blue2"]
+        pump([conn], lambda: broker.queue_stats("paint")["message-count"] == 0, what="acks")
+
+
+def test_two_selector_consumers_split_a_queue_by_property(scow_broker):
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        reds = conn.create_receiver("paint", credit=10, name="r", options=Selector("color='red'"))
+        blues = conn.create_receiver("paint", credit=10, name="b", options=Selector("color='blue'"))
+        mixed = [
+            Message(body=f"{color}{i}", properties={"color": color})
+            for i in range(4)
+            for color in ("blue", "red")
+        ]
+        send(conn, "paint", *mixed)
+        assert bodies(receive(reds, 4)) == [f"red{i}" for i in range(4)]
+        assert bodies(receive(blues, 4)) == [f"blue{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("selector", "fragment"),
+    [
+        ("color = ", "expected a value"),
+        ("color LIKE 3", "LIKE"),
+        ("'a' < 'b'", "'a'"),
+    ],
+)
+def test_bad_selector_refuses_the_link_with_the_parse_error(scow_broker, selector, fragment):
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver("paint", options=Selector(selector))
+        condition = refused.value.link.remote_condition
+        assert condition.name == "amqp:invalid-field"
+        assert fragment in condition.description
+        # the connection survives a refused link
+        send(conn, "paint", Message(body="ok"))
+        assert bodies(receive(conn.create_receiver("paint", name="after"), 1)) == ["ok"]
