@@ -195,7 +195,7 @@ class StorageManager:
             message_id,
             DELIVERY_COUNT,
             _COUNT.pack(queue_id, count),
-            sync=False,
+            sync=self.sync,
             replaceable=True,
         )
 

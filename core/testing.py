@@ -9,6 +9,7 @@ SIGKILL it). Both are also pytest fixtures when this module is loaded as a plugi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -249,6 +250,13 @@ def scow_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerThread]]:
 @pytest.fixture
 def scow_broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     """Factory for subprocess brokers sharing one data dir per test."""
+    with broker_processes(tmp_path) as start:
+        yield start
+
+
+@contextlib.contextmanager
+def broker_processes(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
+    """Start subprocess brokers on one data dir under `tmp_path`; all killed at exit."""
     started: list[BrokerProcess] = []
 
     def start(**kwargs: Any) -> BrokerProcess:
@@ -260,6 +268,8 @@ def scow_broker_process(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]
         started.append(broker)
         return broker
 
-    yield start
-    for broker in started:
-        broker.kill()
+    try:
+        yield start
+    finally:
+        for broker in started:
+            broker.kill()

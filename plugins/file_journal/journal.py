@@ -498,6 +498,15 @@ class FileJournal:
         with self._maint_lock:
             return compactor.compact(self)
 
+    def reclaim(self) -> int:
+        """Run a reclaim pass now (it also runs after every file roll); files retired."""
+        self._check_not_own_thread("reclaim")
+        with self._lock:
+            if self._state != _OPEN:
+                self._raise_closed()
+        with self._maint_lock:
+            return self._reclaim()
+
     # ----------------------------------------------------------------- introspection
 
     def data_files(self) -> list[str]:

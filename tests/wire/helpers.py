@@ -56,6 +56,20 @@ def bodies(messages: Iterable[Message]) -> list[Any]:
     return [m.body for m in messages]
 
 
+def drain(conn: BlockingConnection, receiver: BlockingReceiver, credit: int) -> list[Message]:
+    """Grant `credit` in drain mode and return everything the broker sends for it.
+
+    The broker answers a drain by sending what it has, then a flow using up the rest of
+    the credit; when proton no longer reports draining and nothing is left queued on the
+    link, the fetcher holds every message the broker was able to send. The receiver should
+    be created with credit=0 so no prefetch window adds credit of its own.
+    """
+    link = receiver.link
+    link.drain(credit)
+    conn.wait(lambda: not link.draining() and link.queued == 0, msg="the drain to complete")
+    return [receiver.fetcher.pop() for _ in range(receiver.fetcher.has_message)]
+
+
 def settle_modified(receiver: BlockingReceiver, *, failed: bool) -> None:
     """Settle the oldest unsettled message as `modified` with delivery-failed set as given.
 

@@ -1,0 +1,74 @@
+"""Shared helpers for the file journal tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from scow.plugins.file_journal import FileJournal, JournalSettings, RecordView, iter_records
+
+SMALL_FILE = 64 * 1024
+WAIT = 10.0
+
+
+def settings(path: Path | str, journal_type: str = "NIO", **changes: Any) -> JournalSettings:
+    """Small files so a few hundred records span several of them."""
+    values: dict[str, Any] = {"directory": str(path), "journal_file_size": SMALL_FILE,
+                              "journal_type": journal_type}
+    values.update(changes)
+    return JournalSettings(**values)
+
+
+def open_journal(path: Path | str, journal_type: str = "NIO", **changes: Any) -> FileJournal:
+    journal = FileJournal(settings(path, journal_type, **changes))
+    journal.load()
+    return journal
+
+
+def load(path: Path | str, journal_type: str = "NIO", **changes: Any):  # noqa: ANN201
+    """Load a journal directory and stop again; the LoadResult."""
+    journal = FileJournal(settings(path, journal_type, **changes))
+    try:
+        return journal.load()
+    finally:
+        journal.stop()
+
+
+def snapshot(src: Path, dst: Path) -> Path:
+    """Copy a journal directory as it is on disk now: a crash image once flushed."""
+    shutil.copytree(src, dst)
+    return dst
+
+
+def records_on_disk(path: Path | str, prefix: str = "scow-data",
+                    ext: str = "scow") -> list[RecordView]:
+    return list(iter_records(str(path), prefix, ext))
+
+
+def valid_records(path: Path | str) -> list[RecordView]:
+    """Valid records in journal order (files by epoch, then offset)."""
+    views = [v for v in records_on_disk(path) if v.valid]
+    return sorted(views, key=lambda v: (v.file_epoch, v.offset))
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = WAIT, what: str = "") -> None:
+    """Poll `predicate` until true; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(0.002)
+
+
+def run_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run Python code in a fresh interpreter with this one's import path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
