@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pluggy
+
 from scow.core.descriptors import (
     FullPolicyType,
     JournalBackend,

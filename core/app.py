@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
 from scow.core.broker import Broker
 from scow.core.config import Config, ConfigError, load_config, read_plugin_list
 from scow.core.interfaces import Completion, ProtocolServer, Service
@@ -33,8 +34,10 @@ def load(
         plugins.load(read_plugin_list(config_path))
         sections = plugins.collect("scow_config_sections")
         config = load_config(config_path, sections, _only_known(overrides, sections))
-    except (ConfigError, PluginError) as exc:
+    except ConfigError as exc:
         raise StartupError(str(exc)) from exc
+    except PluginError as exc:
+        raise StartupError(f"{config_path or 'default config'}: {exc}") from exc
     return plugins, config
 
 

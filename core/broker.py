@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from scow.core.message import Message, MessageFormat, MessageRef
 from scow.core.model import (
     AddressInfo,

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pluggy
+
 from scow.core import hookspecs
 
 ENTRY_POINT_GROUP = "scow.plugins"

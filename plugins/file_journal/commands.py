@@ -9,8 +9,15 @@ from pathlib import Path
 
 from scow.core.cli import command_group
 from scow.core.export import ExportError, export, import_
-from scow.core.storage import ACK_REF, ADDRESS, DELIVERY_COUNT, ID_BLOCK, MESSAGE, QUEUE
-from scow.core.storage import StorageManager, decode_message_record
+from scow.core.storage import (
+    ACK_REF,
+    ADDRESS,
+    DELIVERY_COUNT,
+    ID_BLOCK,
+    MESSAGE,
+    QUEUE,
+    StorageManager,
+)
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.plugins.file_journal.tools import compact_offline, iter_records, measure_sync_rate

@@ -108,9 +108,7 @@ SECTION = ConfigSection(
 )
 
 
-def journal_settings(
-    data_dir: Path, kind: str, config: Mapping[str, Any]
-) -> JournalSettings:
+def journal_settings(data_dir: Path, kind: str, config: Mapping[str, Any]) -> JournalSettings:
     """JournalSettings for the bindings or message journal from the `[journal]` section."""
     section = {s.name: s.default for s in SECTION.settings} | dict(config)
     bindings = kind == "bindings"

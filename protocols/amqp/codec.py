@@ -188,10 +188,8 @@ class Described(NamedTuple):
 # Decoding
 # ---------------------------------------------------------------------------------------------
 
-_U16 = struct.Struct(">H").unpack_from
 _U32 = struct.Struct(">I").unpack_from
 _U64 = struct.Struct(">Q").unpack_from
-_U32X2 = struct.Struct(">II").unpack_from
 
 _MAX_SYMBOL_CACHE = 4096
 # Annotation keys and content types repeat across messages; interning them saves the
@@ -357,7 +355,9 @@ def _d_str8(buf: Any, off: int) -> tuple[Any, int]:
     try:
         return str(buf[start:end], "utf-8"), end
     except UnicodeDecodeError as e:
-        raise DecodeError(f"string is not valid UTF-8 ({e.reason})", off - 1, buf[off - 1]) from None
+        raise DecodeError(
+            f"string is not valid UTF-8 ({e.reason})", off - 1, buf[off - 1]
+        ) from None
 
 
 def _d_str32(buf: Any, off: int) -> tuple[Any, int]:
@@ -423,9 +423,7 @@ def _items(buf: Any, p: int, count: int, end: int, at: int) -> list[Any]:
     except IndexError:
         raise DecodeError("truncated: expected a value, found the end of the data", p) from None
     if p != end:
-        raise DecodeError(
-            f"elements end at offset {p} but the size says offset {end}", at, buf[at]
-        )
+        raise DecodeError(f"elements end at offset {p} but the size says offset {end}", at, buf[at])
     return items
 
 
@@ -506,7 +504,7 @@ def _array(buf: Any, p: int, count: int, end: int, at: int) -> list[Any]:
     dec = _DECODERS[code]
     if dec is _d_invalid:
         raise DecodeError(f"array element constructor 0x{code:02x} is not valid", at, buf[at])
-    items = []
+    items: list[Any] = []
     append = items.append
     for _ in range(count):
         v, p = dec(buf, p)
@@ -581,7 +579,7 @@ _DECODERS[0xE0] = _d_array8
 _DECODERS[0xF0] = _d_array32
 
 
-def _check_offset(buf: Any, offset: int) -> None:
+def _check_offset(offset: int) -> None:
     if not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
 
@@ -595,7 +593,7 @@ def decode_value(buf: Buffer, offset: int = 0) -> tuple[Any, int]:
     string ``str``; symbol :class:`Symbol`; list and array ``list``; map ``dict``;
     described :class:`Described`.
     """
-    _check_offset(buf, offset)
+    _check_offset(offset)
     try:
         return _decode(buf, offset)
     except RecursionError:
@@ -662,7 +660,7 @@ def skip_value(buf: Buffer, offset: int = 0) -> int:
 
     Only sizes are checked: the contents of a list, map or array are not validated.
     """
-    _check_offset(buf, offset)
+    _check_offset(offset)
     try:
         return _skip(buf, offset)
     except RecursionError:
@@ -710,9 +708,7 @@ def _element_spans(buf: Any, p: int, count: int, end: int, at: int) -> list[tupl
         spans.append((p, q))
         p = q
     if p != end:
-        raise DecodeError(
-            f"elements end at offset {p} but the size says offset {end}", at, buf[at]
-        )
+        raise DecodeError(f"elements end at offset {p} but the size says offset {end}", at, buf[at])
     return spans
 
 
@@ -818,7 +814,8 @@ class Sections:
 
     A section that is absent is ``None``. ``body`` covers every body section together (a body
     may be several data or amqp-sequence sections) and ``body_code`` says which kind they
-    are. ``spans`` lists ``(code, start, end)`` for every section in message order.
+    are. ``spans`` lists ``(code, start, end)`` for every section in message order, and
+    ``size`` is the length of the message.
     """
 
     __slots__ = (
@@ -885,9 +882,7 @@ def _scan(data: Any) -> Sections:
         if voff >= n:
             raise DecodeError(f"truncated: {_SECTION_NAMES[code]} section has no value", off, 0)
         if kinds is not None and data[voff] not in kinds:
-            raise DecodeError(
-                f"{_SECTION_NAMES[code]} section must hold {what}", voff, data[voff]
-            )
+            raise DecodeError(f"{_SECTION_NAMES[code]} section must hold {what}", voff, data[voff])
         end = _skip(data, voff)
         spans.append((code, off, end))
         if code == HEADER:
@@ -1044,7 +1039,7 @@ class MessageInfo:
     dicts are cached: treat them as read-only.
     """
 
-    __slots__ = ("_app", "_annotations", "_header", "_properties", "_sections", "data")
+    __slots__ = ("_annotations", "_app", "_header", "_properties", "_sections", "data")
 
     def __init__(self, data: Buffer, sections: Sections | None = None) -> None:
         self.data = data
@@ -1073,7 +1068,7 @@ class MessageInfo:
         h = self._header
         if h is None:
             h = self._header = _parse_header(self.data)
-        return h  # type: ignore[return-value]
+        return h
 
     @property
     def durable(self) -> bool:
@@ -1081,7 +1076,7 @@ class MessageInfo:
         h = self._header
         if h is None:
             h = self._header = _parse_header(self.data)
-        return h[0]  # type: ignore[no-any-return]
+        return h[0]
 
     @property
     def priority(self) -> int:
@@ -1089,7 +1084,7 @@ class MessageInfo:
         h = self._header
         if h is None:
             h = self._header = _parse_header(self.data)
-        return h[1]  # type: ignore[no-any-return]
+        return h[1]
 
     @property
     def ttl(self) -> int | None:
@@ -1097,7 +1092,7 @@ class MessageInfo:
         h = self._header
         if h is None:
             h = self._header = _parse_header(self.data)
-        return h[2]  # type: ignore[no-any-return]
+        return h[2]
 
     @property
     def first_acquirer(self) -> bool:
@@ -1105,7 +1100,7 @@ class MessageInfo:
         h = self._header
         if h is None:
             h = self._header = _parse_header(self.data)
-        return h[3]  # type: ignore[no-any-return]
+        return h[3]
 
     @property
     def delivery_count(self) -> int:
@@ -1113,7 +1108,7 @@ class MessageInfo:
         h = self._header
         if h is None:
             h = self._header = _parse_header(self.data)
-        return h[4]  # type: ignore[no-any-return]
+        return h[4]
 
     # -- properties -----------------------------------------------------------------------
 
@@ -1151,22 +1146,22 @@ class MessageInfo:
     @property
     def user_id(self) -> bytes | None:
         """properties user-id."""
-        return self._props()[1]  # type: ignore[no-any-return]
+        return self._props()[1]
 
     @property
     def to(self) -> str | None:
         """properties to (the address the producer sent to)."""
-        return self._props()[2]  # type: ignore[no-any-return]
+        return self._props()[2]
 
     @property
     def subject(self) -> str | None:
         """properties subject."""
-        return self._props()[3]  # type: ignore[no-any-return]
+        return self._props()[3]
 
     @property
     def reply_to(self) -> str | None:
         """properties reply-to."""
-        return self._props()[4]  # type: ignore[no-any-return]
+        return self._props()[4]
 
     @property
     def correlation_id(self) -> Any:
@@ -1176,37 +1171,37 @@ class MessageInfo:
     @property
     def content_type(self) -> Symbol | None:
         """properties content-type."""
-        return self._props()[6]  # type: ignore[no-any-return]
+        return self._props()[6]
 
     @property
     def content_encoding(self) -> Symbol | None:
         """properties content-encoding."""
-        return self._props()[7]  # type: ignore[no-any-return]
+        return self._props()[7]
 
     @property
     def absolute_expiry_time(self) -> int | None:
         """properties absolute-expiry-time in milliseconds since the epoch."""
-        return self._props()[8]  # type: ignore[no-any-return]
+        return self._props()[8]
 
     @property
     def creation_time(self) -> int | None:
         """properties creation-time in milliseconds since the epoch."""
-        return self._props()[9]  # type: ignore[no-any-return]
+        return self._props()[9]
 
     @property
     def group_id(self) -> str | None:
         """properties group-id."""
-        return self._props()[10]  # type: ignore[no-any-return]
+        return self._props()[10]
 
     @property
     def group_sequence(self) -> int | None:
         """properties group-sequence."""
-        return self._props()[11]  # type: ignore[no-any-return]
+        return self._props()[11]
 
     @property
     def reply_to_group_id(self) -> str | None:
         """properties reply-to-group-id."""
-        return self._props()[12]  # type: ignore[no-any-return]
+        return self._props()[12]
 
     # -- maps -----------------------------------------------------------------------------
 
@@ -1215,7 +1210,7 @@ class MessageInfo:
             return {}
         voff = _value_offset(self.data, span)
         try:
-            return _decode(self.data, voff)[0]  # type: ignore[no-any-return]
+            return _decode(self.data, voff)[0]
         except RecursionError:
             raise DecodeError("map values are nested too deeply", voff, self.data[voff]) from None
 
@@ -1421,7 +1416,9 @@ def _enc(v: Any) -> bytes:
                 f = g
                 break
         else:
-            raise TypeError(f"cannot encode {type(v).__name__} {v!r} as AMQP; accepted {_ENCODABLE}")
+            raise TypeError(
+                f"cannot encode {type(v).__name__} {v!r} as AMQP; accepted {_ENCODABLE}"
+            )
     return f(v)
 
 

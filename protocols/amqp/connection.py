@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.links import ConsumerLink, ProducerLink

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cproton_ffi import ffi, lib
+
 from scow.protocols.amqp import codec
 
 CData = Any  # a cffi pointer
@@ -164,6 +165,14 @@ class Engine:
             if pushed < 0:
                 return False
             view = view[pushed:]
+        if lib.pn_transport_capacity(self.transport) < 0:
+            # proton stops reading a frame it cannot decode without saying why: say it, so
+            # the peer gets a close with decode-error rather than silence
+            cond = lib.pn_transport_condition(self.transport)
+            if not lib.pn_condition_is_set(cond):
+                _set_condition(cond, "amqp:decode-error", "malformed frame: cannot decode it")
+            lib.pn_transport_close_tail(self.transport)
+            return False
         return True
 
     def output(self) -> bytes | None:
@@ -454,6 +463,24 @@ def new_receiver(session: CData, name: str, address: str, credit: int) -> CData:
     return link
 
 
+# --------------------------------------------------------------------------- delivery states
+
+
+def remote_state_fields(delivery: CData) -> list[Any]:
+    """The fields of a remote delivery state proton does not model (transactional-state)."""
+    value = decode_data(lib.pn_disposition_data(lib.pn_delivery_remote(delivery)))
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def update_with_fields(delivery: CData, state: int, fields: list[Any]) -> None:
+    """Set our delivery state to a described state `state` carrying `fields` (a list)."""
+    data = lib.pn_disposition_data(lib.pn_delivery_local(delivery))
+    lib.pn_data_clear(data)
+    encoded = codec.encode_value(list(fields))
+    lib.pn_data_decode(data, encoded, len(encoded))
+    lib.pn_delivery_update(delivery, state)
+
+
 # ---- perf additions
 # For `scow perf`: socket I/O through preallocated C buffers, tags and messages patched in
 # place, and the per-message calls a load generator makes, all without per-call copies.
@@ -481,19 +508,23 @@ def new_tag(size: int = 8) -> tuple[CData, memoryview]:
     return tag[0], view
 
 
-# --------------------------------------------------------------------------- delivery states
+link_current = lib.pn_link_current
+link_head = lib.pn_link_head
+link_next = lib.pn_link_next
+session_head = lib.pn_session_head
+session_next = lib.pn_session_next
+LOCAL_UNINIT = lib.PN_LOCAL_UNINIT
+LOCAL_ACTIVE = lib.PN_LOCAL_ACTIVE
+REMOTE_ACTIVE = lib.PN_REMOTE_ACTIVE
 
 
-def remote_state_fields(delivery: CData) -> list[Any]:
-    """The fields of a remote delivery state proton does not model (transactional-state)."""
-    value = decode_data(lib.pn_disposition_data(lib.pn_delivery_remote(delivery)))
-    return list(value) if isinstance(value, (list, tuple)) else []
+def stop_events(eng: Engine) -> None:
+    """Stop recording events: the caller polls endpoint states and links instead.
+
+    Saves the create-peek-pop round of one event per transfer and per disposition.
+    """
+    lib.pn_connection_collect(eng.connection, ffi.NULL)
 
 
-def update_with_fields(delivery: CData, state: int, fields: list[Any]) -> None:
-    """Set our delivery state to a described state `state` carrying `fields` (a list)."""
-    data = lib.pn_disposition_data(lib.pn_delivery_local(delivery))
-    lib.pn_data_clear(data)
-    encoded = codec.encode_value(list(fields))
-    lib.pn_data_decode(data, encoded, len(encoded))
-    lib.pn_delivery_update(delivery, state)
+def remote_link_condition(link: CData) -> tuple[str | None, str | None]:
+    return condition_of(lib.pn_link_remote_condition(link))

@@ -6,6 +6,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from scow.core.model import BrokerError, RouteStatus, RoutingType
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.codec import Described

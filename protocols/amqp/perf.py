@@ -21,6 +21,7 @@ import socket
 import struct
 import sys
 import time
+from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -77,7 +78,9 @@ def percentiles(latencies_ns: array.array[int]) -> dict[str, float]:
         return {name: math.nan for name, _ in _PERCENTILES} | {"max": math.nan}
     ordered = sorted(latencies_ns)
     n = len(ordered)
-    out = {name: ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] / 1e6 for name, q in _PERCENTILES}
+    out = {
+        name: ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] / 1e6 for name, q in _PERCENTILES
+    }
     out["max"] = ordered[-1] / 1e6
     return out
 
@@ -90,31 +93,31 @@ _out_buf, _out_view = engine.new_buffer(_IO_SIZE)
 
 
 class Wire:
-    """One non-blocking socket and its proton engine: moves bytes between them."""
+    """One non-blocking socket and its proton engine, without an event collector."""
 
-    __slots__ = ("collector", "connection", "eof", "engine", "sock", "transport", "want_write")
+    __slots__ = ("connection", "engine", "eof", "sock", "transport", "want_write")
 
     def __init__(self, sock: socket.socket, *, server: bool) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self.engine = engine.Engine(max_frame=_MAX_FRAME, idle_timeout_ms=0, server=server)
+        engine.stop_events(self.engine)  # endpoint states and links are polled instead
         self.transport = self.engine.transport
         self.connection = self.engine.connection
-        self.collector = self.engine.collector
         self.eof = False
         self.want_write = False
 
     def read(self) -> None:
-        """Feed proton everything the socket has; marks `eof` when the peer is gone."""
+        """Feed proton what the socket has; sets `eof` once either side is done."""
         transport, recv_into, push = self.transport, self.sock.recv_into, engine.transport_push
         while True:
             room = engine.transport_capacity(transport)
-            if room < 0:
-                self.eof = True
+            if room <= 0:
+                self.eof = self.eof or room < 0
                 return
             try:
-                got = recv_into(_in_view, min(room, _IO_SIZE) or _IO_SIZE)
+                got = recv_into(_in_view, min(room, _IO_SIZE))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -126,35 +129,35 @@ class Wire:
             if push(transport, _in_buf, got) < 0:
                 self.eof = True
                 return
-            if got < _IO_SIZE:
+            if got < room:
                 return
 
-    def write(self) -> bool:
-        """Send what proton has for the socket; False while some is still waiting."""
+    def write(self) -> None:
+        """Send what proton has for the socket; sets `want_write` while some is left."""
         transport, send = self.transport, self.sock.send
         while True:
             pending = engine.transport_pending(transport)
             if pending <= 0:
-                if pending < 0:
-                    self.eof = True
+                self.eof = self.eof or pending < 0
                 self.want_write = False
-                return True
+                return
             got = engine.transport_peek(transport, _out_buf, min(pending, _IO_SIZE))
             if got <= 0:
                 self.want_write = False
-                return True
+                return
             try:
                 sent = send(_out_view[:got])
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
                 self.eof = True
-                return True
+                self.want_write = False
+                return
             if sent:
                 engine.transport_pop(transport, sent)
             if sent < got:
                 self.want_write = True
-                return False
+                return
 
     def close(self) -> None:
         try:
@@ -170,16 +173,22 @@ def _connect(host: str, port: int) -> socket.socket:
         raise PerfError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
 
 
-def _check_remote(wire: Wire, kind: int, event: Any, what: str) -> None:
-    """Raise for the events that end a client connection early."""
-    if kind == engine.CONNECTION_REMOTE_CLOSE:
-        name, text = engine.remote_connection_condition(wire.connection)
-        raise PerfError(f"{what}: the peer closed the connection ({name}: {text})")
-    if kind in (engine.LINK_REMOTE_CLOSE, engine.LINK_REMOTE_DETACH):
-        raise PerfError(f"{what}: the peer detached the link")
-    if kind == engine.TRANSPORT_ERROR:
-        name, text = wire.engine.transport_condition()
-        raise PerfError(f"{what}: transport error ({name}: {text})")
+def _because(condition: tuple[str | None, str | None]) -> str:
+    name, text = condition
+    return f" ({name}: {text})" if name else ""
+
+
+def _check_link(wire: Wire, link: Any, what: str) -> None:
+    """Raise when the peer ended the connection or the link."""
+    if engine.connection_state(wire.connection) & engine.REMOTE_CLOSED:
+        cause = _because(engine.remote_connection_condition(wire.connection))
+        raise PerfError(f"{what}: the peer closed the connection{cause}")
+    if engine.link_state(link) & engine.REMOTE_CLOSED:
+        cause = _because(engine.remote_link_condition(link))
+        raise PerfError(f"{what}: the peer closed the link{cause}")
+    if wire.eof:
+        cause = _because(wire.engine.transport_condition())
+        raise PerfError(f"{what}: the connection was lost{cause}")
 
 
 # --------------------------------------------------------------------------- client roles
@@ -190,6 +199,7 @@ class _Producer:
 
     def __init__(self, wire: Wire, address: str, index: int, options: dict[str, Any]) -> None:
         self.wire = wire
+        self.address = address
         self.total = options["count"] + options["warmup"]
         self.warmup = options["warmup"]
         self.presettled = options["presettled"]
@@ -205,7 +215,7 @@ class _Producer:
         self.link = engine.new_sender(
             session, f"perf-producer-{index}", address, presettled=self.presettled
         )
-        self.attached = False
+        self.unsettled: deque[Any] = deque()
         self.sent = 0
         self.settled = 0
         self.outcomes: dict[str, int] = {"accepted": 0, "rejected": 0, "released": 0, "other": 0}
@@ -214,86 +224,77 @@ class _Producer:
         self.end_ns = 0
 
     @property
+    def attached(self) -> bool:
+        return bool(engine.link_state(self.link) & engine.REMOTE_ACTIVE)
+
+    @property
     def done(self) -> bool:
-        if self.sent < self.total:
-            return False
-        return self.presettled or self.settled >= self.total
+        return self.sent >= self.total and (self.presettled or self.settled >= self.total)
 
-    def on_events(self) -> None:
-        collector = self.wire.collector
-        peek, pop, etype = engine.collector_peek, engine.collector_pop, engine.event_type
-        event_delivery, remote_state = engine.event_delivery, engine.delivery_remote_state
-        settle, remote_settled = engine.delivery_settle, engine.delivery_settled
+    def check(self) -> None:
+        if not self.done:
+            _check_link(self.wire, self.link, f"producer to {self.address!r}")
+
+    def settle(self) -> None:
+        """Count and settle the deliveries the peer has decided on, oldest first."""
+        unsettled = self.unsettled
+        if not unsettled:
+            return
+        remote_state, remote_settled = engine.delivery_remote_state, engine.delivery_settled
+        settle, popleft, accepted_state = engine.delivery_settle, unsettled.popleft, engine.ACCEPTED
         accepted = 0
-        event = peek(collector)
-        while event:
-            kind = etype(event)
-            if kind == engine.DELIVERY:
-                delivery = event_delivery(event)
-                state = remote_state(delivery)
-                if state == engine.ACCEPTED:
-                    accepted += 1
-                    settle(delivery)
-                elif state or remote_settled(delivery):
-                    self._outcome(state)
-                    settle(delivery)
-            elif kind == engine.LINK_REMOTE_OPEN:
-                self.attached = True
+        while unsettled:
+            delivery = unsettled[0]
+            state = remote_state(delivery)
+            if state == accepted_state:
+                accepted += 1
+            elif state or remote_settled(delivery):
+                name = _OUTCOME_NAMES.get(state, "other")
+                self.outcomes[name] += 1
+                self.settled += 1
             else:
-                _check_remote(self.wire, kind, event, "producer")
-            pop(collector)
-            event = peek(collector)
-        if accepted:
-            self.outcomes["accepted"] += accepted
-            self.settled += accepted
-            if self.settled >= self.total and not self.presettled:
-                self.end_ns = time.monotonic_ns()
-
-    def _outcome(self, state: int) -> None:
-        name = {engine.REJECTED: "rejected", engine.RELEASED: "released"}.get(state, "other")
-        self.outcomes[name] += 1
-        self.settled += 1
-        if self.settled >= self.total:
+                break  # peers decide in order in practice: stop at the first undecided one
+            settle(delivery)
+            popleft()
+        self.outcomes["accepted"] += accepted
+        self.settled += accepted
+        if self.settled >= self.total and not self.end_ns:
             self.end_ns = time.monotonic_ns()
 
     def pump(self, now_ns: int) -> float | None:
-        """Hand proton the messages credit, pacing and the pending cap allow.
+        """Hand proton what credit, pacing and the in-flight cap allow.
 
-        Returns how long to wait (s) before the next is due under pacing, else None.
+        Returns 0 when more could go at once, the seconds until the next message is due
+        when paced, or None when waiting on the peer (credit or outcomes).
         """
-        if not self.attached or self.sent >= self.total:
+        if self.sent >= self.total:
             return None
         if not self.start_ns:
             self.start_ns = now_ns
             if not self.warmup:
                 self.measure_from_ns = now_ns
-        room = min(
-            engine.link_credit(self.link),
-            self.total - self.sent,
-            self.max_pending - (self.sent - self.settled),
-            _SEND_BATCH,
-        )
-        wait = None
+        credit = engine.link_credit(self.link)
+        in_flight = len(self.unsettled)
+        room = min(credit, self.total - self.sent, self.max_pending - in_flight, _SEND_BATCH)
+        wait: float | None = 0.0 if room == _SEND_BATCH else None
         if self.rate:
-            due = int((now_ns - self.start_ns) * self.rate / 1e9) + 1 - self.sent
+            elapsed = (now_ns - self.start_ns) / 1e9
+            due = int(elapsed * self.rate) + 1 - self.sent
             if due < room:
                 room = max(due, 0)
-                wait = (self.sent + 1) / self.rate - (now_ns - self.start_ns) / 1e9
+                wait = max((self.sent + room + 1) / self.rate - elapsed, 0.0)
         if room <= 0:
             return wait
-        link, tag, tag_view, msg_buf, msg_view = (
-            self.link,
-            self.tag,
-            self.tag_view,
-            self.msg_buf,
-            self.msg_view,
+        link, tag, tag_view = self.link, self.tag, self.tag_view
+        msg_buf, msg_view, size, offset = self.msg_buf, self.msg_view, self.size, self.offset
+        new_delivery, link_send, advance = (
+            engine.new_delivery,
+            engine.link_send,
+            engine.link_advance,
         )
-        size, offset, presettled = self.size, self.offset, self.presettled
-        new_delivery, link_send, advance = engine.new_delivery, engine.link_send, engine.link_advance
-        settle, pack_tag, pack_stamp = engine.delivery_settle, _TAG.pack_into, _STAMP.pack_into
-        clock = time.monotonic_ns
-        sent = self.sent
-        warmup = self.warmup
+        pack_tag, pack_stamp, clock = _TAG.pack_into, _STAMP.pack_into, time.monotonic_ns
+        keep = engine.delivery_settle if self.presettled else self.unsettled.append
+        sent, warmup = self.sent, self.warmup
         for _ in range(room):
             sent += 1
             pack_tag(tag_view, 0, sent)
@@ -302,12 +303,11 @@ class _Producer:
             delivery = new_delivery(link, tag)
             link_send(link, msg_buf, size)
             advance(link)
-            if presettled:
-                settle(delivery)
+            keep(delivery)
             if sent == warmup:
                 self.measure_from_ns = stamp
         self.sent = sent
-        if presettled and sent >= self.total:
+        if self.presettled and sent >= self.total:
             self.end_ns = clock()
         return wait
 
@@ -320,37 +320,51 @@ class _Producer:
         }
 
 
+_OUTCOME_NAMES = {engine.REJECTED: "rejected", engine.RELEASED: "released"}
+
+
 class _Consumer:
     """Receives `total` messages on one link, accepting each unless pre-settled."""
 
     def __init__(self, wire: Wire, address: str, index: int, options: dict[str, Any]) -> None:
         self.wire = wire
+        self.address = address
         self.total = options["count"] + options["warmup"]
         self.warmup = options["warmup"]
         self.window = options["credit"]
         engine.client_open(wire.connection, f"scow-perf-consumer-{os.getpid()}-{index}")
         session = engine.new_session(wire.connection)
         self.link = engine.new_receiver(session, f"perf-consumer-{index}", address, self.window)
-        self.attached = False
         self.received = 0
-        self.unreadable = 0
+        self.unstamped = 0
         self.latencies: array.array[int] = array.array("q")
-        self.recv_buf, self.recv_view = engine.new_buffer(_IO_SIZE)
-        self.recv_size = _IO_SIZE
-        self.offset = -1
+        self.buf_size = max(_IO_SIZE, options["size"] + 4096)
+        self.buf, self.view = engine.new_buffer(self.buf_size)
+        self.layout = (-1, 0, 0)  # size, stamp offset and data-section marker of the last read
         self.measure_from_ns = 0
         self.end_ns = 0
+
+    @property
+    def attached(self) -> bool:
+        return bool(engine.link_state(self.link) & engine.REMOTE_ACTIVE)
 
     @property
     def done(self) -> bool:
         return self.received >= self.total
 
-    def on_events(self, now_ns: int) -> None:
-        collector, link = self.wire.collector, self.link
-        peek, pop, etype = engine.collector_peek, engine.collector_pop, engine.event_type
-        event_delivery, partial = engine.event_delivery, engine.delivery_partial
-        readable, pending = engine.delivery_readable, engine.delivery_pending
-        recv, advance = engine.link_recv, engine.link_advance
+    def check(self) -> None:
+        if not self.done:
+            _check_link(self.wire, self.link, f"consumer from {self.address!r}")
+
+    def consume(self, now_ns: int) -> None:
+        """Read, stamp and settle every complete delivery; top the credit up."""
+        link, buf, buf_size, view = self.link, self.buf, self.buf_size, self.view
+        current, partial, recv, advance = (
+            engine.link_current,
+            engine.delivery_partial,
+            engine.link_recv,
+            engine.link_advance,
+        )
         update, settle, remote_settled = (
             engine.delivery_update,
             engine.delivery_settle,
@@ -358,60 +372,51 @@ class _Consumer:
         )
         accepted, unpack = engine.ACCEPTED, _STAMP.unpack_from
         latencies, total, warmup = self.latencies, self.total, self.warmup
+        size_seen, offset, marker = self.layout
         received = self.received
-        event = peek(collector)
-        while event:
-            kind = etype(event)
-            if kind == engine.DELIVERY:
-                delivery = event_delivery(event)
-                if readable(delivery) and not partial(delivery) and received < total:
-                    size = pending(delivery)
-                    if size > self.recv_size:
-                        self.recv_buf, self.recv_view = engine.new_buffer(size)
-                        self.recv_size = size
-                    got = recv(link, self.recv_buf, self.recv_size)
-                    advance(link)
-                    if not remote_settled(delivery):
-                        update(delivery, accepted)
-                    settle(delivery)
-                    received += 1
-                    if received > warmup:
-                        stamp = self._stamp(got)
-                        if stamp is not None:
-                            latencies.append(now_ns - stamp)
-                    elif received == warmup:
-                        self.measure_from_ns = now_ns
-                    if received == 1 and not warmup and not self.measure_from_ns:
-                        self.measure_from_ns = now_ns
-                    if received == total:
-                        self.end_ns = now_ns
-            elif kind == engine.LINK_REMOTE_OPEN:
-                self.attached = True
-            else:
-                _check_remote(self.wire, kind, event, "consumer")
-            pop(collector)
-            event = peek(collector)
+        delivery = current(link)
+        while delivery and not partial(delivery):
+            got = recv(link, buf, buf_size)
+            if got == buf_size:  # bigger than expected: drop the rest, keep the stamp
+                while recv(link, _in_buf, _IO_SIZE) > 0:
+                    pass
+            advance(link)
+            if received >= total:  # not ours to count: hand it back
+                update(delivery, engine.RELEASED)
+                settle(delivery)
+                delivery = current(link)
+                continue
+            if not remote_settled(delivery):
+                update(delivery, accepted)
+            settle(delivery)
+            received += 1
+            if received > warmup:
+                if got != size_seen or view[marker] != 0x75:
+                    data = bytes(view[: max(got, 0)])
+                    found = stamp_offset(data)
+                    if found is None:
+                        self.unstamped += 1
+                        delivery = current(link)
+                        continue
+                    size_seen, offset, marker = got, found, data.find(_DATA_SECTION) + 2
+                    self.layout = (size_seen, offset, marker)
+                latencies.append(now_ns - unpack(view, offset)[0])
+            elif received == warmup:
+                self.measure_from_ns = now_ns
+            if received == 1 and not warmup and not self.measure_from_ns:
+                self.measure_from_ns = now_ns
+            if received == total:
+                self.end_ns = now_ns
+            delivery = current(link)
         self.received = received
         credit = engine.link_credit(link)
         if credit <= self.window // 2 and received < total:
             engine.link_flow(link, self.window - credit)
 
-    def _stamp(self, got: int) -> int | None:
-        view, offset = self.recv_view, self.offset
-        # the layout rarely changes between messages: check the cached offset first
-        if 0 < offset <= got - 8 and view[offset - 5 : offset - 2] == _DATA_SECTION:
-            return int(_STAMP.unpack_from(view, offset)[0])
-        found = stamp_offset(bytes(view[:got]))
-        if found is None:
-            self.unreadable += 1
-            return None
-        self.offset = found
-        return int(_STAMP.unpack_from(view, found)[0])
-
     def report(self) -> dict[str, Any]:
         return {
             "received": self.received,
-            "unreadable": self.unreadable,
+            "unstamped": self.unstamped,
             "latencies": self.latencies.tobytes(),
             "from_ns": self.measure_from_ns,
             "to_ns": self.end_ns,
@@ -431,7 +436,7 @@ def _run_role(
     go: Any,
     results: Any,
 ) -> None:
-    """One process: all of a role's connections, one selector loop."""
+    """One process: every connection of one role, in one selector loop."""
     try:
         results.send(_drive(role, host, port, address, options, ready, go))
     except PerfError as exc:
@@ -451,66 +456,56 @@ def _drive(
     ready: Any,
     go: Any,
 ) -> dict[str, Any]:
-    pairs = options["pairs"]
+    producing = role == "producer"
     per_pair = dict(options)
     if options["rate"]:
-        per_pair["rate"] = options["rate"] / pairs
+        per_pair["rate"] = options["rate"] / options["pairs"]
+    maker = _Producer if producing else _Consumer
     workers: list[Any] = []
-    for index in range(pairs):
-        wire = Wire(_connect(host, port), server=False)
-        maker = _Producer if role == "producer" else _Consumer
-        workers.append(maker(wire, address, index, per_pair))
     selector = selectors.DefaultSelector()
-    for worker in workers:
+    for index in range(options["pairs"]):
+        worker = maker(Wire(_connect(host, port), server=False), address, index, per_pair)
+        workers.append(worker)
         selector.register(worker.wire.sock, _READ, worker)
     deadline = time.monotonic() + options["timeout"]
-    producing = role == "producer"
+    going = False
 
-    def step(timeout: float | None) -> float | None:
-        """One pass: read what is ready, handle events, send; returns the next timeout."""
+    def step(timeout: float) -> float:
+        """Read what is ready, settle or consume, send; returns the next select timeout."""
         for key, _mask in selector.select(timeout):
             key.data.wire.read()
         now = time.monotonic_ns()
-        wait: float | None = None
+        wait = 1.0
         for worker in workers:
             wire = worker.wire
+            worker.check()
             if producing:
-                worker.on_events()
-                if not wire.want_write:
-                    pause = worker.pump(now) if go.is_set() else None
+                worker.settle()
+                if going and not wire.want_write:
+                    pause = worker.pump(now)
                     if pause is not None:
-                        wait = pause if wait is None else min(wait, pause)
+                        wait = min(wait, pause)
             else:
-                worker.on_events(now)
+                worker.consume(now)
             was = wire.want_write
             wire.write()
             if wire.want_write != was:
                 selector.modify(wire.sock, _READ | _WRITE if wire.want_write else _READ, worker)
-            if wire.eof and not worker.done:
-                raise PerfError(f"{role}: the peer closed the connection")
         return wait
 
-    # attach every link before the run starts
     while not all(worker.attached for worker in workers):
         step(0.05)
         if time.monotonic() > deadline:
             raise PerfError(f"{role}: links not attached within {options['timeout']} s")
     ready.set()
-    while not go.wait(0.05):
+    while not go.wait(0.02):
         step(0)
+    going = True
     started = time.monotonic_ns()
-    for worker in workers:
-        if not producing and not worker.warmup and not worker.measure_from_ns:
-            worker.measure_from_ns = started
-    timeout: float | None = 0.0
+    timeout = 0.0
     last_tick = 0.0
     while not all(worker.done for worker in workers):
-        busy = producing and any(
-            w.attached and not w.wire.want_write and w.sent < w.total and w.rate == 0
-            for w in workers
-        )
-        wait = step(0 if busy else timeout)
-        timeout = min(wait, 1.0) if wait is not None else 1.0
+        timeout = step(timeout)
         clock = time.monotonic()
         if clock > deadline:
             done = sum(w.sent if producing else w.received for w in workers)
@@ -518,27 +513,29 @@ def _drive(
                 f"{role}: timed out after {options['timeout']} s with {done} messages "
                 f"{'sent' if producing else 'received'}"
             )
-        if clock - last_tick > 1.0:
+        if clock - last_tick > 1.0:  # heartbeats, should the peer want them
             last_tick = clock
             for worker in workers:
                 worker.wire.engine.tick(int(clock * 1000))
-    report = [worker.report() for worker in workers]
     for worker in workers:
+        if not worker.measure_from_ns:  # no warm-up and nothing before the first message
+            worker.measure_from_ns = started
         engine.close_connection(worker.wire.connection)
         worker.wire.write()
+    report = [worker.report() for worker in workers]
+    for worker in workers:
         worker.wire.close()
     return {"role": role, "workers": report}
 
 
 def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Run producers and consumers against `url`; the summary as a dict."""
+    """Run the producer and consumer processes against `url`; the summary as a dict."""
     host, port, address = parse_url(url)
     make_message(options["size"], durable=options["durable"])  # fail early on a bad size
     ctx = multiprocessing.get_context("fork")
     go = ctx.Event()
-    procs = []
-    pipes = []
-    for role in ("consumer", "producer"):
+    roles = []
+    for role in ("consumer", "producer"):  # consumers first: attached before anything is sent
         ready = ctx.Event()
         receiver, sender = ctx.Pipe(duplex=False)
         proc = ctx.Process(
@@ -549,27 +546,23 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
         )
         proc.start()
         sender.close()
-        procs.append((proc, ready))
-        pipes.append(receiver)
-    errors: list[str] = []
-    deadline = time.monotonic() + options["timeout"]
-    for (proc, ready), pipe in zip(procs, pipes, strict=True):
-        while not ready.wait(0.05):
-            if not proc.is_alive() or pipe.poll() or time.monotonic() > deadline:
+        roles.append((proc, ready, receiver))
+        deadline = time.monotonic() + options["timeout"]
+        while not ready.wait(0.02):
+            if not proc.is_alive() or receiver.poll() or time.monotonic() > deadline:
                 break
-    if all(ready.is_set() for _, ready in procs):
-        go.set()
-    else:
-        go.set()  # let the ready one stop too
+    go.set()
+    errors: list[str] = []
     reports: dict[str, dict[str, Any]] = {}
-    for (proc, _ready), pipe in zip(procs, pipes, strict=True):
+    for proc, _ready, receiver in roles:
         try:
-            report = pipe.recv() if pipe.poll(options["timeout"] + 30) else None
+            report = receiver.recv() if receiver.poll(options["timeout"] + 30) else None
         except EOFError:
             report = None
         proc.join(5)
         if proc.is_alive():
             proc.kill()
+            proc.join()
         if report is None:
             errors.append(f"{proc.name} exited without a report (exit code {proc.exitcode})")
         elif "error" in report:
@@ -577,7 +570,6 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
         else:
             reports[report["role"]] = report
     if errors:
-        # one side failing usually stops the other with a less useful message: keep the first
         raise PerfError("; ".join(dict.fromkeys(errors)))
     return summarize(reports["producer"]["workers"], reports["consumer"]["workers"], options)
 
@@ -585,7 +577,9 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
 def summarize(
     producers: list[dict[str, Any]], consumers: list[dict[str, Any]], options: dict[str, Any]
 ) -> dict[str, Any]:
-    count = options["count"] * options["pairs"]
+    """The run's figures from the per-connection reports of both processes."""
+    pairs = options["pairs"]
+    count = options["count"] * pairs
     outcomes: dict[str, int] = {}
     for p in producers:
         for name, n in p["outcomes"].items():
@@ -599,40 +593,39 @@ def summarize(
         end = max(r["to_ns"] for r in reports)
         return count / ((end - start) / 1e9) if end > start else math.nan
 
-    send_rate = rate(producers)
-    receive_rate = rate(consumers)
+    start = min(r["from_ns"] for r in producers + consumers)
+    end = max(r["to_ns"] for r in producers + consumers)
     return {
-        "pairs": options["pairs"],
+        "pairs": pairs,
         "size": options["size"],
         "durable": options["durable"],
         "presettled": options["presettled"],
         "rate_target": options["rate"] or None,
         "count": count,
-        "warmup": options["warmup"] * options["pairs"],
+        "warmup": options["warmup"] * pairs,
         "sent": sum(p["sent"] for p in producers),
-        "outcomes": outcomes,
+        "outcomes": {k: v for k, v in outcomes.items() if v},
         "received": sum(c["received"] for c in consumers),
-        "unstamped": sum(c["unreadable"] for c in consumers),
-        "send_rate": round(send_rate, 1),
-        "receive_rate": round(receive_rate, 1),
-        "elapsed_s": round(
-            (max(c["to_ns"] for c in consumers) - min(p["from_ns"] for p in producers)) / 1e9, 3
-        ),
+        "unstamped": sum(c["unstamped"] for c in consumers),
+        "send_rate": round(rate(producers), 1),
+        "receive_rate": round(rate(consumers), 1),
+        "elapsed_s": round((end - start) / 1e9, 3),
         "latency_ms": {k: round(v, 3) for k, v in percentiles(latencies).items()},
     }
 
 
 def format_summary(result: dict[str, Any]) -> str:
+    """The summary as the readable block `scow perf client` prints."""
     mode = "pre-settled" if result["presettled"] else "at-least-once"
     if result["durable"]:
         mode += ", durable"
     pace = f", paced at {result['rate_target']:.0f} msg/s" if result["rate_target"] else ""
     lat = result["latency_ms"]
-    outcomes = "  ".join(f"{k} {v}" for k, v in result["outcomes"].items() if v)
+    outcomes = ", ".join(f"{v} {k}" for k, v in result["outcomes"].items())
     lines = [
         f"scow perf client: {result['pairs']} pair(s), {result['size']} B bodies, {mode}{pace}",
-        f"  messages      {result['count']} measured (+{result['warmup']} warm-up)",
-        f"  sent          {result['sent']}   outcomes: {outcomes or 'none (pre-settled)'}",
+        f"  messages      {result['count']} measured, {result['warmup']} warm-up",
+        f"  sent          {result['sent']} ({outcomes or 'pre-settled'})",
         f"  received      {result['received']}",
         f"  send rate     {result['send_rate']:>10.0f} msg/s",
         f"  receive rate  {result['receive_rate']:>10.0f} msg/s",
@@ -664,105 +657,123 @@ def parse_url(url: str) -> tuple[str, int, str]:
 
 
 class _SinkConnection:
-    """A server end that accepts every message and feeds receiving links generated ones."""
+    """Server end: accepts every message; fills receiving links with generated ones."""
 
     def __init__(self, sock: socket.socket, sink: Sink) -> None:
         self.wire = Wire(sock, server=True)
         self.sink = sink
-        self.senders: dict[Any, bool] = {}  # link -> pre-settled
+        self.receivers: list[Any] = []  # links the client sends on
+        self.senders: dict[Any, deque[Any] | None] = {}  # link -> unsettled (None: pre-settled)
         self.tag, self.tag_view = engine.new_tag()
-        self.tag_count = 0
+        self.tags = 0
 
-    def on_events(self) -> None:
-        wire, sink = self.wire, self.sink
-        collector = wire.collector
-        peek, pop, etype = engine.collector_peek, engine.collector_pop, engine.event_type
-        event_delivery, delivery_link = engine.event_delivery, engine.delivery_link
-        is_sender, partial, readable = (
-            engine.link_is_sender,
+    def poll(self) -> None:
+        """Answer opens and closes: the engine records no events, so look at the states."""
+        connection = self.wire.connection
+        state = engine.connection_state(connection)
+        if state & engine.LOCAL_UNINIT and state & engine.REMOTE_ACTIVE:
+            engine.open_connection(connection, "scow-perf-sink", {"product": "scow perf sink"})
+        elif state & engine.LOCAL_ACTIVE and state & engine.REMOTE_CLOSED:
+            engine.close_connection(connection)
+        new = engine.LOCAL_UNINIT | engine.REMOTE_ACTIVE
+        ending = engine.LOCAL_ACTIVE | engine.REMOTE_CLOSED
+        session = engine.session_head(connection, new)
+        while session:
+            engine.open_session(session)
+            session = engine.session_next(session, new)
+        link = engine.link_head(connection, new)
+        while link:
+            self._open(link)
+            link = engine.link_next(link, new)
+        link = engine.link_head(connection, ending)
+        while link:
+            if link in self.receivers:
+                self.receivers.remove(link)
+            self.senders.pop(link, None)
+            engine.close_link(link)
+            link = engine.link_next(link, ending)
+        session = engine.session_head(connection, ending)
+        while session:
+            engine.close_session(session)
+            session = engine.session_next(session, ending)
+
+    def _open(self, link: Any) -> None:
+        if engine.link_is_sender(link):
+            engine.open_link(link, address=engine.remote_source(link).address)
+            presettled = engine.link_remote_snd_settle_mode(link) == engine.SND_SETTLED
+            if presettled:
+                engine.set_sender_settle_mode_settled(link)
+            self.senders[link] = None if presettled else deque()
+        else:
+            engine.open_link(link, address=engine.remote_target(link).address)
+            engine.link_flow(link, self.sink.credit)
+            self.receivers.append(link)
+
+    def consume(self) -> None:
+        """Read and accept every complete message; top the senders' credit up."""
+        sink = self.sink
+        buf, size, window = sink.recv_buf, sink.recv_size, sink.credit
+        current, partial, recv, advance = (
+            engine.link_current,
             engine.delivery_partial,
-            engine.delivery_readable,
-        )
-        recv, advance, update, settle = (
             engine.link_recv,
             engine.link_advance,
+        )
+        update, settle, remote_settled = (
             engine.delivery_update,
             engine.delivery_settle,
+            engine.delivery_settled,
         )
+        accepted = engine.ACCEPTED
+        for link in self.receivers:
+            n = 0
+            delivery = current(link)
+            while delivery and not partial(delivery):
+                while recv(link, buf, size) == size:  # bigger than the buffer
+                    pass
+                advance(link)
+                if not remote_settled(delivery):
+                    update(delivery, accepted)
+                settle(delivery)
+                n += 1
+                delivery = current(link)
+            if n:
+                sink.received += n
+                credit = engine.link_credit(link)
+                if credit <= window // 2:
+                    engine.link_flow(link, window - credit)
+
+    def settle(self) -> None:
+        """Settle generated deliveries the client has decided on, oldest first."""
         remote_state, remote_settled = engine.delivery_remote_state, engine.delivery_settled
-        buf, size = sink.recv_buf, sink.recv_size
-        receivers = set()
-        event = peek(collector)
-        while event:
-            kind = etype(event)
-            if kind == engine.DELIVERY:
-                delivery = event_delivery(event)
-                link = delivery_link(delivery)
-                if is_sender(link):
-                    if remote_state(delivery) or remote_settled(delivery):
-                        settle(delivery)
-                        sink.settled += 1
-                elif readable(delivery) and not partial(delivery):
-                    while recv(link, buf, size) == size:  # drain a message bigger than buf
-                        pass
-                    advance(link)
-                    if not remote_settled(delivery):
-                        update(delivery, engine.ACCEPTED)
-                    settle(delivery)
-                    sink.received += 1
-                    receivers.add(link)
-            elif kind != engine.LINK_FLOW:
-                self._on_event(kind, event)
-            pop(collector)
-            event = peek(collector)
-        for link in receivers:
-            credit = engine.link_credit(link)
-            if credit <= sink.credit // 2:
-                engine.link_flow(link, sink.credit - credit)
+        settle = engine.delivery_settle
+        for unsettled in self.senders.values():
+            while unsettled:
+                delivery = unsettled[0]
+                if not remote_state(delivery) and not remote_settled(delivery):
+                    break
+                settle(delivery)
+                unsettled.popleft()
 
-    def _on_event(self, kind: int, event: Any) -> None:
-        connection = self.wire.connection
-        if kind == engine.CONNECTION_REMOTE_OPEN:
-            engine.open_connection(connection, "scow-perf-sink", {"product": "scow perf sink"})
-        elif kind == engine.CONNECTION_REMOTE_CLOSE:
-            engine.close_connection(connection)
-        elif kind == engine.SESSION_REMOTE_OPEN:
-            engine.open_session(engine.event_session(event))
-        elif kind == engine.SESSION_REMOTE_CLOSE:
-            engine.close_session(engine.event_session(event))
-        elif kind == engine.LINK_REMOTE_OPEN:
-            link = engine.event_link(event)
-            source = engine.remote_source(link)
-            target = engine.remote_target(link)
-            engine.open_link(link, address=source.address if engine.link_is_sender(link) else target.address)
-            if engine.link_is_sender(link):
-                presettled = engine.link_remote_snd_settle_mode(link) == engine.SND_SETTLED
-                if presettled:
-                    engine.set_sender_settle_mode_settled(link)
-                self.senders[link] = presettled
-            else:
-                engine.link_flow(link, self.sink.credit)
-        elif kind in (engine.LINK_REMOTE_CLOSE, engine.LINK_REMOTE_DETACH):
-            link = engine.event_link(event)
-            self.senders.pop(link, None)
-            if kind == engine.LINK_REMOTE_CLOSE:
-                engine.close_link(link)
-            else:
-                engine.detach_link(link)
-
-    def generate(self) -> None:
-        """Fill the credit of every receiving link with freshly stamped messages."""
+    def generate(self) -> bool:
+        """Fill receiving links' credit with freshly stamped messages; True if any is left."""
         sink = self.sink
-        if not sink.generate or not self.senders:
-            return
+        if not sink.generate:
+            return False
         msg_buf, msg_view, offset, size = sink.msg_buf, sink.msg_view, sink.offset, sink.msg_size
         tag, tag_view = self.tag, self.tag_view
-        new_delivery, link_send, advance = engine.new_delivery, engine.link_send, engine.link_advance
-        settle, pack_tag, pack_stamp = engine.delivery_settle, _TAG.pack_into, _STAMP.pack_into
-        clock = time.monotonic_ns
-        n = self.tag_count
-        for link, presettled in self.senders.items():
-            room = min(engine.link_credit(link), _SEND_BATCH)
+        new_delivery, link_send, advance = (
+            engine.new_delivery,
+            engine.link_send,
+            engine.link_advance,
+        )
+        pack_tag, pack_stamp, clock = _TAG.pack_into, _STAMP.pack_into, time.monotonic_ns
+        n = self.tags
+        more = False
+        for link, unsettled in self.senders.items():
+            credit = engine.link_credit(link)
+            room = min(credit, _SEND_BATCH)
+            keep = engine.delivery_settle if unsettled is None else unsettled.append
             for _ in range(room):
                 n += 1
                 pack_tag(tag_view, 0, n)
@@ -770,10 +781,11 @@ class _SinkConnection:
                 delivery = new_delivery(link, tag)
                 link_send(link, msg_buf, size)
                 advance(link)
-                if presettled:
-                    settle(delivery)
+                keep(delivery)
             sink.generated += room
-        self.tag_count = n
+            more = more or credit > room
+        self.tags = n
+        return more
 
 
 class Sink:
@@ -790,30 +802,41 @@ class Sink:
         self.recv_size = _IO_SIZE
         self.received = 0
         self.generated = 0
-        self.settled = 0
         self.stopping = False
 
-    def serve(self, listener: socket.socket) -> None:
-        listener.setblocking(False)
+    def serve(self, listener: socket.socket | None, accepted: list[socket.socket]) -> None:
+        """Serve `accepted` sockets and, given a listener, every new one, until stopped."""
         selector = selectors.DefaultSelector()
-        selector.register(listener, _READ, None)
+        if listener is not None:
+            listener.setblocking(False)
+            selector.register(listener, _READ, None)
         connections: list[_SinkConnection] = []
-        while not self.stopping:
-            busy = any(c.senders and not c.wire.want_write for c in connections)
+        for sock in accepted:
+            self._add(sock, selector, connections)
+        timeout = 1.0
+        while not self.stopping and (listener is not None or connections):
             try:
-                ready = selector.select(0 if busy else 1.0)
+                ready = selector.select(timeout)
             except InterruptedError:
                 continue
             for key, _mask in ready:
-                if key.data is None:
-                    self._accept(listener, selector, connections)
-                else:
+                if key.data is not None:
                     key.data.wire.read()
+                    continue
+                while True:
+                    try:
+                        sock, _addr = listener.accept()  # type: ignore[union-attr]
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    self._add(sock, selector, connections)
+            timeout = 1.0
             for conn in list(connections):
                 wire = conn.wire
-                conn.on_events()
-                if not wire.want_write:
-                    conn.generate()
+                conn.poll()
+                conn.consume()
+                conn.settle()
+                if not wire.want_write and conn.generate():
+                    timeout = 0.0
                 was = wire.want_write
                 wire.write()
                 if wire.eof:
@@ -825,36 +848,62 @@ class Sink:
         for conn in connections:
             conn.wire.close()
 
-    def _accept(
+    def _add(
         self,
-        listener: socket.socket,
+        sock: socket.socket,
         selector: selectors.BaseSelector,
         connections: list[_SinkConnection],
     ) -> None:
-        while True:
-            try:
-                sock, _addr = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            conn = _SinkConnection(sock, self)
-            connections.append(conn)
-            selector.register(sock, _READ, conn)
+        conn = _SinkConnection(sock, self)
+        connections.append(conn)
+        selector.register(conn.wire.sock, _READ, conn)
 
 
-def run_sink(host: str, port: int, *, size: int, credit: int, generate: bool, workers: int) -> None:
-    """Listen on host:port and serve until SIGINT/SIGTERM; `workers` processes share it."""
-    listener = socket.create_server((host, port), reuse_port=False, backlog=128)
+def run_sink(host: str, port: int, *, size: int, credit: int, generate: bool, fork: bool) -> None:
+    """Listen on host:port and serve until SIGINT/SIGTERM.
+
+    With `fork`, each connection gets a process of its own (a producer's and a consumer's
+    connection then use two cores); otherwise one process serves them all.
+    """
+    listener = socket.create_server((host, port), backlog=128)
     bound = listener.getsockname()
     print(f"scow perf sink listening on {bound[0]}:{bound[1]}", flush=True)
-    children = []
-    for _ in range(workers - 1):
-        pid = os.fork()
-        if pid == 0:
-            _serve_until_signal(listener, size=size, credit=credit, generate=generate)
-            os._exit(0)
-        children.append(pid)
+    sink = Sink(size=size, credit=credit, generate=generate)
+
+    def stop(_signum: int, _frame: Any) -> None:
+        sink.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if not fork:
+        sink.serve(listener, [])
+        return
+    children: set[int] = set()
+    listener.settimeout(0.5)
     try:
-        _serve_until_signal(listener, size=size, credit=credit, generate=generate)
+        while not sink.stopping:
+            try:
+                sock, _addr = listener.accept()
+            except (TimeoutError, InterruptedError):
+                sock = None
+            while children:  # reap the children whose connection ended
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+                if not pid:
+                    break
+                children.discard(pid)
+            if sock is None:
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                code = 0
+                try:
+                    sink.serve(None, [sock])
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            sock.close()
+            children.add(pid)
     finally:
         for pid in children:
             try:
@@ -864,17 +913,6 @@ def run_sink(host: str, port: int, *, size: int, credit: int, generate: bool, wo
                 pass
 
 
-def _serve_until_signal(listener: socket.socket, **settings: Any) -> None:
-    sink = Sink(**settings)
-
-    def stop(_signum: int, _frame: Any) -> None:
-        sink.stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    sink.serve(listener)
-
-
 # --------------------------------------------------------------------------- command line
 
 
@@ -882,13 +920,20 @@ def _host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"{value!r}: expected HOST:PORT, e.g. 127.0.0.1:5673")
-    return host or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be 0 or more")
     return n
 
 
@@ -910,12 +955,8 @@ def cmd_client(args: argparse.Namespace) -> int:
     except PerfError as exc:
         print(f"scow perf client: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(format_summary(result))
-    complete = result["received"] >= result["count"] + result["warmup"]
-    return 0 if complete else 1
+    print(json.dumps(result) if args.json else format_summary(result))
+    return 0 if result["received"] >= result["count"] + result["warmup"] else 1
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
@@ -927,44 +968,42 @@ def cmd_sink(args: argparse.Namespace) -> int:
             size=args.size,
             credit=args.credit,
             generate=not args.no_generate,
-            workers=args.workers,
+            fork=not args.single_process,
         )
-    except OSError as exc:
-        print(f"scow perf sink: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
-        return 1
     except PerfError as exc:
         print(f"scow perf sink: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"scow perf sink: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
     return 0
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add `scow perf client` and `scow perf sink`."""
     from scow.core.cli import command_group
 
     sub = command_group(subparsers, "perf", "load generators and measurements")
 
     client = sub.add_parser(
-        "client",
-        help="producer/consumer pairs: send and receive rates and end-to-end latency",
+        "client", help="producer/consumer pairs: send and receive rates, end-to-end latency"
     )
     client.add_argument("--url", required=True, help="amqp://HOST:PORT/ADDRESS")
     client.add_argument("--count", type=_positive, default=100_000, help="messages per pair")
-    client.add_argument("--size", type=int, default=100, help="body bytes (at least 8)")
+    client.add_argument("--size", type=int, default=100, help="body bytes, at least 8")
     client.add_argument("--pairs", type=_positive, default=1, help="producer/consumer pairs")
     client.add_argument("--durable", action="store_true", help="send durable messages")
+    client.add_argument("--presettled", action="store_true", help="at-most-once: send pre-settled")
+    client.add_argument("--rate", type=float, help="total send rate (msg/s) over all producers")
     client.add_argument(
-        "--presettled", action="store_true", help="at-most-once: send and receive pre-settled"
-    )
-    client.add_argument("--rate", type=float, help="total send rate (msg/s) across producers")
-    client.add_argument(
-        "--warmup", type=int, default=0, help="messages per pair sent first and not measured"
+        "--warmup", type=_non_negative, default=0, help="messages per pair sent first, not measured"
     )
     client.add_argument("--credit", type=_positive, default=1000, help="consumer credit window")
     client.add_argument(
         "--max-pending",
-        type=int,
+        type=_non_negative,
         default=10_000,
-        help="unsettled messages a producer may have in flight (0: only credit limits)",
+        help="unsettled messages a producer may have in flight (0: credit alone limits)",
     )
     client.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
     client.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -977,6 +1016,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignor
     sink.add_argument(
         "--no-generate", action="store_true", help="send nothing on links the client receives on"
     )
-    sink.add_argument("--workers", type=_positive, default=1, help="processes sharing the port")
+    sink.add_argument(
+        "--single-process",
+        action="store_true",
+        help="serve every connection in one process (default: a process per connection)",
+    )
     sink.set_defaults(handler=cmd_sink)
-

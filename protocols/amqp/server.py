@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from scow.core.config import parse_host_port
 from scow.protocols.amqp.connection import AmqpConnection
 

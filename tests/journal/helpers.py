@@ -41,8 +41,11 @@ def load(path: Path | str, journal_type: str = "NIO", **changes: Any):  # noqa: 
 
 
 def snapshot(src: Path, dst: Path) -> Path:
-    """Copy a journal directory as it is on disk now: a crash image once flushed."""
-    shutil.copytree(src, dst)
+    """Copy a journal directory as it is on disk now: a crash image once flushed.
+
+    A spare file being created meanwhile (`*.tmp`) is left out, as if the crash came first.
+    """
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.tmp"))
     return dst
 
 

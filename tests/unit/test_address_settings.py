@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from scow.core.address_settings import (
     ADDRESS_SETTING_DOCS,
     AddressSettings,

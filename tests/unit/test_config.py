@@ -2,6 +2,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from scow.core.address_settings import ADDRESS_SETTING_DOCS
 from scow.core.config import (
     DEFAULT_PLUGINS,
@@ -354,7 +355,9 @@ def test_packaged_default_config_shows_every_kernel_setting() -> None:
 
 def test_commented_defaults_in_packaged_config_are_the_real_defaults(tmp_path: Path) -> None:
     """Uncommenting every `# key = value` line of the packaged file must change nothing."""
-    known = {s.name for section in [*core_sections(), *_plugin_sections()] for s in section.settings}
+    known = {
+        s.name for section in [*core_sections(), *_plugin_sections()] for s in section.settings
+    }
     known |= set(ADDRESS_SETTING_DOCS)
     # shown as examples of what to write, not as defaults
     examples = {"users", "page-full-policy", "default-last-value-key"}

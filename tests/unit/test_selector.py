@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from scow.core.selector import MAX_NESTING, Selector, SelectorError, compile_selector
 
 T, F, U = True, False, None  # TRUE, FALSE, UNKNOWN

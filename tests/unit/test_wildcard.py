@@ -3,6 +3,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from scow.core.wildcard import HierarchicalRepository, WildcardMatcher, matches, specificity
 
 

@@ -82,9 +82,7 @@ def settle_modified(receiver: BlockingReceiver, *, failed: bool) -> None:
     delivery.settle()
 
 
-def detach(
-    conn: BlockingConnection, receiver: BlockingReceiver, until: Callable[[], Any]
-) -> None:
+def detach(conn: BlockingConnection, receiver: BlockingReceiver, until: Callable[[], Any]) -> None:
     """Detach (not close) a link, pumping the connection until `until()` (a broker-side check).
 
     A detach that is not a close leaves proton's remote link state as it was, so there is
@@ -218,11 +216,11 @@ def close_condition(reply: bytes) -> tuple[str | None, str | None]:
     """(condition, description) of the `close` frame in `reply`; (None, None) without one."""
     for performative in performatives(reply):
         if performative.descriptor == CLOSE:
-            fields = list(performative.value) + [None]
+            fields = [*performative.value, None]
             error = fields[0]
             if error is None:
                 return None, None
-            error_fields = list(error.value) + [None, None]
+            error_fields = [*error.value, None, None]
             return str(error_fields[0]), error_fields[1]
     return None, None
 

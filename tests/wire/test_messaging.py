@@ -97,7 +97,10 @@ def test_request_response_over_a_dynamic_reply_queue(scow_broker):
         replies.accept()
         assert (reply.body, reply.correlation_id) == ("pong", "c-1")
 
-        detach(client, replies, until=lambda: broker.call(lambda: reply_to not in broker.broker.queues))
+        def reply_queue_gone() -> bool:
+            return broker.call(lambda: reply_to not in broker.broker.queues)
+
+        detach(client, replies, until=reply_queue_gone)
 
 
 def test_browser_sees_messages_and_leaves_them_on_the_queue(scow_broker):
@@ -195,9 +198,7 @@ def test_two_hundred_concurrent_connections_each_round_trip(scow_broker):
     broker = scow_broker()
     count = 200
     server = broker.server.protocols["amqp"]
-    handler = _ManyClients(
-        broker.url, count, lambda: broker.call(lambda: len(server.connections))
-    )
+    handler = _ManyClients(broker.url, count, lambda: broker.call(lambda: len(server.connections)))
     run_container(handler, lambda: handler.done, timeout=60)
     assert handler.errors == []
     assert handler.received == {f"many.{i}": f"many.{i}" for i in range(count)}

@@ -137,9 +137,7 @@ def test_shared_subscription_goes_when_its_last_receiver_leaves(scow_broker):
     with connected(broker.url, container_id="app-1") as one:
         with connected(broker.url, container_id="app-1") as two:
             for conn in (one, two):
-                conn.create_receiver(
-                    TOPIC, name="workers", options=Capabilities("topic", "shared")
-                )
+                conn.create_receiver(TOPIC, name="workers", options=Capabilities("topic", "shared"))
             assert consumers(broker, "app-1.workers") == 2
         pump([one], lambda: consumers(broker, "app-1.workers") == 1, what="one receiver left")
     wait_for(lambda: not queue_exists(broker, "app-1.workers"), what="the subscription to go")
