@@ -47,7 +47,7 @@ def fill(data_dir: Path, count: int, size: int) -> float:
     for i in range(count):
         body = (b"%010d" % i).ljust(size, b".")
         data = encode_message(body, durable=True)
-        storage.store_message(storage.next_id(), "bench", 0, [queue_id], data, None)
+        storage.store_message(storage.next_id(), "bench", 0, 4, [queue_id], data, None)
     storage.flush()
     storage.stop()
     return time.perf_counter() - started

@@ -371,6 +371,7 @@ class Broker:
                     message.id,
                     message.address,
                     message.expiration,
+                    message.priority,
                     durable_ids,
                     message.data,
                     on_stored,
@@ -682,25 +683,24 @@ class Broker:
             by_id[queue.id] = queue
         restored = 0
         for rec in recovered.messages:
-            durable, priority, _ttl = fmt.inspect(rec.data)
+            refs = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]
+            if not refs:
+                continue
             message = Message(
                 rec.id,
                 rec.data,
                 rec.address,
                 fmt,
-                durable=durable,
-                priority=priority,
+                durable=True,
+                priority=rec.priority,
                 expiration=rec.expiration,
             )
-            queues = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]
-            if not queues:
-                continue
-            message.refcount = message.stored_refs = len(queues)
+            message.refcount = message.stored_refs = len(refs)
             address = self.addresses.get(rec.address)
             if address is not None:
                 address.size += len(rec.data)
                 address.message_count += 1
-            for queue, count in queues:
+            for queue, count in refs:
                 queue.enqueue(MessageRef(message, queue, count))
             restored += 1
         return restored

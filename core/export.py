@@ -9,7 +9,7 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
    "auto-created": bool, "queue-type": str, "max-consumers": int, "exclusive": bool,
    "arguments": {...}}
   {"type": "message", "id": int, "address": str, "expiration": int (ms, 0 = never),
-   "queues": {"<queue name>": <delivery count>, ...}, "data": "<base64 of the encoded
+   "priority": int, "queues": {"<queue name>": <delivery count>, ...}, "data": "<base64 of the encoded
    message, exactly as the producer sent it>"}
   {"type": "end", "addresses": n, "queues": n, "messages": n}
 
@@ -56,6 +56,7 @@ def export_lines(recovered: Recovered) -> Iterator[dict[str, Any]]:
             "id": message.id,
             "address": message.address,
             "expiration": message.expiration,
+            "priority": message.priority,
             "queues": queues,
             "data": base64.b64encode(message.data).decode("ascii"),
         }
@@ -127,6 +128,7 @@ def _import_message(
         message_id,
         line["address"],
         line["expiration"],
+        line.get("priority", 4),
         list(qids),
         base64.b64decode(line["data"]),
         None,

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransaction, RecordInfo
+from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransaction
 
 MESSAGE = 10
 ACK_REF = 11
@@ -35,41 +35,53 @@ ID_BLOCK = 3
 ID_BLOCK_RECORD = 1
 ID_BLOCK_SIZE = 1 << 20
 
-_MSG_HEAD = struct.Struct(">QHH")  # expiration, address length, queue count
+# expiration, priority, address length, queue count; the priority is kept so recovery
+# never has to parse the message itself
+_MSG_HEAD = struct.Struct(">QBHH")
 _QID = struct.Struct(">Q")
 _COUNT = struct.Struct(">QI")
 
 
 def encode_message_record(
-    address: str, expiration: int, queue_ids: Iterable[int], data: bytes
+    address: str, expiration: int, priority: int, queue_ids: Iterable[int], data: bytes
 ) -> bytes:
     ids = list(queue_ids)
     addr = address.encode()
     return b"".join(
         (
-            _MSG_HEAD.pack(expiration, len(addr), len(ids)),
+            _MSG_HEAD.pack(expiration, priority, len(addr), len(ids)),
             addr,
-            b"".join(_QID.pack(q) for q in ids),
+            struct.pack(f">{len(ids)}Q", *ids),
             data,
         )
     )
 
 
-def decode_message_record(record: bytes) -> tuple[str, int, list[int], bytes]:
-    expiration, alen, qcount = _MSG_HEAD.unpack_from(record)
-    pos = _MSG_HEAD.size
-    address = record[pos : pos + alen].decode()
-    pos += alen
-    qids = [_QID.unpack_from(record, pos + 8 * i)[0] for i in range(qcount)]
-    pos += 8 * qcount
-    return address, expiration, qids, record[pos:]
+def decode_message_record(
+    record: bytes, addresses: dict[bytes, str] | None = None
+) -> RecoveredMessage:
+    """The message a MESSAGE record holds; `addresses` caches decoded address names."""
+    expiration, priority, alen, qcount = _MSG_HEAD.unpack_from(record)
+    pos = _MSG_HEAD.size + alen
+    raw = record[_MSG_HEAD.size : pos]
+    address = addresses.get(raw) if addresses is not None else None
+    if address is None:
+        address = raw.decode()
+        if addresses is not None:
+            addresses[raw] = address
+    if qcount == 1:
+        queues = {_QID.unpack_from(record, pos)[0]: 0}
+    else:
+        queues = dict.fromkeys(struct.unpack_from(f">{qcount}Q", record, pos), 0)
+    return RecoveredMessage(0, address, expiration, priority, record[pos + 8 * qcount :], queues)
 
 
-@dataclass
+@dataclass(slots=True)
 class RecoveredMessage:
     id: int
     address: str
     expiration: int
+    priority: int
     data: bytes
     #: queue id -> delivery count, for every queue still holding the message.
     queues: dict[int, int] = field(default_factory=dict)
@@ -160,13 +172,14 @@ class StorageManager:
         message_id: int,
         address: str,
         expiration: int,
+        priority: int,
         queue_ids: list[int],
         data: bytes,
         on_done: Completion | None,
         *,
         tx_id: int | None = None,
     ) -> None:
-        record = encode_message_record(address, expiration, queue_ids, data)
+        record = encode_message_record(address, expiration, priority, queue_ids, data)
         if tx_id is not None:
             self.messages.append_add_tx(tx_id, message_id, MESSAGE, record)
         else:
@@ -235,23 +248,22 @@ class StorageManager:
 
 
 def _messages_from(result: LoadResult) -> list[RecoveredMessage]:
+    """Live messages in journal order (the order they became visible)."""
     by_id: dict[int, RecoveredMessage] = {}
+    addresses: dict[bytes, str] = {}
     for rec in result.records:
-        _apply(by_id, rec)
-    return sorted((m for m in by_id.values() if m.queues), key=lambda m: m.id)
-
-
-def _apply(by_id: dict[int, RecoveredMessage], rec: RecordInfo) -> None:
-    if rec.type == MESSAGE and not rec.is_update:
-        address, expiration, qids, data = decode_message_record(rec.data)
-        by_id[rec.id] = RecoveredMessage(rec.id, address, expiration, data, dict.fromkeys(qids, 0))
-        return
-    msg = by_id.get(rec.id)
-    if msg is None:
-        return
-    if rec.type == ACK_REF:
-        msg.queues.pop(_QID.unpack(rec.data)[0], None)
-    elif rec.type == DELIVERY_COUNT:
-        qid, count = _COUNT.unpack(rec.data)
-        if qid in msg.queues:
-            msg.queues[qid] = count
+        if rec.type == MESSAGE and not rec.is_update:
+            message = decode_message_record(rec.data, addresses)
+            message.id = rec.id
+            by_id[rec.id] = message
+            continue
+        msg = by_id.get(rec.id)
+        if msg is None:
+            continue
+        if rec.type == ACK_REF:
+            msg.queues.pop(_QID.unpack(rec.data)[0], None)
+        elif rec.type == DELIVERY_COUNT:
+            qid, count = _COUNT.unpack(rec.data)
+            if qid in msg.queues:
+                msg.queues[qid] = count
+    return [m for m in by_id.values() if m.queues]
