@@ -9,8 +9,8 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
    "auto-created": bool, "queue-type": str, "max-consumers": int, "exclusive": bool,
    "arguments": {...}}
   {"type": "message", "id": int, "address": str, "expiration": int (ms, 0 = never),
-   "priority": int, "queues": {"<queue name>": <delivery count>, ...}, "data": "<base64 of the encoded
-   message, exactly as the producer sent it>"}
+   "priority": int, "queues": {"<queue name>": <delivery count>, ...},
+   "data": "<base64 of the encoded message, exactly as the producer sent it>"}
   {"type": "end", "addresses": n, "queues": n, "messages": n}
 
 Addresses come before queues, queues before messages, messages in their journal order.
