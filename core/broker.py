@@ -77,7 +77,6 @@ class Broker:
         self.hooks: Any = None
         self.addresses: dict[str, AddressInfo] = {}
         self.queues: dict[str, Any] = {}
-        self._record_ids: dict[int, int] = {}  # id(AddressInfo) -> bindings record id
         self.messages_routed = 0
         self.messages_unrouted = 0
         self.messages_expired = 0
@@ -131,7 +130,7 @@ class Broker:
         if record_id is None:
             self._store_address(address)
         else:
-            self._record_ids[id(address)] = record_id
+            address.record_id = record_id
         log.debug("address created", address=name, routing=sorted(r.value for r in routing_types))
         return address
 
@@ -151,11 +150,9 @@ class Broker:
     def _store_address(self, address: AddressInfo) -> None:
         if not (self.persistent and address.durable and not address.temporary):
             return
-        old = self._record_ids.pop(id(address), None)
-        if old is not None:
-            self.storage.delete_binding(old)
-        record_id = self.next_id()
-        self._record_ids[id(address)] = record_id
+        if address.record_id is not None:
+            self.storage.delete_binding(address.record_id)
+        record_id = address.record_id = self.next_id()
         self.storage.store_address(
             record_id,
             {
@@ -171,9 +168,8 @@ class Broker:
             return
         for queue_name in list(address.queues):
             self.delete_queue(queue_name)
-        record_id = self._record_ids.pop(id(address), None)
-        if record_id is not None:
-            self.storage.delete_binding(record_id)
+        if address.record_id is not None:
+            self.storage.delete_binding(address.record_id)
 
     def _address_for(self, name: str, routing_type: RoutingType | None) -> AddressInfo:
         """The address `name`, auto-created if its settings allow."""

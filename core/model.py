@@ -70,6 +70,8 @@ class AddressInfo:
     size: int = 0
     message_count: int = 0
     full_policy: FullPolicy | None = None
+    #: Its record in the bindings journal, when durable.
+    record_id: int | None = None
     #: Called with no arguments when the address stops being full (BLOCK resumes credit).
     on_space: list[Callable[[], None]] = field(default_factory=list)
     _anycast_index: int = 0
