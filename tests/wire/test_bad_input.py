@@ -212,3 +212,13 @@ def test_transactional_send_is_routed_only_at_commit(scow_broker):
     assert (handler.before_commit, handler.after_commit) == (0, 1)
     with connected(broker.url) as conn:
         assert conn.create_receiver("txq").receive(timeout=10).body == "in a transaction"
+
+
+def test_silent_peer_is_closed_after_the_idle_timeout(scow_broker):
+    from scow.protocols.amqp.codec import Described, encode_value
+
+    broker = scow_broker(sections={"amqp": {"idle-timeout": 400}})
+    open_frame = frame(encode_value(Described(0x10, ["silent-client"])))
+    reply = exchange(broker.port, AMQP_HEADER + open_frame, timeout=5)  # then says nothing
+    assert close_condition(reply)[0] == "amqp:resource-limit-exceeded"
+    round_trip(broker.url)
