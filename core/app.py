@@ -77,7 +77,20 @@ class Server:
             raise StartupError(
                 "no plugin provides the 'standard' queue type; enable 'standard-queues'"
             )
+        self._check_full_policies()
         plugins.hook.scow_configure(config=config)
+
+    def _check_full_policies(self) -> None:
+        """A size limit needs its address-full-policy provided by an enabled plugin."""
+        for pattern in self.config.address_settings.patterns():
+            settings = self.config.address_settings.get(pattern)
+            limited = settings.max_size_bytes >= 0 or settings.max_size_messages >= 0
+            if limited and settings.address_full_policy not in self.full_policies:
+                raise StartupError(
+                    f'[address-settings."{pattern}"] address-full-policy = '
+                    f'"{settings.address_full_policy}" with a size limit needs a plugin that '
+                    f"provides it (available: {', '.join(sorted(self.full_policies)) or 'none'})"
+                )
 
     def _storage(self) -> StorageManager:
         broker_cfg = self.config.section("broker")

@@ -156,3 +156,13 @@ def test_plugins_marks_a_listed_but_missing_plugin(tmp_path):
     assert any(
         line.split()[:2] == ["no-such-plugin", "MISSING"] for line in result.stdout.splitlines()
     )
+
+
+def test_size_limit_with_a_policy_no_plugin_provides_stops_startup(tmp_path):
+    stderr = run_rejected(
+        tmp_path,
+        PLUGINS + '[address-settings."orders.#"]\nmax-size-bytes = "10MiB"\n',
+        names_file=False,
+    )
+    assert '[address-settings."orders.#"] address-full-policy = "PAGE"' in stderr
+    assert "available: BLOCK, DROP, FAIL" in stderr
