@@ -28,5 +28,8 @@ lint: $(TSTAMP)
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_perf.py
+
 clean:
 	rm -rf $(VENV) data

@@ -216,7 +216,7 @@ class Broker:
         queue.durable = durable
         queue.filter = queue_filter
         self.queues[spec.name] = queue
-        address.queues[spec.name] = queue
+        address.bind(queue)
         if durable and record_id is None:
             self.storage.store_queue(queue.id, _queue_description(spec))
         log.debug("queue created", queue=spec.name, address=spec.address)
@@ -228,7 +228,7 @@ class Broker:
             return
         address = self.addresses.get(queue.address)
         if address is not None:
-            address.queues.pop(name, None)
+            address.unbind(name)
         for ref in queue.take():
             self.discard(ref)
         if queue.durable:
@@ -324,17 +324,21 @@ class Broker:
     def _route_targets(
         self, address: AddressInfo, routing_type: RoutingType | None, message: Message
     ) -> list[Any]:
-        anycast: list[Any] = []
-        multicast: list[Any] = []
-        want_any = routing_type in (None, RoutingType.ANYCAST)
-        want_multi = routing_type in (None, RoutingType.MULTICAST)
-        if want_any and RoutingType.ANYCAST in address.routing_types:
-            anycast = address.anycast_queues()
-            if not anycast and address.settings.auto_create_queues:
-                anycast = [self._auto_queue(address.name, RoutingType.ANYCAST)]
-        if want_multi:
-            multicast = address.multicast_queues()
-        targets = [q for q in multicast if q.filter is None or q.filter(message)]
+        """Every matching multicast queue plus one matching anycast queue (round robin)."""
+        targets: list[Any] = []
+        if routing_type is not RoutingType.ANYCAST:
+            targets = [q for q in address.multicast if q.filter is None or q.filter(message)]
+        if (
+            routing_type is RoutingType.MULTICAST
+            or RoutingType.ANYCAST not in address.routing_types
+        ):
+            return targets
+        anycast: list[Any] = address.anycast
+        if not anycast and address.settings.auto_create_queues:
+            anycast = [self._auto_queue(address.name, RoutingType.ANYCAST)]
+        if len(anycast) == 1 and anycast[0].filter is None:
+            targets.append(anycast[0])
+            return targets
         matching = [q for q in anycast if q.filter is None or q.filter(message)]
         if matching:
             address._anycast_index = (address._anycast_index + 1) % len(matching)

@@ -66,6 +66,9 @@ class AddressInfo:
     durable: bool = True
     temporary: bool = False
     queues: dict[str, Queue] = field(default_factory=dict)
+    #: Bound queues by routing type, rebuilt on bind/unbind (routing reads them per message).
+    anycast: list[Queue] = field(default_factory=list)
+    multicast: list[Queue] = field(default_factory=list)
     #: Bytes of messages routed here and not yet freed (counted once per message).
     size: int = 0
     message_count: int = 0
@@ -76,11 +79,18 @@ class AddressInfo:
     on_space: list[Callable[[], None]] = field(default_factory=list)
     _anycast_index: int = 0
 
-    def anycast_queues(self) -> list[Queue]:
-        return [q for q in self.queues.values() if q.routing_type is RoutingType.ANYCAST]
+    def bind(self, queue: Queue) -> None:
+        self.queues[queue.name] = queue
+        self._rebuild()
 
-    def multicast_queues(self) -> list[Queue]:
-        return [q for q in self.queues.values() if q.routing_type is RoutingType.MULTICAST]
+    def unbind(self, name: str) -> None:
+        if self.queues.pop(name, None) is not None:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        queues = self.queues.values()
+        self.anycast = [q for q in queues if q.routing_type is RoutingType.ANYCAST]
+        self.multicast = [q for q in queues if q.routing_type is RoutingType.MULTICAST]
 
     def is_full(self) -> bool:
         limit = self.settings.max_size_bytes

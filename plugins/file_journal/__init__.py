@@ -6,13 +6,16 @@ disk, `compactor` for compaction and its crash safety, `tools` for the CLI helpe
 """
 
 from .compactor import STAGES as COMPACTION_STAGES
-from .journal import FileJournal, JournalError
+from .compactor import ControlFileError
+from .errors import JournalError
+from .journal import FileJournal
 from .settings import JournalSettings
 from .tools import RecordView, compact_offline, iter_records, measure_sync_rate
 from .writer import JournalCounters
 
 __all__ = [
     "COMPACTION_STAGES",
+    "ControlFileError",
     "FileJournal",
     "JournalCounters",
     "JournalError",

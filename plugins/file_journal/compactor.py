@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from .errors import JournalError
 from .files import FileState, JFile, fsync_dir, read_block, write_header
 from .format import (
     DATA_START,
@@ -68,7 +69,7 @@ class CompactionAborted(Exception):
     """Compaction gave up before its control file; nothing on disk changed."""
 
 
-class ControlFileError(Exception):
+class ControlFileError(JournalError):
     """The compaction control file cannot be read; recovery cannot tell what to do."""
 
 

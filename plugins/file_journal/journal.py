@@ -35,6 +35,7 @@ import structlog
 from scow.core.interfaces import Completion, LoadResult
 
 from . import compactor
+from .errors import JournalError
 from .files import (
     FileState,
     JFile,
@@ -80,10 +81,6 @@ _DELETE_TX = int(Kind.DELETE_TX)
 
 # lifecycle
 _NEW, _OPEN, _CLOSING, _STOPPED = 0, 1, 2, 3
-
-
-class JournalError(Exception):
-    """The journal cannot go on: a write or sync failed, or its files are inconsistent."""
 
 
 class _Rec:

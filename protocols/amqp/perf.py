@@ -22,7 +22,9 @@ import struct
 import sys
 import time
 from collections import deque
-from typing import Any
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for_any
+from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
 from scow.protocols.amqp import engine
@@ -426,19 +428,32 @@ class _Consumer:
 # --------------------------------------------------------------------------- client processes
 
 
+class _Flags(NamedTuple):
+    """Shared between the client's processes: each role's `ready`, and `go` and `abort`."""
+
+    ready: Any
+    go: Any
+    abort: Any
+
+
+class _Aborted(Exception):
+    """The other role failed: stop without a report of our own."""
+
+
 def _run_role(
     role: str,
     host: str,
     port: int,
     address: str,
     options: dict[str, Any],
-    ready: Any,
-    go: Any,
+    flags: _Flags,
     results: Any,
 ) -> None:
     """One process: every connection of one role, in one selector loop."""
     try:
-        results.send(_drive(role, host, port, address, options, ready, go))
+        results.send(_drive(role, host, port, address, options, flags))
+    except _Aborted:
+        results.send({"aborted": True})
     except PerfError as exc:
         results.send({"error": str(exc)})
     except Exception as exc:  # reported to the parent rather than lost with the process
@@ -453,9 +468,9 @@ def _drive(
     port: int,
     address: str,
     options: dict[str, Any],
-    ready: Any,
-    go: Any,
+    flags: _Flags,
 ) -> dict[str, Any]:
+    ready, go, abort = flags
     producing = role == "producer"
     per_pair = dict(options)
     if options["rate"]:
@@ -500,6 +515,8 @@ def _drive(
     ready.set()
     while not go.wait(0.02):
         step(0)
+        if abort.is_set():
+            raise _Aborted
     going = True
     started = time.monotonic_ns()
     timeout = 0.0
@@ -513,9 +530,11 @@ def _drive(
                 f"{role}: timed out after {options['timeout']} s with {done} messages "
                 f"{'sent' if producing else 'received'}"
             )
-        if clock - last_tick > 1.0:  # heartbeats, should the peer want them
+        if clock - last_tick > 0.2:
             last_tick = clock
-            for worker in workers:
+            if abort.is_set():
+                raise _Aborted
+            for worker in workers:  # heartbeats, should the peer want them
                 worker.wire.engine.tick(int(clock * 1000))
     for worker in workers:
         if not worker.measure_from_ns:  # no warm-up and nothing before the first message
@@ -533,14 +552,14 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
     host, port, address = parse_url(url)
     make_message(options["size"], durable=options["durable"])  # fail early on a bad size
     ctx = multiprocessing.get_context("fork")
-    go = ctx.Event()
+    go, abort = ctx.Event(), ctx.Event()
     roles = []
     for role in ("consumer", "producer"):  # consumers first: attached before anything is sent
         ready = ctx.Event()
         receiver, sender = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_run_role,
-            args=(role, host, port, address, options, ready, go, sender),
+            args=(role, host, port, address, options, _Flags(ready, go, abort), sender),
             name=f"scow-perf-{role}",
             daemon=True,
         )
@@ -551,24 +570,39 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
         while not ready.wait(0.02):
             if not proc.is_alive() or receiver.poll() or time.monotonic() > deadline:
                 break
+        if not ready.is_set():
+            break  # no producer without its consumers: it would only fill the queue
     go.set()
     errors: list[str] = []
     reports: dict[str, dict[str, Any]] = {}
-    for proc, _ready, receiver in roles:
-        try:
-            report = receiver.recv() if receiver.poll(options["timeout"] + 30) else None
-        except EOFError:
-            report = None
+    waiting = {receiver: proc for proc, _ready, receiver in roles}
+    deadline = time.monotonic() + options["timeout"] + 30
+    while waiting:
+        answered = wait_for_any(list(waiting), max(0.0, deadline - time.monotonic()))
+        if not answered:
+            errors += [f"{proc.name} did not report in time" for proc in waiting.values()]
+            break
+        for pipe in answered:
+            receiver = cast(Connection, pipe)
+            proc = waiting.pop(receiver)
+            report: dict[str, Any] | None
+            try:
+                report = receiver.recv()
+            except EOFError:
+                report = None
+            if report is None:
+                errors.append(f"{proc.name} exited without a report (exit code {proc.exitcode})")
+            elif "error" in report:
+                errors.append(report["error"])
+            elif "role" in report:
+                reports[report["role"]] = report
+            if report is None or "error" in report:
+                abort.set()  # the other side would otherwise wait for its timeout
+    for proc, _ready, _receiver in roles:
         proc.join(5)
         if proc.is_alive():
             proc.kill()
             proc.join()
-        if report is None:
-            errors.append(f"{proc.name} exited without a report (exit code {proc.exitcode})")
-        elif "error" in report:
-            errors.append(report["error"])
-        else:
-            reports[report["role"]] = report
     if errors:
         raise PerfError("; ".join(dict.fromkeys(errors)))
     return summarize(reports["producer"]["workers"], reports["consumer"]["workers"], options)
@@ -979,7 +1013,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add `scow perf client` and `scow perf sink`."""
     from scow.core.cli import command_group
 

@@ -69,9 +69,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float = WAIT, what: str =
         time.sleep(0.002)
 
 
-def run_child(code: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """Run Python code in a fresh interpreter with this one's import path."""
+def run_child(code: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run Python code (with `sys.argv[1:]` = args) in a fresh interpreter that has this
+    one's import path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
                           text=True, timeout=timeout, check=False)
