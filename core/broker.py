@@ -171,8 +171,8 @@ class Broker:
         if address.record_id is not None:
             self.storage.delete_binding(address.record_id)
 
-    def _address_for(self, name: str, routing_type: RoutingType | None) -> AddressInfo:
-        """The address `name`, auto-created if its settings allow."""
+    def address_for(self, name: str, routing_type: RoutingType | None) -> AddressInfo:
+        """The address `name`, auto-created if its settings allow; NotFound otherwise."""
         address = self.addresses.get(name)
         if address is not None:
             return address
@@ -273,7 +273,7 @@ class Broker:
         Returns PENDING when `on_stored` will be called, otherwise the final status.
         Within a transaction the message is only checked now and routed at commit.
         """
-        address = self._address_for(address_name, routing_type)
+        address = self.address_for(address_name, routing_type)
         if tx is not None:
             tx.sends.append((data, address_name, fmt, routing_type))
             return RouteStatus.ROUTED
@@ -393,7 +393,7 @@ class Broker:
         """
         routed: list[tuple[Message, list[Any], AddressInfo]] = []
         for data, address_name, fmt, routing_type in tx.sends:
-            address = self._address_for(address_name, routing_type)
+            address = self.address_for(address_name, routing_type)
             result = self._route(data, address, fmt, routing_type)
             if not isinstance(result, RouteStatus):
                 routed.append((*result, address))
@@ -467,7 +467,7 @@ class Broker:
                     )
                 queue = self._auto_queue(address_name, RoutingType.ANYCAST)
             return self._attach(consumer, queue, selector)
-        self._address_for(address_name, RoutingType.MULTICAST)
+        self.address_for(address_name, RoutingType.MULTICAST)
         name = _subscription_queue_name(durable, shared, global_, subscription, client_id)
         queue = self.queues.get(name) if name else None
         if queue is not None and (queue.spec.filter != selector or queue.address != address_name):
@@ -508,10 +508,10 @@ class Broker:
         queue.add_consumer(consumer)
         return queue
 
-    def create_temporary_queue(self, consumer: Consumer | None = None) -> Any:
-        """A dynamic (reply-to) queue, deleted when its consumer goes."""
+    def subscribe_temporary(self, consumer: Consumer) -> Any:
+        """A dynamic (reply-to) queue for `consumer`, deleted when it goes."""
         name = f"temp.{uuid.uuid4()}"
-        return self.create_queue(
+        queue = self.create_queue(
             QueueSpec(
                 name,
                 name,
@@ -521,6 +521,7 @@ class Broker:
                 delete_on_no_consumers=True,
             )
         )
+        return self._attach(consumer, queue, None)
 
     def unsubscribe(self, consumer: Consumer, queue: Any, *, remove_subscription: bool) -> None:
         """Detach `consumer`; `remove_subscription` ends a durable subscription too."""

@@ -8,7 +8,7 @@ full pass is needed only when credit or the set of consumers changes.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from scow.core.message import MessageRef
@@ -200,7 +200,7 @@ class StandardQueue:
             ref.consumer = None
             self.delivering -= 1
 
-    def take(self, predicate: Any = None) -> list[MessageRef]:
+    def take(self, predicate: Callable[[MessageRef], bool] | None = None) -> list[MessageRef]:
         """Remove and return waiting refs matching `predicate` (all when None)."""
         if predicate is None:
             taken = list(self._messages)

@@ -45,6 +45,10 @@ def selector_of(filters: dict[str, Any]) -> str | None:
     return None
 
 
+class _NoAddress(BrokerError):
+    condition = "amqp:not-found"
+
+
 class ProducerLink:
     """A link the client sends on; routes each complete message into the broker."""
 
@@ -57,7 +61,7 @@ class ProducerLink:
         self.blocked_on: Any = None  # the full address holding back our credit
         self.closed = False
         if self.address is not None:
-            conn.broker._address_for(self.address, self.routing_type)
+            conn.broker.address_for(self.address, self.routing_type)
         engine.open_link(link, address=self.address)
         engine.link_flow(link, self.credit)
 
@@ -134,10 +138,6 @@ class ProducerLink:
             self.blocked_on = None
 
 
-class _NoAddress(BrokerError):
-    condition = "amqp:not-found"
-
-
 class ConsumerLink:
     """A link the broker sends on: a queue consumer (or browser) with the link's credit."""
 
@@ -154,9 +154,8 @@ class ConsumerLink:
         caps = source.capabilities
         self.durable = False
         if source.dynamic:
-            self.queue = broker.create_temporary_queue()
+            self.queue = broker.subscribe_temporary(self)
             address = self.queue.name
-            broker._attach(self, self.queue, None)
         else:
             address = source.address
             if not address:
