@@ -11,7 +11,7 @@ from typing import Any
 
 from scow.core import app
 from scow.core import logging as scow_logging
-from scow.core.config import ConfigError, default_config_path, read_plugin_list
+from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
 from scow.core.plugins import PluginManager, describe_plugins, installed_plugins
 
 
@@ -104,40 +104,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"scow: {exc}", file=sys.stderr)
         return 2
     print(f"# {config.path or 'defaults'}: valid")
-    print(_to_toml(config.effective()))
+    print(to_toml(config.effective()))
     return 0
-
-
-def _to_toml(tables: dict[str, Any], prefix: str = "") -> str:
-    lines: list[str] = []
-    nested: list[tuple[str, dict[str, Any]]] = []
-    for key, value in tables.items():
-        if value is None:
-            continue
-        if isinstance(value, dict) and prefix == "":
-            nested.append((key, value))
-        elif isinstance(value, dict):
-            nested.append((f"{prefix}.{_key(key)}", value))
-        else:
-            lines.append(f"{_key(key)} = {_value(value)}")
-    for name, table in nested:
-        body = _to_toml(table, name)
-        lines.append(f"\n[{name}]\n{body}".rstrip())
-    return "\n".join(lines)
-
-
-def _key(key: str) -> str:
-    return key if key.replace("-", "").replace("_", "").isalnum() else f'"{key}"'
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    return str(value)
 
 
 def build_parser() -> argparse.ArgumentParser:

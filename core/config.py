@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from scow.core.address_settings import (
     AddressSettingsRepository,
@@ -617,3 +618,39 @@ def load_config(
         source,
     )
     return Config(path, raw, values, address_settings, known)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def to_toml(tables: Mapping[str, Any], prefix: str = "") -> str:
+    """Render {section: {key: value}} as TOML; nested tables become [a."b"] headers."""
+    lines: list[str] = []
+    nested: list[tuple[str, dict[str, Any]]] = []
+    for key, value in tables.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and prefix == "":
+            nested.append((key, value))
+        elif isinstance(value, dict):
+            nested.append((f"{prefix}.{_key(key)}", value))
+        else:
+            lines.append(f"{_key(key)} = {_value(value)}")
+    for name, table in nested:
+        body = to_toml(table, name)
+        lines.append(f"\n[{name}]\n{body}".rstrip())
+    return "\n".join(lines)
+
+
+def _key(key: str) -> str:
+    return key if key.replace("-", "").replace("_", "").isalnum() else f'"{key}"'
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value)

@@ -27,6 +27,7 @@ import pytest
 from scow.core import app
 from scow.core import logging as scow_logging
 from scow.core.broker import Broker
+from scow.core.config import to_toml
 
 T = TypeVar("T")
 
@@ -45,32 +46,6 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
         time.sleep(interval)
-
-
-def render_toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
-    """A small TOML writer for test configs: {section: {key: value}}; nested dicts allowed."""
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(i) for i in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f'"{k}" = {value(i)}' for k, i in v.items()) + "}"
-        return str(v)
-
-    lines: list[str] = []
-    for section, table in tables.items():
-        if section == "address-settings":
-            for pattern, settings in table.items():
-                lines.append(f'[address-settings."{pattern}"]')
-                lines += [f"{k} = {value(v)}" for k, v in settings.items()]
-            continue
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {value(v)}" for k, v in table.items()]
-    return "\n".join(lines) + "\n"
 
 
 def broker_config(
@@ -224,7 +199,7 @@ class BrokerProcess:
 
 
 def write_config(path: Path, tables: Mapping[str, Mapping[str, Any]]) -> Path:
-    path.write_text(render_toml(tables))
+    path.write_text(to_toml(tables) + "\n")
     return path
 
 
