@@ -16,11 +16,13 @@ from scow.core.interfaces import Completion, LoadResult, PreparedTransaction, Re
 
 
 class MemoryJournal:
-    """Keeps live records in dicts; completions run at once (there is no disk)."""
+    """Keeps live records in append order; completions run at once (there is no disk)."""
 
     def __init__(self) -> None:
-        self._records: dict[int, RecordInfo] = {}
-        self._updates: dict[int, list[RecordInfo]] = {}
+        self._log: dict[int, RecordInfo] = {}  # append sequence -> live entry, in order
+        self._entries: dict[int, list[int]] = {}  # record id -> its sequences (add first)
+        self._seq = 0
+        self._replaceable: set[int] = set()  # sequences of replaceable updates
         self._tx: dict[int, list[tuple[str, RecordInfo | int]]] = {}
         self._prepared: dict[int, bytes] = {}
         self._max_id = 0
@@ -34,10 +36,8 @@ class MemoryJournal:
             self._dispatch([on_done])
 
     def load(self) -> LoadResult:
-        records: list[RecordInfo] = []
-        for record_id, add in sorted(self._records.items()):
-            records.append(add)
-            records.extend(self._updates.get(record_id, ()))
+        # what a restart would see: undecided transactions that were never prepared are gone
+        self._tx = {tx: ops for tx, ops in self._tx.items() if tx in self._prepared}
         prepared = []
         for tx_id, data in self._prepared.items():
             tx = PreparedTransaction(tx_id, data)
@@ -47,26 +47,41 @@ class MemoryJournal:
                 else:
                     tx.records.append(item)  # type: ignore[arg-type]
             prepared.append(tx)
-        return LoadResult(records, prepared, self._max_id)
+        return LoadResult(list(self._log.values()), prepared, self._max_id)
+
+    def _append(self, rec: RecordInfo) -> None:
+        self._seq += 1
+        self._log[self._seq] = rec
+        self._entries.setdefault(rec.id, []).append(self._seq)
 
     def _add(self, rec: RecordInfo) -> None:
+        if rec.id in self._entries:
+            raise ValueError(f"memory journal: add of record id {rec.id}: it is already live")
         self._max_id = max(self._max_id, rec.id)
-        self._records[rec.id] = rec
-        self._updates.pop(rec.id, None)
+        self._append(rec)
 
     def _update(self, rec: RecordInfo, replaceable: bool = False) -> None:
-        if rec.id not in self._records:
+        seqs = self._entries.get(rec.id)
+        if not seqs:
             raise ValueError(f"memory journal: update of record id {rec.id}: no live record")
-        updates = self._updates.setdefault(rec.id, [])
         if replaceable:
-            updates[:] = [u for u in updates if u.type != rec.type]
-        updates.append(rec)
+            for seq in [
+                s for s in seqs if s in self._replaceable and self._log[s].type == rec.type
+            ]:
+                seqs.remove(seq)
+                self._replaceable.discard(seq)
+                del self._log[seq]
+        self._append(rec)
+        if replaceable:
+            self._replaceable.add(self._seq)
 
     def _delete(self, record_id: int) -> None:
-        if record_id not in self._records:
+        seqs = self._entries.pop(record_id, None)
+        if seqs is None:
             raise ValueError(f"memory journal: delete of record id {record_id}: no live record")
-        self._records.pop(record_id, None)
-        self._updates.pop(record_id, None)
+        for seq in seqs:
+            del self._log[seq]
+            self._replaceable.discard(seq)
 
     def append_add(
         self,
@@ -117,12 +132,14 @@ class MemoryJournal:
         self._done(on_done)
 
     def commit(self, tx_id: int, *, sync: bool, on_done: Completion | None = None) -> None:
+        # as on disk: a transaction's update or delete of a record that died meanwhile
+        # has nothing left to apply to
         for kind, item in self._tx.pop(tx_id, ()):
             if kind == "add":
                 self._add(item)  # type: ignore[arg-type]
-            elif kind == "update":
+            elif kind == "update" and item.id in self._entries:  # type: ignore[union-attr]
                 self._update(item)  # type: ignore[arg-type]
-            else:
+            elif kind == "delete" and item in self._entries:
                 self._delete(item)  # type: ignore[arg-type]
         self._prepared.pop(tx_id, None)
         self._done(on_done)
