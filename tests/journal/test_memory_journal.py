@@ -13,7 +13,7 @@ from .conformance import JournalConformance
 
 class TestMemoryJournalConformance(JournalConformance):
     @pytest.fixture
-    def make_journal(self):  # noqa: ANN201
+    def make_journal(self):
         # no disk: a journal "reopened" on the same path is the same object, as a process
         # that never restarted would see it
         journals: dict[Path, MemoryJournal] = {}
