@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from scow.core.message import Message, MessageRef
+    from scow.core.model import QueueSpec, RoutingType
 
 # --------------------------------------------------------------------------- journal
 
@@ -169,35 +170,53 @@ class Consumer(Protocol):
 
 @runtime_checkable
 class Queue(Protocol):
-    """A queue bound to an address. Implementations come from `QueueType` factories."""
+    """A queue bound to an address. Implementations come from `QueueType` factories.
 
+    The broker sets `id`, `durable` and `filter` after the factory builds the queue.
+    """
+
+    spec: QueueSpec
+    id: int
     name: str
     address: str
+    routing_type: RoutingType
     durable: bool
+    #: The queue's own filter (subscription selectors): messages it refuses never enter.
+    filter: Callable[[Message], bool] | None
+    messages_expired: int
+    messages_killed: int
 
     def enqueue(self, ref: MessageRef) -> None: ...
 
     def add_consumer(self, consumer: Consumer) -> None: ...
 
-    def remove_consumer(self, consumer: Consumer) -> None: ...
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """Forget `consumer`; idempotent."""
 
     def consumer_count(self) -> int: ...
 
-    def message_count(self) -> int: ...
+    def message_count(self) -> int:
+        """Messages held, including those delivered and not yet settled."""
 
     def dispatch(self) -> None:
         """Offer pending messages to consumers with credit."""
 
     def acknowledge(self, ref: MessageRef) -> None:
-        """The consumer is done with `ref` (accepted, or rejected without redelivery)."""
+        """The consumer is done with a delivered `ref`."""
 
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
-        """Put `ref` back at its place; `delivered` counts it as a delivery attempt."""
+        """Put a delivered `ref` back at its place and offer it again."""
+
+    def remove_delivering(self, ref: MessageRef) -> None:
+        """Forget a delivered `ref` the broker moved elsewhere (dead letter, expiry)."""
+
+    def take(self, predicate: Callable[[MessageRef], bool] | None = None) -> list[MessageRef]:
+        """Remove and return the waiting refs `predicate` accepts (all when None)."""
 
     def browse(self) -> Iterable[MessageRef]:
         """The messages in the queue, in order, without taking them."""
 
-    def purge(self) -> int: ...
+    def stats(self) -> dict[str, Any]: ...
 
 
 # --------------------------------------------------------------------------- full policies

@@ -28,6 +28,7 @@ journal's `compaction_hook` is called with these names, so tests can crash at ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zlib
@@ -58,8 +59,16 @@ from .replay import Replay
 if TYPE_CHECKING:
     from .journal import FileJournal
 
-STAGES = ("started", "cmp-written", "installed", "control-written", "renaming", "renamed",
-          "old-retired", "done")
+STAGES = (
+    "started",
+    "cmp-written",
+    "installed",
+    "control-written",
+    "renaming",
+    "renamed",
+    "old-retired",
+    "done",
+)
 
 _ADD_TX = int(Kind.ADD_TX)
 _UPDATE_TX = int(Kind.UPDATE_TX)
@@ -96,10 +105,11 @@ def read_control(path: str) -> dict[str, Any]:
     if len(raw) < RECORD_CRC.size:
         raise ControlFileError(f"compaction control file {path}: {len(raw)} bytes, too short")
     (crc,) = RECORD_CRC.unpack_from(raw, 0)
-    payload = raw[RECORD_CRC.size:]
+    payload = raw[RECORD_CRC.size :]
     if zlib.crc32(payload) != crc:
-        raise ControlFileError(f"compaction control file {path}: CRC mismatch; restore it or "
-                               "move the journal aside")
+        raise ControlFileError(
+            f"compaction control file {path}: CRC mismatch; restore it or move the journal aside"
+        )
     content: dict[str, Any] = json.loads(payload)
     return content
 
@@ -130,8 +140,12 @@ def recover(directory: str, prefix: str, extension: str) -> None:
         _finish(directory, content)
         os.unlink(control)
         fsync_dir(directory)
-        log.warning("journal finished a compaction interrupted by a crash", directory=directory,
-                    old=[n for n, _ in content["old"]], new=[n for _, n, _ in content["new"]])
+        log.warning(
+            "journal finished a compaction interrupted by a crash",
+            directory=directory,
+            old=[n for n, _ in content["old"]],
+            new=[n for _, n, _ in content["new"]],
+        )
     pattern = file_name_pattern(prefix, extension)
     removed = []
     for name in os.listdir(directory):
@@ -167,7 +181,8 @@ class _Output:
     def _open_next(self) -> None:
         if len(self.files) >= self.max_files:
             raise CompactionAborted(
-                f"compacted data needs more than the {self.max_files} files reserved")
+                f"compacted data needs more than the {self.max_files} files reserved"
+            )
         j = self.j
         with j._lock:
             number = j._next_no
@@ -188,7 +203,7 @@ class _Output:
         if f is None:
             return
         eof = encode_record(Kind.EOF, 0, 0, f.epoch, 0, 0, b"")
-        self.buf[self.pos:self.pos + len(eof)] = eof
+        self.buf[self.pos : self.pos + len(eof)] = eof
         f.used = self.pos + len(eof)
         fd = os.open(self.cmp_paths[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -201,8 +216,17 @@ class _Output:
             os.close(fd)
         self.cur = None
 
-    def put(self, kind: int, rtype: int, flags: int, rid: int, tx_id: int, body: bytes,
-            *, positive: bool) -> JFile:
+    def put(
+        self,
+        kind: int,
+        rtype: int,
+        flags: int,
+        rid: int,
+        tx_id: int,
+        body: bytes,
+        *,
+        positive: bool,
+    ) -> JFile:
         size = HEADER_SIZE + len(body)
         if self.cur is None or self.pos + size > self.limit:
             self._close_current()
@@ -210,7 +234,7 @@ class _Output:
         f = self.cur
         assert f is not None
         rec = encode_record(kind, rtype, flags, f.epoch, rid, tx_id, body)
-        self.buf[self.pos:self.pos + size] = rec
+        self.buf[self.pos : self.pos + size] = rec
         self.pos += size
         if positive:
             f.written += 1
@@ -223,10 +247,8 @@ class _Output:
 
     def discard(self) -> None:
         for path in self.cmp_paths:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
 
 
 def compact(j: FileJournal) -> bool:
@@ -266,8 +288,15 @@ def compact(j: FileJournal) -> bool:
         prep_where: dict[int, JFile] = {}
         for info, _f, repl in replay.live_entries():
             if info.is_update:
-                g = out.put(Kind.UPDATE, info.type, FLAG_REPLACEABLE if repl else 0, info.id,
-                            0, info.data, positive=True)
+                g = out.put(
+                    Kind.UPDATE,
+                    info.type,
+                    FLAG_REPLACEABLE if repl else 0,
+                    info.id,
+                    0,
+                    info.data,
+                    positive=True,
+                )
                 w = where[info.id]
                 if repl:
                     w[2][info.type] = g
@@ -281,15 +310,18 @@ def compact(j: FileJournal) -> bool:
             placed = tx_where[tx.tx_id] = []
             counts: dict[JFile, int] = {}
             for kind, rid, rtype, flags, body, _g in tx.ops:
-                g = out.put(kind, rtype, flags, rid, tx.tx_id, body,
-                            positive=kind != Kind.DELETE_TX)
+                g = out.put(
+                    kind, rtype, flags, rid, tx.tx_id, body, positive=kind != Kind.DELETE_TX
+                )
                 placed.append(((kind, rid, rtype, flags), g))
                 counts[g] = counts.get(g, 0) + 1
             if tx.prepare_file is not None:
-                body = encode_pairs([(g.epoch, n) for g, n in counts.items()],
-                                    tx.prepare_data or b"")
-                prep_where[tx.tx_id] = out.put(Kind.PREPARE, 0, 0, 0, tx.tx_id, body,
-                                               positive=False)
+                body = encode_pairs(
+                    [(g.epoch, n) for g, n in counts.items()], tx.prepare_data or b""
+                )
+                prep_where[tx.tx_id] = out.put(
+                    Kind.PREPARE, 0, 0, 0, tx.tx_id, body, positive=False
+                )
         out.finish()
         stage("cmp-written")
         if j._stopping:
@@ -316,15 +348,22 @@ def compact(j: FileJournal) -> bool:
 
     # ---------------------------------------------------------------- control-written
     s = j.settings
-    control = write_control(j.directory, s.prefix, {
-        "version": 1,
-        "old": [[f.name, f.epoch] for f in old],
-        "new": [[os.path.basename(c), f.name, f.epoch] for c, f in zip(out.cmp_paths, out.files)],
-    })
+    control = write_control(
+        j.directory,
+        s.prefix,
+        {
+            "version": 1,
+            "old": [[f.name, f.epoch] for f in old],
+            "new": [
+                [os.path.basename(c), f.name, f.epoch]
+                for c, f in zip(out.cmp_paths, out.files, strict=True)
+            ],
+        },
+    )
     stage("control-written")
 
     # ---------------------------------------------------------------- renaming / renamed
-    for n, (cmp_path, f) in enumerate(zip(out.cmp_paths, out.files)):
+    for n, (cmp_path, f) in enumerate(zip(out.cmp_paths, out.files, strict=True)):
         os.rename(cmp_path, f.path)
         if n == 0:
             stage("renaming")
@@ -348,15 +387,25 @@ def compact(j: FileJournal) -> bool:
         j._maint_kicks += 1  # copies that died meanwhile can be reclaimed now
         j._maint_cond.notify()
     j.counters.compactions += 1
-    log.info("journal compacted", directory=j.directory, old_files=len(old),
-             new_files=len(out.files), records=len(where))
+    log.info(
+        "journal compacted",
+        directory=j.directory,
+        old_files=len(old),
+        new_files=len(out.files),
+        records=len(where),
+    )
     stage("done")
     return True
 
 
-def _install(j: FileJournal, old: list[JFile], new: list[JFile], where: dict[int, list[Any]],
-             tx_where: dict[int, list[tuple[tuple[int, int, int, int], JFile]]],
-             prep_where: dict[int, JFile]) -> None:
+def _install(
+    j: FileJournal,
+    old: list[JFile],
+    new: list[JFile],
+    where: dict[int, list[Any]],
+    tx_where: dict[int, list[tuple[tuple[int, int, int, int], JFile]]],
+    prep_where: dict[int, JFile],
+) -> None:
     """Point the live bookkeeping at the copies (lock taken here); all or nothing."""
     from .journal import _Rec  # the journal module imports this one
 
@@ -375,9 +424,10 @@ def _install(j: FileJournal, old: list[JFile], new: list[JFile], where: dict[int
                     if len(old_ops) != len(placed) or (prep_old and tx_id not in prep_where):
                         raise CompactionAborted(
                             f"transaction {tx_id}: {len(old_ops)} records in old files, "
-                            f"{len(placed)} copied")
+                            f"{len(placed)} copied"
+                        )
                     ops = list(rt.ops)
-                    for i, (_op, g) in zip(old_ops, placed):
+                    for i, (_op, g) in zip(old_ops, placed, strict=True):
                         ops[i] = (*ops[i][:4], g)  # type: ignore[assignment]
                     tx_plan.append((rt, ops, prep_where[tx_id] if prep_old else rt.prep))
                     moved += len(old_ops) + prep_old
@@ -411,7 +461,8 @@ def _install(j: FileJournal, old: list[JFile], new: list[JFile], where: dict[int
             n_old = len(st.upd) - len(keep)
             if n_old != len(cupds) and n_old:
                 raise CompactionAborted(
-                    f"record {rid}: {n_old} updates in old files, {len(cupds)} copied")
+                    f"record {rid}: {n_old} updates in old files, {len(cupds)} copied"
+                )
             upd = keep + cupds if n_old else keep
             moved += n_old
             repl = None
@@ -422,7 +473,8 @@ def _install(j: FileJournal, old: list[JFile], new: list[JFile], where: dict[int
                         c = crepl.get(t)
                         if c is None:
                             raise CompactionAborted(
-                                f"record {rid}: replaceable update of type {t} not copied")
+                                f"record {rid}: replaceable update of type {t} not copied"
+                            )
                         repl[t] = c
                         moved += 1
                     else:
@@ -430,7 +482,8 @@ def _install(j: FileJournal, old: list[JFile], new: list[JFile], where: dict[int
             rec_plan.append((rid, add, upd, repl))
         if moved != expected:
             raise CompactionAborted(
-                f"{expected} live references into the old files, {moved} found in the copies")
+                f"{expected} live references into the old files, {moved} found in the copies"
+            )
 
         # apply: from here on nothing can fail
         new_set = set(new)
@@ -463,6 +516,5 @@ def _install(j: FileJournal, old: list[JFile], new: list[JFile], where: dict[int
                 # Deletes written during compaction refer to old files; their copies are
                 # somewhere in the new ones (precisely where is not tracked).
                 f.neg = (f.neg - old_set) | new_set
-        j._files = sorted([*new, *(f for f in j._files if f not in old_set)],
-                          key=lambda f: f.epoch)
+        j._files = sorted([*new, *(f for f in j._files if f not in old_set)], key=lambda f: f.epoch)
         assert sum(f.pos for f in new) == expected

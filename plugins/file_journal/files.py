@@ -29,8 +29,7 @@ class JFile:
     resurrect what those records cancel.
     """
 
-    __slots__ = ("epoch", "fd", "neg", "number", "path", "pos", "size", "state", "used",
-                 "written")
+    __slots__ = ("epoch", "fd", "neg", "number", "path", "pos", "size", "state", "used", "written")
 
     def __init__(self, path: str, number: int, size: int, epoch: int = FREE_EPOCH) -> None:
         self.path = path
@@ -51,8 +50,10 @@ class JFile:
         return os.path.basename(self.path)
 
     def __repr__(self) -> str:
-        return (f"JFile({self.name}, epoch={self.epoch}, state={self.state.name}, "
-                f"pos={self.pos}, neg={sorted(f.epoch for f in self.neg)})")
+        return (
+            f"JFile({self.name}, epoch={self.epoch}, state={self.state.name}, "
+            f"pos={self.pos}, neg={sorted(f.epoch for f in self.neg)})"
+        )
 
 
 def fsync_dir(directory: str) -> None:

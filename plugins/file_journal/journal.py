@@ -22,6 +22,7 @@ own file's `neg`. A file is reclaimable when its `pos` is zero and every file in
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import struct
@@ -223,8 +224,11 @@ class FileJournal:
             epoch = decode_file_header(read_block(path, FILE_HEADER.size))
             if epoch is None:
                 target = move_to_attic(path)
-                log.warning("journal file has no valid header; moved to the attic",
-                            file=path, moved_to=target)
+                log.warning(
+                    "journal file has no valid header; moved to the attic",
+                    file=path,
+                    moved_to=target,
+                )
                 continue
             numbers.append(number)
             f = JFile(path, number, os.path.getsize(path), epoch)
@@ -254,11 +258,18 @@ class FileJournal:
             error = probe_direct_io(self.directory)
             if error is not None:
                 self._aio = False
-                log.warning("journal AIO unavailable: O_DIRECT refused; falling back to NIO",
-                            directory=self.directory, error=str(error))
+                log.warning(
+                    "journal AIO unavailable: O_DIRECT refused; falling back to NIO",
+                    directory=self.directory,
+                    error=str(error),
+                )
         self.effective_type = "AIO" if self._aio else "NIO"
-        self._writer = FileWriter(aio=self._aio, datasync=s.journal_datasync,
-                                  buffer_size=self._bufsize, counters=self.counters)
+        self._writer = FileWriter(
+            aio=self._aio,
+            datasync=s.journal_datasync,
+            buffer_size=self._bufsize,
+            counters=self.counters,
+        )
 
         missing = s.journal_min_files - len(data) - len(self._free)
         for _ in range(max(missing, 0)):
@@ -273,24 +284,40 @@ class FileJournal:
         for tx_id in abandoned:
             self.rollback(tx_id, sync=False)
         log.info(
-            "journal loaded", directory=self.directory, files=len(data),
-            records=len(replay.idx), prepared=len(prepared), rolled_back=len(abandoned),
-            seconds=round(time.monotonic() - started, 3), type=self.effective_type,
+            "journal loaded",
+            directory=self.directory,
+            files=len(data),
+            records=len(replay.idx),
+            prepared=len(prepared),
+            rolled_back=len(abandoned),
+            seconds=round(time.monotonic() - started, 3),
+            type=self.effective_type,
         )
-        return LoadResult(records=replay.records(),
-                          prepared=[tx.to_prepared() for tx in prepared],
-                          max_id=replay.max_id)
+        return LoadResult(
+            records=replay.records(),
+            prepared=[tx.to_prepared() for tx in prepared],
+            max_id=replay.max_id,
+        )
 
-    def append_add(self, record_id: int, record_type: int, data: bytes, *, sync: bool,
-                   on_done: Completion | None = None) -> None:
+    def append_add(
+        self,
+        record_id: int,
+        record_type: int,
+        data: bytes,
+        *,
+        sync: bool,
+        on_done: Completion | None = None,
+    ) -> None:
         """Add a record; `record_id` must not be live already."""
         size = HEADER_SIZE + len(data)
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
                 self._raise_closed()
             if record_id in self._records:
-                raise ValueError(f"journal {self.directory}: add of record id {record_id}: "
-                                 "a live record already has that id")
+                raise ValueError(
+                    f"journal {self.directory}: add of record id {record_id}: "
+                    "a live record already has that id"
+                )
             if self._pos + size > self._limit:
                 self._roll(size)
             f = self._cur
@@ -313,8 +340,16 @@ class FileJournal:
             if self._pending >= self._wake_at:
                 self._cond.notify()
 
-    def append_update(self, record_id: int, record_type: int, data: bytes, *, sync: bool,
-                      on_done: Completion | None = None, replaceable: bool = False) -> None:
+    def append_update(
+        self,
+        record_id: int,
+        record_type: int,
+        data: bytes,
+        *,
+        sync: bool,
+        on_done: Completion | None = None,
+        replaceable: bool = False,
+    ) -> None:
         """Attach data to a live record; a replaceable update supersedes earlier
         replaceable updates of the same type."""
         size = HEADER_SIZE + len(data)
@@ -347,8 +382,9 @@ class FileJournal:
             if self._pending >= self._wake_at:
                 self._cond.notify()
 
-    def append_delete(self, record_id: int, *, sync: bool,
-                      on_done: Completion | None = None) -> None:
+    def append_delete(
+        self, record_id: int, *, sync: bool, on_done: Completion | None = None
+    ) -> None:
         """Delete a live record and its updates."""
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
@@ -369,18 +405,27 @@ class FileJournal:
         """Add a record when transaction `tx_id` commits."""
         self._tx_op(_ADD_TX, tx_id, record_id, record_type, 0, data)
 
-    def append_update_tx(self, tx_id: int, record_id: int, record_type: int, data: bytes,
-                         *, replaceable: bool = False) -> None:
+    def append_update_tx(
+        self,
+        tx_id: int,
+        record_id: int,
+        record_type: int,
+        data: bytes,
+        *,
+        replaceable: bool = False,
+    ) -> None:
         """Update a record when transaction `tx_id` commits."""
-        self._tx_op(_UPDATE_TX, tx_id, record_id, record_type,
-                    FLAG_REPLACEABLE if replaceable else 0, data)
+        self._tx_op(
+            _UPDATE_TX, tx_id, record_id, record_type, FLAG_REPLACEABLE if replaceable else 0, data
+        )
 
     def append_delete_tx(self, tx_id: int, record_id: int) -> None:
         """Delete a record when transaction `tx_id` commits."""
         self._tx_op(_DELETE_TX, tx_id, record_id, 0, 0, b"")
 
-    def prepare(self, tx_id: int, data: bytes, *, sync: bool,
-                on_done: Completion | None = None) -> None:
+    def prepare(
+        self, tx_id: int, data: bytes, *, sync: bool, on_done: Completion | None = None
+    ) -> None:
         """Make transaction `tx_id` survive a restart undecided, with `data` (e.g. an XID)."""
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
@@ -389,8 +434,10 @@ class FileJournal:
             if tx is None:
                 tx = self._txs[tx_id] = _Tx()
             if tx.prep is not None:
-                raise ValueError(f"journal {self.directory}: prepare of transaction {tx_id}: "
-                                 "it is prepared already; commit or roll it back")
+                raise ValueError(
+                    f"journal {self.directory}: prepare of transaction {tx_id}: "
+                    "it is prepared already; commit or roll it back"
+                )
             body = encode_pairs(tx.pairs(), data)
             f = self._put(Kind.PREPARE, 0, 0, 0, tx_id, body)
             tx.prep = f
@@ -468,10 +515,8 @@ class FileJournal:
             if self._failed is None:
                 # A sealed last file tells the next load that this was a clean stop.
                 self._seal_current()
-        try:
+        with contextlib.suppress(JournalError):
             self.flush()
-        except JournalError:
-            pass
         with self._lock:
             self._writer_stop = True
             self._cond.notify_all()
@@ -531,8 +576,9 @@ class FileJournal:
         raise RuntimeError(f"journal {self.directory}: stopped; no more appends")
 
     def _unknown(self, what: str, record_id: int) -> ValueError:
-        return ValueError(f"journal {self.directory}: {what} of record id {record_id}: "
-                          "no live record has that id")
+        return ValueError(
+            f"journal {self.directory}: {what} of record id {record_id}: no live record has that id"
+        )
 
     def _bad_args(self, record_id: int, record_type: int) -> ValueError:
         return ValueError(
@@ -543,11 +589,14 @@ class FileJournal:
     def _check_not_own_thread(self, what: str) -> None:
         me = threading.current_thread()
         if me is self._writer_thread or me is self._syncer_thread:
-            raise RuntimeError(f"journal {self.directory}: {what}() called from a completion "
-                               "running on the journal's writer thread; it would deadlock")
+            raise RuntimeError(
+                f"journal {self.directory}: {what}() called from a completion "
+                "running on the journal's writer thread; it would deadlock"
+            )
 
-    def _put(self, kind: int, rtype: int, flags: int, record_id: int, tx_id: int,
-             body: bytes) -> JFile:
+    def _put(
+        self, kind: int, rtype: int, flags: int, record_id: int, tx_id: int, body: bytes
+    ) -> JFile:
         """Append one record to the buffer (lock held); returns the file it goes into."""
         size = HEADER_SIZE + len(body)
         if self._pos + size > self._limit:
@@ -576,8 +625,9 @@ class FileJournal:
         if self._pending >= self._wake_at:
             self._cond.notify()
 
-    def _tx_op(self, kind: int, tx_id: int, record_id: int, record_type: int, flags: int,
-               data: bytes) -> None:
+    def _tx_op(
+        self, kind: int, tx_id: int, record_id: int, record_type: int, flags: int, data: bytes
+    ) -> None:
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
                 self._raise_closed()
@@ -593,8 +643,9 @@ class FileJournal:
             if self._pending >= self._wake_at:
                 self._cond.notify()
 
-    def _attach(self, record_id: int, st: JFile | _Rec, record_type: int, replaceable: bool,
-                f: JFile) -> None:
+    def _attach(
+        self, record_id: int, st: JFile | _Rec, record_type: int, replaceable: bool, f: JFile
+    ) -> None:
         """Record that `f` holds an update of `record_id` (the caller counts f.pos)."""
         if st.__class__ is JFile:
             st = self._records[record_id] = _Rec(st)  # type: ignore[arg-type]
@@ -685,8 +736,9 @@ class FileJournal:
             create_file(path, self._file_size)
             self.counters.files_created += 1
             self.counters.files_created_inline += 1
-            structlog.get_logger().info("journal spare file not ready; created one inline",
-                                        file=path)
+            structlog.get_logger().info(
+                "journal spare file not ready; created one inline", file=path
+            )
             f = JFile(path, number, self._file_size)
         self._files_cond.notify()
         return f
@@ -757,8 +809,9 @@ class FileJournal:
         spawn(self._maint_loop, "journal-maintenance")
 
     def _fail(self, exc: BaseException) -> None:
-        structlog.get_logger().error("journal failed; no more appends",
-                                     directory=self.directory, error=repr(exc))
+        structlog.get_logger().error(
+            "journal failed; no more appends", directory=self.directory, error=repr(exc)
+        )
         with self._lock:
             if self._failed is None:
                 self._failed = exc
@@ -777,8 +830,12 @@ class FileJournal:
                 self._cond.wait()
             if self._timeout > 0 and not self._force:
                 deadline = self._last_flush + self._timeout
-                while (self._pending < self._bufsize and not self._force
-                       and not self._stopping and self._failed is None):
+                while (
+                    self._pending < self._bufsize
+                    and not self._force
+                    and not self._stopping
+                    and self._failed is None
+                ):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -832,8 +889,9 @@ class FileJournal:
             # No record fits any more: the next append must roll.
             self._pos = self._file_size
             return
-        self._chunks.append(encode_record(Kind.PAD, 0, 0, cur.epoch, 0, 0,
-                                          bytes(gap - HEADER_SIZE)))
+        self._chunks.append(
+            encode_record(Kind.PAD, 0, 0, cur.epoch, 0, 0, bytes(gap - HEADER_SIZE))
+        )
         self._pos += gap
 
     def _writer_loop(self) -> None:
@@ -897,8 +955,9 @@ class FileJournal:
             try:
                 self._dispatch(completions)
             except Exception:
-                structlog.get_logger().exception("journal dispatcher raised",
-                                                 directory=self.directory)
+                structlog.get_logger().exception(
+                    "journal dispatcher raised", directory=self.directory
+                )
         with self._lock:
             self._done_no = batches[-1].number
             if self._flush_waiters:
@@ -946,8 +1005,7 @@ class FileJournal:
         for f in self._files[:-1]:
             if f.state is not FileState.DATA or f.pos:
                 continue
-            if all(t in dead or t.state in (FileState.FREE, FileState.RETIRED)
-                   for t in f.neg):
+            if all(t in dead or t.state in (FileState.FREE, FileState.RETIRED) for t in f.neg):
                 dead.add(f)
                 out.append(f)
         return out
@@ -970,8 +1028,9 @@ class FileJournal:
         self.flush()
         for f in victims:
             self._recycle(f)
-        structlog.get_logger().debug("journal reclaimed files", directory=self.directory,
-                                     files=[f.name for f in victims])
+        structlog.get_logger().debug(
+            "journal reclaimed files", directory=self.directory, files=[f.name for f in victims]
+        )
         return len(victims)
 
     def _recycle(self, f: JFile) -> None:
@@ -1039,7 +1098,9 @@ class FileJournal:
             if stop is replay.stops[-1]:
                 structlog.get_logger().info(
                     "journal was not stopped cleanly; recovered up to the end of valid data",
-                    file=f.path, offset=stop.offset, reason=stop.reason,
+                    file=f.path,
+                    offset=stop.offset,
+                    reason=stop.reason,
                 )
 
     def _adopt(self, replay: Replay) -> tuple[list, list[int]]:

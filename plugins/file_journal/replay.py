@@ -109,13 +109,13 @@ def classify_stop(buf: bytes | bytearray | memoryview, off: int, epoch: int) -> 
         return "end"
     if off + HEADER_SIZE > end:
         return "end" if not any(bytes(buf[off:end])) else "truncated"
-    if bytes(buf[off:off + HEADER_SIZE]) == _ZERO_HEADER:
+    if bytes(buf[off : off + HEADER_SIZE]) == _ZERO_HEADER:
         return "end"
     crc, kind, _rt, _fl, ep, length, _id, _tx = RECORD_HEADER.unpack_from(buf, off)
     sane = 0 < kind <= MAX_KIND and length >= HEADER_SIZE
     if sane and off + length > end:
         return "truncated"
-    if sane and ep != epoch and zlib.crc32(memoryview(buf)[off + 4:off + length]) == crc:
+    if sane and ep != epoch and zlib.crc32(memoryview(buf)[off + 4 : off + length]) == crc:
         return "stale"
     return "corrupt"
 
@@ -168,12 +168,17 @@ class Replay:
             buf = buffers[f] if buffers and f in buffers else read_whole(f.path)
             self.scan(f, buf, last=n == len(self.files) - 1)
             now = time.monotonic()
-            if self.progress and (self.records_read - last_count >= PROGRESS_RECORDS
-                                  or now - last_log >= PROGRESS_SECONDS):
+            if self.progress and (
+                self.records_read - last_count >= PROGRESS_RECORDS
+                or now - last_log >= PROGRESS_SECONDS
+            ):
                 last_log, last_count = now, self.records_read
                 self._log.info(
-                    "journal load progress", directory=self.directory, files_done=n + 1,
-                    files=len(self.files), records=self.records_read,
+                    "journal load progress",
+                    directory=self.directory,
+                    files_done=n + 1,
+                    files=len(self.files),
+                    records=self.records_read,
                     seconds=round(now - started, 2),
                 )
 
@@ -196,10 +201,15 @@ class Replay:
         reason = ""
         while off + HEADER_SIZE <= end:
             crc, kind, rtype, flags, ep, length, rid, tx = unpack(buf, off)
-            if (ep != epoch or kind == 0 or kind > MAX_KIND or length < HEADER_SIZE
-                    or off + length > end):
+            if (
+                ep != epoch
+                or kind == 0
+                or kind > MAX_KIND
+                or length < HEADER_SIZE
+                or off + length > end
+            ):
                 break
-            if crc32(mv[off + 4:off + length]) != crc:
+            if crc32(mv[off + 4 : off + length]) != crc:
                 break
             count += 1
             if kind == _ADD:
@@ -208,25 +218,28 @@ class Replay:
                     max_id = rid
                 if rid not in idx:
                     idx[rid] = len(infos)
-                    infos_append(RecordInfo(rid, rtype, bytes(mv[off + HEADER_SIZE:off + length])))
+                    infos_append(
+                        RecordInfo(rid, rtype, bytes(mv[off + HEADER_SIZE : off + length]))
+                    )
                     where_append(f)
             elif kind == _UPDATE:
                 written += 1
                 if rid > max_id:
                     max_id = rid
-                self._update(rid, rtype, flags, bytes(mv[off + HEADER_SIZE:off + length]), f)
+                self._update(rid, rtype, flags, bytes(mv[off + HEADER_SIZE : off + length]), f)
             elif kind == _DELETE:
                 self._delete(rid, f, fneg)
             elif kind == _EOF:
                 reason = "eof"
                 break
             elif kind != _PAD:
-                if kind == _ADD_TX or kind == _UPDATE_TX:
+                if kind in (_ADD_TX, _UPDATE_TX):
                     written += 1
                     if rid > max_id:
                         max_id = rid
-                self._tx_record(kind, rid, rtype, flags, tx, mv[off + HEADER_SIZE:off + length],
-                                f, fneg)
+                self._tx_record(
+                    kind, rid, rtype, flags, tx, mv[off + HEADER_SIZE : off + length], f, fneg
+                )
             off += length
         self.max_id = max_id
         self.records_read += count
@@ -236,14 +249,20 @@ class Replay:
             reason = classify_stop(buf, off, epoch)
             if reason == "corrupt" or (reason == "truncated" and not last):
                 self._log.warning(
-                    "journal file damaged: ignoring the rest of the file", file=f.path,
-                    offset=off, reason=reason, records_read=count,
+                    "journal file damaged: ignoring the rest of the file",
+                    file=f.path,
+                    offset=off,
+                    reason=reason,
+                    records_read=count,
                 )
             elif not last and reason != "eof":
                 # A sealed file always ends with EOF; one that does not was cut short.
                 self._log.warning(
-                    "journal file ends without its end marker", file=f.path, offset=off,
-                    reason=reason, records_read=count,
+                    "journal file ends without its end marker",
+                    file=f.path,
+                    offset=off,
+                    reason=reason,
+                    records_read=count,
                 )
         stop = FileStop(f, off, reason, count)
         self.stops.append(stop)
@@ -286,7 +305,7 @@ class Replay:
             return
         infos = self.infos
         where = self.where
-        for i in ((st,) if st.__class__ is int else st.indexes()):  # type: ignore[union-attr]
+        for i in (st,) if st.__class__ is int else st.indexes():  # type: ignore[union-attr]
             infos[i] = None  # type: ignore[index]
             t = where[i]  # type: ignore[index]
             if t is not f:
@@ -297,8 +316,17 @@ class Replay:
         # A file that is gone was reclaimed: its records were all dead, nothing to check.
         return all(e not in self.present or tx.found.get(e, 0) == n for e, n in pairs)
 
-    def _tx_record(self, kind: int, rid: int, rtype: int, flags: int, tx_id: int,
-                   body: memoryview, f: JFile, fneg: set[JFile]) -> None:
+    def _tx_record(
+        self,
+        kind: int,
+        rid: int,
+        rtype: int,
+        flags: int,
+        tx_id: int,
+        body: memoryview,
+        f: JFile,
+        fneg: set[JFile],
+    ) -> None:
         txs = self.txs
         if kind in (_ADD_TX, _UPDATE_TX, _DELETE_TX):
             tx = txs.get(tx_id)
@@ -316,8 +344,11 @@ class Replay:
             except ValueError:
                 pairs, data, tx.invalid = [], b"", True
             if not self._complete(tx, pairs):
-                self._log.warning("journal prepared transaction incomplete; it will be rolled "
-                                  "back", tx_id=tx_id, file=f.path)
+                self._log.warning(
+                    "journal prepared transaction incomplete; it will be rolled back",
+                    tx_id=tx_id,
+                    file=f.path,
+                )
                 tx.invalid = True
             tx.prepare_data = data
             tx.prepare_file = f
@@ -339,8 +370,11 @@ class Replay:
         if tx.invalid or not self._complete(tx, pairs):
             self._log.warning(
                 "journal commit found but some records of its transaction are missing; "
-                "dropping the transaction", tx_id=tx_id, file=f.path,
-                expected=pairs, found=sorted(tx.found.items()),
+                "dropping the transaction",
+                tx_id=tx_id,
+                file=f.path,
+                expected=pairs,
+                found=sorted(tx.found.items()),
             )
             self.dropped_commits.append(tx_id)
             return
@@ -357,8 +391,11 @@ class Replay:
     def live_entries(self) -> list[tuple[RecordInfo, JFile, bool]]:
         """(record, file, replaceable) for every live entry, in journal order."""
         repl = self.repl_idx
-        return [(info, self.where[i], i in repl)
-                for i, info in enumerate(self.infos) if info is not None]
+        return [
+            (info, self.where[i], i in repl)
+            for i, info in enumerate(self.infos)
+            if info is not None
+        ]
 
     def records(self) -> list[RecordInfo]:
         """Live records in journal order."""

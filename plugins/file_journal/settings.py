@@ -72,14 +72,13 @@ class JournalSettings:
 
     def _check(self) -> None:
         def fail(name: str, value: Any, accepted: str) -> None:
-            raise ValueError(
-                f"{self._source}: {name.replace('_', '-')} = {value!r}; {accepted}"
-            )
+            raise ValueError(f"{self._source}: {name.replace('_', '-')} = {value!r}; {accepted}")
 
         size = self.journal_file_size
         if not isinstance(size, int) or size < 2 * DATA_START or size % ALIGNMENT:
             fail(
-                "journal_file_size", size,
+                "journal_file_size",
+                size,
                 f"expected a multiple of {ALIGNMENT} of at least {2 * DATA_START}",
             )
         if size >= 1 << 32:
@@ -101,7 +100,9 @@ class JournalSettings:
         if not isinstance(pct, int) or isinstance(pct, bool) or not 0 <= pct <= 100:
             fail("journal_compact_percentage", pct, "expected an integer from 0 to 100")
         for name in (
-            "journal_sync_transactional", "journal_sync_non_transactional", "journal_datasync"
+            "journal_sync_transactional",
+            "journal_sync_non_transactional",
+            "journal_datasync",
         ):
             if not isinstance(getattr(self, name), bool):
                 fail(name, getattr(self, name), "expected true or false")
@@ -113,11 +114,16 @@ class JournalSettings:
     @classmethod
     def keys(cls) -> list[str]:
         """Every setting name `from_mapping` accepts."""
-        return [f.name.replace("_", "-") for f in dataclasses.fields(cls) if f.init
-                and not f.name.startswith("_")]
+        return [
+            f.name.replace("_", "-")
+            for f in dataclasses.fields(cls)
+            if f.init and not f.name.startswith("_")
+        ]
 
     @classmethod
-    def from_mapping(cls, d: Mapping[str, Any], *, source: str = "journal settings") -> JournalSettings:
+    def from_mapping(
+        cls, d: Mapping[str, Any], *, source: str = "journal settings"
+    ) -> JournalSettings:
         """Settings from kebab-case keys; an unknown key raises ValueError with a suggestion."""
         known = cls.keys()
         kwargs: dict[str, Any] = {}

@@ -44,8 +44,9 @@ class RecordView:
     reason: str = ""
 
 
-def iter_records(directory: str, prefix: str = "scow-data",
-                 ext: str = "scow") -> Iterator[RecordView]:
+def iter_records(
+    directory: str, prefix: str = "scow-data", ext: str = "scow"
+) -> Iterator[RecordView]:
     """Every record in every journal file, in file-number then offset order.
 
     A file is walked while record headers look sane (known kind, plausible length), so
@@ -69,7 +70,7 @@ def iter_records(directory: str, prefix: str = "scow-data",
             reason = ""
             if off + length > end:
                 reason = "truncated"
-            elif zlib.crc32(mv[off + 4:off + length]) != crc:
+            elif zlib.crc32(mv[off + 4 : off + length]) != crc:
                 reason = "crc mismatch"
             elif epoch != file_epoch:
                 reason = "stale epoch"
@@ -77,8 +78,19 @@ def iter_records(directory: str, prefix: str = "scow-data",
             if not valid:
                 still_valid = False
                 reason = reason or "after an invalid record"
-            yield RecordView(name, off, file_epoch, epoch, Kind(kind).name, rid, rtype, tx,
-                             length - HEADER_SIZE, valid, reason)
+            yield RecordView(
+                name,
+                off,
+                file_epoch,
+                epoch,
+                Kind(kind).name,
+                rid,
+                rtype,
+                tx,
+                length - HEADER_SIZE,
+                valid,
+                reason,
+            )
             if reason in ("truncated", "crc mismatch"):
                 break
             off += length
@@ -104,8 +116,9 @@ def compact_offline(directory: str, settings: JournalSettings | None = None) -> 
     return {"files_before": before, "files_after": after, "records": len(result.records)}
 
 
-def measure_sync_rate(directory: str, seconds: float = 2.0, *,
-                      block_size: int = ALIGNMENT, datasync: bool = True) -> tuple[float, int]:
+def measure_sync_rate(
+    directory: str, seconds: float = 2.0, *, block_size: int = ALIGNMENT, datasync: bool = True
+) -> tuple[float, int]:
     """Write and sync aligned blocks for `seconds`; return (syncs per second, the
     `journal-buffer-timeout` in ns that matches: one sync per timeout)."""
     os.makedirs(directory, exist_ok=True)

@@ -9,6 +9,7 @@ sync covers many records (group commit).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -71,8 +72,9 @@ def round_up(n: int, align: int = ALIGNMENT) -> int:
 class FileWriter:
     """Owns the write file descriptors; used by the writer (and syncer) threads only."""
 
-    def __init__(self, *, aio: bool, datasync: bool, buffer_size: int,
-                 counters: JournalCounters) -> None:
+    def __init__(
+        self, *, aio: bool, datasync: bool, buffer_size: int, counters: JournalCounters
+    ) -> None:
         self.aio = aio
         self.datasync = datasync
         self.counters = counters
@@ -96,7 +98,8 @@ class FileWriter:
         self.aio = False
         structlog.get_logger().warning(
             "journal AIO unavailable: O_DIRECT refused; falling back to NIO",
-            file=path, error=str(error),
+            file=path,
+            error=str(error),
         )
 
     def _open(self, f: JFile) -> int:
@@ -148,7 +151,7 @@ class FileWriter:
         for chunk in seg.chunks:
             n = len(chunk)
             if n <= cap - fill:
-                stage[fill:fill + n] = chunk
+                stage[fill : fill + n] = chunk
                 fill += n
                 if fill == cap:
                     self._pwrite_all(fd, view, offset)
@@ -159,7 +162,7 @@ class FileWriter:
             p = 0
             while p < n:
                 k = min(cap - fill, n - p)
-                stage[fill:fill + k] = src[p:p + k]
+                stage[fill : fill + k] = src[p : p + k]
                 fill += k
                 p += k
                 if fill == cap:
@@ -223,7 +226,5 @@ def probe_direct_io(directory: str) -> OSError | None:
         return exc
     finally:
         buf.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass

@@ -216,12 +216,6 @@ class StandardQueue:
     def browse(self) -> Iterator[MessageRef]:
         return iter(list(self._messages))
 
-    def purge(self) -> int:
-        refs = self.take()
-        for ref in refs:
-            self.broker.discard(ref)
-        return len(refs)
-
     def stats(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -100,11 +100,15 @@ class AmqpConnection(asyncio.Protocol):
             self._dirty = True
             self.server.schedule_flush(self)
 
-    def accepter(self, delivery: Any) -> Any:
-        """A completion that accepts `delivery` once its message is durable."""
+    def accepter(self, delivery: Any, link: ProducerLink | CoordinatorLink) -> Any:
+        """A completion that accepts `delivery` once its message is durable.
+
+        proton frees a delivery with its link, so a completion that arrives after the link
+        or connection went away does nothing.
+        """
 
         def accept() -> None:
-            if not self.closed:
+            if not (self.closed or link.closed):
                 engine.delivery_update(delivery, engine.ACCEPTED)
                 engine.delivery_settle(delivery)
                 self.mark_dirty()
@@ -196,6 +200,7 @@ class AmqpConnection(asyncio.Protocol):
             for link in [lk for lk in self.links if engine.link_session(lk) == session]:
                 self._drop_link(link, remote_closed=False)
             engine.close_session(session)
+            engine.free_session(session)
         elif kind == engine.LINK_REMOTE_OPEN:
             self._on_link_open(engine.event_link(event))
         elif kind in (engine.LINK_REMOTE_CLOSE, engine.LINK_REMOTE_DETACH):
@@ -206,6 +211,7 @@ class AmqpConnection(asyncio.Protocol):
                 engine.close_link(link)
             else:
                 engine.detach_link(link)
+            engine.free_link(link)  # proton keeps it until the detach is written
         elif kind == engine.TRANSPORT_ERROR:
             name, description = self.engine.transport_condition()
             log.info(

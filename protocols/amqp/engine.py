@@ -202,9 +202,6 @@ class Engine:
         """Run idle-timeout bookkeeping; returns the next deadline in ms (0: none)."""
         return int(lib.pn_transport_tick(self.transport, now_ms))
 
-    def remote_max_frame(self) -> int:
-        return int(lib.pn_transport_get_remote_max_frame(self.transport))
-
     def transport_condition(self) -> tuple[str | None, str | None]:
         return condition_of(lib.pn_transport_condition(self.transport))
 
@@ -244,10 +241,6 @@ def open_session(session: CData) -> None:
 
 def close_session(session: CData) -> None:
     lib.pn_session_close(session)
-
-
-def session_state(session: CData) -> int:
-    return int(lib.pn_session_state(session))
 
 
 def connection_state(connection: CData) -> int:

@@ -91,7 +91,11 @@ class ProducerLink:
                 engine.delivery_settle(delivery)
             else:
                 status = self.conn.broker.send(
-                    data, address, AMQP_FORMAT, self.routing_type, self.conn.accepter(delivery)
+                    data,
+                    address,
+                    AMQP_FORMAT,
+                    self.routing_type,
+                    self.conn.accepter(delivery, self),
                 )
                 if status is not RouteStatus.PENDING:
                     engine.delivery_update(delivery, engine.ACCEPTED)

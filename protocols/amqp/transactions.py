@@ -73,6 +73,7 @@ class CoordinatorLink:
     def __init__(self, conn: AmqpConnection, link: Any) -> None:
         self.conn = conn
         self.link = link
+        self.closed = False
         engine.open_link(link, address=None)
         engine.link_flow(link, 100)
 
@@ -116,7 +117,7 @@ class CoordinatorLink:
             self._accept(delivery)
             return
         try:
-            status = broker.commit(tx, self.conn.accepter(delivery))
+            status = broker.commit(tx, self.conn.accepter(delivery, self))
         except BrokerError as exc:
             broker.rollback(tx)
             raise TransactionRollback(f"transaction rolled back: {exc.description}") from exc
@@ -129,4 +130,4 @@ class CoordinatorLink:
         engine.delivery_settle(delivery)
 
     def close(self, remote_closed: bool) -> None:
-        pass
+        self.closed = True

@@ -130,14 +130,16 @@ class JournalConformance:
 
     # ------------------------------------------------------------------ basics
 
-    def test_journal_satisfies_the_protocol(self, make_journal: MakeJournal,
-                                            tmp_path: Path) -> None:
+    def test_journal_satisfies_the_protocol(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (journal, result):
             assert isinstance(journal, Journal)
             assert result.records == [] and result.prepared == [] and result.max_id == 0
 
-    def test_added_records_survive_reload_in_order(self, make_journal: MakeJournal,
-                                                   tmp_path: Path) -> None:
+    def test_added_records_survive_reload_in_order(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             for i in range(1, 51):
                 j.append_add(i, i % 7, f"record {i}".encode(), sync=i % 2 == 0)
@@ -146,8 +148,9 @@ class JournalConformance:
         expected = [RecordInfo(i, i % 7, f"record {i}".encode()) for i in range(1, 51)]
         assert result.records == [*expected, RecordInfo(100, 255, b"")]
 
-    def test_updates_follow_in_journal_order(self, make_journal: MakeJournal,
-                                             tmp_path: Path) -> None:
+    def test_updates_follow_in_journal_order(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"a", sync=True)
             j.append_add(2, 1, b"b", sync=True)
@@ -155,13 +158,16 @@ class JournalConformance:
             j.append_update(2, 2, b"b-ref-q1", sync=True)
             j.append_update(1, 2, b"a-ref-q2", sync=True)
         assert self.reload(make_journal, tmp_path).records == [
-            RecordInfo(1, 1, b"a"), RecordInfo(2, 1, b"b"),
-            RecordInfo(1, 2, b"a-ref-q1", True), RecordInfo(2, 2, b"b-ref-q1", True),
+            RecordInfo(1, 1, b"a"),
+            RecordInfo(2, 1, b"b"),
+            RecordInfo(1, 2, b"a-ref-q1", True),
+            RecordInfo(2, 2, b"b-ref-q1", True),
             RecordInfo(1, 2, b"a-ref-q2", True),
         ]
 
-    def test_delete_removes_the_record_and_its_updates(self, make_journal: MakeJournal,
-                                                       tmp_path: Path) -> None:
+    def test_delete_removes_the_record_and_its_updates(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"a", sync=True)
             j.append_add(2, 1, b"b", sync=True)
@@ -170,8 +176,9 @@ class JournalConformance:
             j.append_delete(1, sync=True)
         assert self.reload(make_journal, tmp_path).records == [RecordInfo(2, 1, b"b")]
 
-    def test_replaceable_updates_collapse_to_the_latest(self, make_journal: MakeJournal,
-                                                        tmp_path: Path) -> None:
+    def test_replaceable_updates_collapse_to_the_latest(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"msg", sync=True)
             for n in range(5):
@@ -181,20 +188,22 @@ class JournalConformance:
             j.append_update(1, 32, b"ref-2", sync=True)
         assert self.reload(make_journal, tmp_path).records == [
             RecordInfo(1, 1, b"msg"),
-            RecordInfo(1, 34, b"count=4", True), RecordInfo(1, 36, b"when=4", True),
-            RecordInfo(1, 32, b"ref-1", True), RecordInfo(1, 32, b"ref-2", True),
+            RecordInfo(1, 34, b"count=4", True),
+            RecordInfo(1, 36, b"when=4", True),
+            RecordInfo(1, 32, b"ref-1", True),
+            RecordInfo(1, 32, b"ref-2", True),
         ]
 
-    def test_max_id_is_the_highest_id_seen(self, make_journal: MakeJournal,
-                                           tmp_path: Path) -> None:
+    def test_max_id_is_the_highest_id_seen(self, make_journal: MakeJournal, tmp_path: Path) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(7, 1, b"", sync=True)
             j.append_add(2**40, 1, b"", sync=True)
             j.append_add(3, 1, b"", sync=True)
         assert self.reload(make_journal, tmp_path).max_id == 2**40
 
-    def test_appends_continue_across_reloads(self, make_journal: MakeJournal,
-                                             tmp_path: Path) -> None:
+    def test_appends_continue_across_reloads(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         model = Model()
         for round_ in range(3):
             with self.opened(make_journal, tmp_path) as (j, result):
@@ -218,8 +227,9 @@ class JournalConformance:
 
     # ------------------------------------------------------------------ transactions
 
-    def test_transaction_applies_at_its_commit(self, make_journal: MakeJournal,
-                                               tmp_path: Path) -> None:
+    def test_transaction_applies_at_its_commit(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"old", sync=True)
             j.append_add_tx(10, 2, 1, b"new")
@@ -228,21 +238,25 @@ class JournalConformance:
             j.append_delete_tx(10, 1)
             j.commit(10, sync=True)
         assert self.reload(make_journal, tmp_path).records == [
-            RecordInfo(3, 1, b"between"), RecordInfo(2, 1, b"new"),
+            RecordInfo(3, 1, b"between"),
+            RecordInfo(2, 1, b"new"),
         ]
 
-    def test_transactional_update_is_attached_at_commit(self, make_journal: MakeJournal,
-                                                        tmp_path: Path) -> None:
+    def test_transactional_update_is_attached_at_commit(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"m", sync=True)
             j.append_update_tx(5, 1, 33, b"q")
             j.commit(5, sync=True)
         assert self.reload(make_journal, tmp_path).records == [
-            RecordInfo(1, 1, b"m"), RecordInfo(1, 33, b"q", True),
+            RecordInfo(1, 1, b"m"),
+            RecordInfo(1, 33, b"q", True),
         ]
 
-    def test_rolled_back_transaction_leaves_no_trace(self, make_journal: MakeJournal,
-                                                     tmp_path: Path) -> None:
+    def test_rolled_back_transaction_leaves_no_trace(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"keep", sync=True)
             j.append_add_tx(10, 2, 1, b"gone")
@@ -251,7 +265,8 @@ class JournalConformance:
         assert self.reload(make_journal, tmp_path).records == [RecordInfo(1, 1, b"keep")]
 
     def test_transaction_without_commit_is_discarded_on_reload(
-            self, make_journal: MakeJournal, tmp_path: Path) -> None:
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"keep", sync=True)
             j.append_add_tx(10, 2, 1, b"never committed")
@@ -264,11 +279,13 @@ class JournalConformance:
             j.append_add_tx(10, 3, 1, b"second life")
             j.commit(10, sync=True)
         assert self.reload(make_journal, tmp_path).records == [
-            RecordInfo(1, 1, b"keep"), RecordInfo(3, 1, b"second life"),
+            RecordInfo(1, 1, b"keep"),
+            RecordInfo(3, 1, b"second life"),
         ]
 
     def test_prepared_transaction_survives_reload_and_commits_later(
-            self, make_journal: MakeJournal, tmp_path: Path) -> None:
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"acked later", sync=True)
             j.append_add_tx(10, 2, 4, b"sent in tx")
@@ -288,7 +305,8 @@ class JournalConformance:
         assert result.prepared == []
 
     def test_prepared_transaction_rolled_back_after_reload(
-            self, make_journal: MakeJournal, tmp_path: Path) -> None:
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add_tx(10, 2, 4, b"x")
             j.prepare(10, b"xid", sync=True)
@@ -299,17 +317,20 @@ class JournalConformance:
         assert result.records == [] and result.prepared == []
 
     def test_prepared_empty_transaction_survives_reload(
-            self, make_journal: MakeJournal, tmp_path: Path) -> None:
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         with self.opened(make_journal, tmp_path) as (j, _):
             j.prepare(77, b"empty", sync=True)
         result = self.reload(make_journal, tmp_path)
         assert [(t.tx_id, t.data, t.records, t.deletes) for t in result.prepared] == [
-            (77, b"empty", [], [])]
+            (77, b"empty", [], [])
+        ]
 
     # ------------------------------------------------------------------ completions
 
     def test_every_completion_runs_once_in_append_order(
-            self, make_journal: MakeJournal, tmp_path: Path) -> None:
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         done = Completions()
         with self.opened(make_journal, tmp_path) as (j, _):
             j.append_add(1, 1, b"a", sync=True, on_done=done("add"))
@@ -324,11 +345,20 @@ class JournalConformance:
             j.rollback(6, sync=False, on_done=done("rollback"))
             done.wait_for(8)
             j.flush()
-        assert done.order == ["add", "add-nosync", "update", "update-r", "delete", "prepare",
-                              "commit", "rollback"]
+        assert done.order == [
+            "add",
+            "add-nosync",
+            "update",
+            "update-r",
+            "delete",
+            "prepare",
+            "commit",
+            "rollback",
+        ]
 
-    def test_flush_returns_after_all_completions_ran(self, make_journal: MakeJournal,
-                                                     tmp_path: Path) -> None:
+    def test_flush_returns_after_all_completions_ran(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         done = Completions()
         with self.opened(make_journal, tmp_path) as (j, _):
             for i in range(1, 201):
@@ -336,8 +366,9 @@ class JournalConformance:
             j.flush()
             assert sorted(done.order) == list(range(1, 201))
 
-    def test_dispatcher_receives_completions_in_batches(self, make_journal: MakeJournal,
-                                                        tmp_path: Path) -> None:
+    def test_dispatcher_receives_completions_in_batches(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         batches: list[int] = []
         done = Completions()
 
@@ -360,8 +391,9 @@ class JournalConformance:
 
     # ------------------------------------------------------------------ a longer story
 
-    def test_random_operations_match_the_model(self, make_journal: MakeJournal,
-                                               tmp_path: Path) -> None:
+    def test_random_operations_match_the_model(
+        self, make_journal: MakeJournal, tmp_path: Path
+    ) -> None:
         rng = random.Random(20240611)
         model = Model()
         next_id = 1

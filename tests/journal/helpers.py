@@ -19,8 +19,11 @@ WAIT = 10.0
 
 def settings(path: Path | str, journal_type: str = "NIO", **changes: Any) -> JournalSettings:
     """Small files so a few hundred records span several of them."""
-    values: dict[str, Any] = {"directory": str(path), "journal_file_size": SMALL_FILE,
-                              "journal_type": journal_type}
+    values: dict[str, Any] = {
+        "directory": str(path),
+        "journal_file_size": SMALL_FILE,
+        "journal_type": journal_type,
+    }
     values.update(changes)
     return JournalSettings(**values)
 
@@ -31,7 +34,7 @@ def open_journal(path: Path | str, journal_type: str = "NIO", **changes: Any) ->
     return journal
 
 
-def load(path: Path | str, journal_type: str = "NIO", **changes: Any):  # noqa: ANN201
+def load(path: Path | str, journal_type: str = "NIO", **changes: Any):
     """Load a journal directory and stop again; the LoadResult."""
     journal = FileJournal(settings(path, journal_type, **changes))
     try:
@@ -49,8 +52,9 @@ def snapshot(src: Path, dst: Path) -> Path:
     return dst
 
 
-def records_on_disk(path: Path | str, prefix: str = "scow-data",
-                    ext: str = "scow") -> list[RecordView]:
+def records_on_disk(
+    path: Path | str, prefix: str = "scow-data", ext: str = "scow"
+) -> list[RecordView]:
     return list(iter_records(str(path), prefix, ext))
 
 
@@ -74,5 +78,11 @@ def run_child(code: str, *args: str, timeout: float = 60.0) -> subprocess.Comple
     one's import path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -91,5 +91,6 @@ def during() -> list[Op]:
         ["commit", 8],  # open transaction with copied records commits
         ["rollback", 10],  # prepared transaction with copied records rolls back
         ["add", 9001, 1, "added during compaction"],
-        ["add_tx", 11, 9002, 1, "tx during"], ["commit", 11],
+        ["add_tx", 11, 9002, 1, "tx during"],
+        ["commit", 11],
     ]

@@ -14,8 +14,8 @@ import pytest
 from scow.plugins.file_journal import COMPACTION_STAGES, ControlFileError, FileJournal
 
 from .conformance import Model
-from .scripted import Op, apply, during, history
 from .helpers import load, open_journal, run_child, settings, valid_records, wait_until
+from .scripted import Op, apply, during, history
 
 
 @pytest.fixture(params=["NIO", "AIO"])
@@ -161,8 +161,15 @@ def test_compaction_while_another_thread_keeps_appending(tmp_path: Path, journal
                     apply(j, model, [["delete", rng.choice(live)]])
                 else:
                     victim = rng.choice(live)
-                    apply(j, model, [["add_tx", next_tx, next_id, 2, "t"],
-                                     ["delete_tx", next_tx, victim], ["commit", next_tx]])
+                    apply(
+                        j,
+                        model,
+                        [
+                            ["add_tx", next_tx, next_id, 2, "t"],
+                            ["delete_tx", next_tx, victim],
+                            ["commit", next_tx],
+                        ],
+                    )
                     next_id += 1
                     next_tx += 1
         except BaseException as exc:  # pragma: no cover - reported below
@@ -224,8 +231,7 @@ os._exit(3)
 
 
 @pytest.mark.parametrize("stage", COMPACTION_STAGES)
-def test_crash_at_each_compaction_stage_recovers_the_same_data(
-        tmp_path: Path, stage: str) -> None:
+def test_crash_at_each_compaction_stage_recovers_the_same_data(tmp_path: Path, stage: str) -> None:
     _crash_and_check(tmp_path, stage, "NIO")
 
 
@@ -237,8 +243,9 @@ def test_crash_during_compaction_with_aio(tmp_path: Path, stage: str) -> None:
 def _crash_and_check(tmp_path: Path, stage: str, journal_type: str) -> None:
     directory = tmp_path / "journal"
     ops, extra = history(), during()
-    proc = run_child(CHILD, str(directory), stage, journal_type,
-                     json.dumps([str(Path(__file__).parent)]))
+    proc = run_child(
+        CHILD, str(directory), stage, journal_type, json.dumps([str(Path(__file__).parent)])
+    )
     assert proc.returncode == 0, f"child did not crash at {stage!r}: {proc.stderr[-2000:]}"
 
     model = Model()

@@ -16,7 +16,7 @@ from .helpers import SMALL_FILE, load, open_journal, settings, wait_until
 
 class TestFileJournalConformance(JournalConformance):
     @pytest.fixture(params=["NIO", "AIO"])
-    def make_journal(self, request: pytest.FixtureRequest):  # noqa: ANN201
+    def make_journal(self, request: pytest.FixtureRequest):
         journal_type = request.param
         return lambda path: FileJournal(settings(path, journal_type))
 
@@ -25,9 +25,10 @@ class TestFileJournalConformanceUnbuffered(JournalConformance):
     """No group-commit wait (`journal-buffer-timeout` 0) and a pipelined syncer."""
 
     @pytest.fixture
-    def make_journal(self):  # noqa: ANN201
-        return lambda path: FileJournal(settings(path, "NIO", journal_buffer_timeout=0,
-                                                 journal_max_io=4))
+    def make_journal(self):
+        return lambda path: FileJournal(
+            settings(path, "NIO", journal_buffer_timeout=0, journal_max_io=4)
+        )
 
 
 @pytest.fixture(params=["NIO", "AIO"])
@@ -44,7 +45,8 @@ def test_records_spanning_many_files_reload(tmp_path: Path, journal_type: str) -
     j.stop()
     assert files > 10
     assert load(tmp_path, journal_type).records == [
-        RecordInfo(i + 1, 1, data) for i, data in enumerate(payload)]
+        RecordInfo(i + 1, 1, data) for i, data in enumerate(payload)
+    ]
 
 
 def test_min_files_are_created_up_front_zero_filled(tmp_path: Path) -> None:
@@ -100,7 +102,7 @@ def test_update_and_delete_of_unknown_records_are_refused(tmp_path: Path) -> Non
 def test_out_of_range_ids_and_types_are_refused(tmp_path: Path) -> None:
     j = open_journal(tmp_path)
     try:
-        with pytest.raises(ValueError, match="types 0..255"):
+        with pytest.raises(ValueError, match=r"types 0\.\.255"):
             j.append_add(1, 256, b"", sync=True)
         with pytest.raises(ValueError, match=r"ids are 0..2\*\*64-1"):
             j.append_add(2**64, 1, b"", sync=True)

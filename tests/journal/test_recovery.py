@@ -22,7 +22,9 @@ def journal_type(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _crash_image(tmp_path: Path, journal_type: str, n_big: int = 40) -> tuple[Path, list[RecordInfo]]:
+def _crash_image(
+    tmp_path: Path, journal_type: str, n_big: int = 40
+) -> tuple[Path, list[RecordInfo]]:
     """A journal copied while running (after a flush): what a crash would leave."""
     live = tmp_path / "live"
     j = open_journal(live, journal_type)
@@ -87,7 +89,8 @@ def test_recovered_file_is_sealed_so_the_next_load_is_clean(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("position", ["body", "id-field", "epoch-field", "crc-field"])
 def test_flipped_byte_in_a_middle_record_stops_that_file_only(
-        tmp_path: Path, journal_type: str, position: str) -> None:
+    tmp_path: Path, journal_type: str, position: str
+) -> None:
     j = open_journal(tmp_path, journal_type)
     for i in range(1, 151):
         j.append_add(i, 1, bytes([i % 256]) * 1000, sync=False)
@@ -137,19 +140,25 @@ def test_damaged_transaction_record_drops_that_transaction_only(tmp_path: Path) 
     with open(tmp_path / victim.file, "r+b") as f:
         f.seek(victim.offset + 40)
         f.write(b"X")
-    lost_fillers = {v.record_id for v in views
-                    if v.file == victim.file and v.offset > victim.offset and v.kind == "ADD"}
+    lost_fillers = {
+        v.record_id
+        for v in views
+        if v.file == victim.file and v.offset > victim.offset and v.kind == "ADD"
+    }
     with capture_logs() as logs:
         ids = [r.id for r in load(tmp_path).records]
     assert not set(range(101, 111)) & set(ids)  # tx 1: dropped whole, even its intact records
     assert set(range(201, 211)) <= set(ids)  # tx 2: intact
     assert set(ids) == (set(range(1, 61)) - lost_fillers) | set(range(201, 211))
-    assert any("some records of its transaction are missing" in e["event"] and e["tx_id"] == 1
-               for e in logs)
+    assert any(
+        "some records of its transaction are missing" in e["event"] and e["tx_id"] == 1
+        for e in logs
+    )
 
 
 def test_stale_records_in_a_recycled_file_are_not_resurrected(
-        tmp_path: Path, journal_type: str) -> None:
+    tmp_path: Path, journal_type: str
+) -> None:
     j = open_journal(tmp_path, journal_type)
     for i in range(1, 301):
         j.append_add(i, 1, b"old" * 300, sync=False)
@@ -183,8 +192,11 @@ def test_stale_records_in_a_recycled_file_are_not_resurrected(
 
     views = records_on_disk(image)
     reused = {v.file: v.file_epoch for v in views if v.valid and v.record_type == 3}
-    reused = {name: epoch for name, epoch in reused.items()
-              if os.path.join(str(tmp_path), name) in recycled}
+    reused = {
+        name: epoch
+        for name, epoch in reused.items()
+        if os.path.join(str(tmp_path), name) in recycled
+    }
     assert reused
     stale = [_stale_records(image / name, epoch) for name, epoch in reused.items()]
     assert any(stale), "no recycled file holds records of its previous life"
@@ -198,8 +210,12 @@ def _stale_records(path: Path, epoch: int) -> list[int]:
     found = []
     for off in range(4096, len(buf) - 32):
         crc, kind, _t, _f, ep, length, _id, _tx = RECORD_HEADER.unpack_from(buf, off)
-        if (1 <= kind <= 3 and ep not in (0, epoch) and 32 <= length <= len(buf) - off
-                and zlib.crc32(buf[off + 4:off + length]) == crc):
+        if (
+            1 <= kind <= 3
+            and ep not in (0, epoch)
+            and 32 <= length <= len(buf) - off
+            and zlib.crc32(buf[off + 4 : off + length]) == crc
+        ):
             found.append(off)
     return found
 
@@ -265,7 +281,9 @@ def test_pool_keeps_at_most_journal_pool_files(tmp_path: Path) -> None:
     assert len(spare_or_free) <= 3
 
 
-def test_load_logs_progress_on_large_journals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_logs_progress_on_large_journals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     j = open_journal(tmp_path)
     for i in range(1, 1001):
         j.append_add(i, 1, b"x" * 200, sync=False)
@@ -289,7 +307,9 @@ def test_changing_the_file_size_between_restarts_keeps_the_data(tmp_path: Path) 
     for i in range(200, 300):
         j.append_add(i, 1, b"y" * 1000, sync=False)
     j.stop()
-    assert [r.id for r in load(tmp_path, journal_file_size=128 * 1024).records] == list(range(1, 300))
+    assert [r.id for r in load(tmp_path, journal_file_size=128 * 1024).records] == list(
+        range(1, 300)
+    )
 
 
 def test_file_with_a_damaged_header_goes_to_the_attic(tmp_path: Path) -> None:

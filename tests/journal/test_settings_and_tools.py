@@ -38,11 +38,17 @@ def test_aio_has_its_own_defaults_unless_set() -> None:
 
 
 def test_from_mapping_reads_kebab_case_keys() -> None:
-    s = JournalSettings.from_mapping({
-        "directory": "/var/lib/scow/journal", "journal-type": "ASYNCIO",
-        "journal-file-size": 1048576, "journal-min-files": 4, "journal-pool-files": 10,
-        "journal-buffer-timeout": 0, "journal-sync-non-transactional": False,
-    })
+    s = JournalSettings.from_mapping(
+        {
+            "directory": "/var/lib/scow/journal",
+            "journal-type": "ASYNCIO",
+            "journal-file-size": 1048576,
+            "journal-min-files": 4,
+            "journal-pool-files": 10,
+            "journal-buffer-timeout": 0,
+            "journal-sync-non-transactional": False,
+        }
+    )
     assert s.directory == "/var/lib/scow/journal"
     assert s.journal_type == "AIO" and s.journal_file_size == 1048576
     assert (s.journal_min_files, s.journal_pool_files) == (4, 10)
@@ -50,25 +56,32 @@ def test_from_mapping_reads_kebab_case_keys() -> None:
 
 
 def test_unknown_key_is_named_with_a_suggestion() -> None:
-    with pytest.raises(ValueError, match=r"unknown key 'journal-file-sizes'; did you mean "
-                                         r"'journal-file-size'\?"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown key 'journal-file-sizes'; did you mean "
+        r"'journal-file-size'\?",
+    ):
         JournalSettings.from_mapping({"journal-file-sizes": 1})
     with pytest.raises(ValueError, match="unknown key 'colour'; known keys"):
         JournalSettings.from_mapping({"colour": "blue"})
 
 
-@pytest.mark.parametrize(("key", "value", "accepted"), [
-    ("journal-file-size", 10000, "multiple of 4096"),
-    ("journal-file-size", 4096, "at least 8192"),
-    ("journal-type", "MAPPED", "use one of"),
-    ("journal-pool-files", 0, "-1 \\(unlimited\\)"),
-    ("journal-compact-percentage", 130, "from 0 to 100"),
-    ("journal-min-files", 0, ">= 1"),
-    ("journal-datasync", "yes", "true or false"),
-    ("journal-max-io", 0, ">= 1"),
-])
-def test_bad_values_name_the_setting_and_what_is_accepted(key: str, value: object,
-                                                          accepted: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "value", "accepted"),
+    [
+        ("journal-file-size", 10000, "multiple of 4096"),
+        ("journal-file-size", 4096, "at least 8192"),
+        ("journal-type", "MAPPED", "use one of"),
+        ("journal-pool-files", 0, "-1 \\(unlimited\\)"),
+        ("journal-compact-percentage", 130, "from 0 to 100"),
+        ("journal-min-files", 0, ">= 1"),
+        ("journal-datasync", "yes", "true or false"),
+        ("journal-max-io", 0, ">= 1"),
+    ],
+)
+def test_bad_values_name_the_setting_and_what_is_accepted(
+    key: str, value: object, accepted: str
+) -> None:
     with pytest.raises(ValueError, match=f"{key}.*{accepted}"):
         JournalSettings.from_mapping({key: value})
 
@@ -92,8 +105,12 @@ def test_iter_records_describes_every_record(tmp_path: Path) -> None:
     j.stop()
     views = [v for v in iter_records(str(tmp_path)) if v.valid]
     assert [(v.kind, v.record_id, v.record_type, v.tx_id, v.data_length) for v in views] == [
-        ("ADD", 1, 45, 0, 7), ("UPDATE", 1, 32, 0, 1), ("ADD_TX", 2, 45, 9, 5),
-        ("COMMIT", 0, 0, 9, 12), ("DELETE", 1, 0, 0, 0), ("EOF", 0, 0, 0, 0),
+        ("ADD", 1, 45, 0, 7),
+        ("UPDATE", 1, 32, 0, 1),
+        ("ADD_TX", 2, 45, 9, 5),
+        ("COMMIT", 0, 0, 9, 12),
+        ("DELETE", 1, 0, 0, 0),
+        ("EOF", 0, 0, 0, 0),
     ]
     assert all(v.file == "scow-data-1.scow" and v.epoch == v.file_epoch for v in views)
     assert views[0].offset == 4096
@@ -104,13 +121,15 @@ def test_iter_records_marks_damaged_records_invalid(tmp_path: Path) -> None:
     for i in range(1, 4):
         j.append_add(i, 1, b"abc" * 10, sync=True)
     j.stop()
-    second = [v for v in iter_records(str(tmp_path)) if v.record_id == 2][0]
+    second = next(v for v in iter_records(str(tmp_path)) if v.record_id == 2)
     with open(tmp_path / second.file, "r+b") as f:
         f.seek(second.offset + 40)
         f.write(b"!")
     views = list(iter_records(str(tmp_path)))
     assert [(v.record_id, v.valid, v.reason) for v in views if v.kind == "ADD"] == [
-        (1, True, ""), (2, False, "crc mismatch")]
+        (1, True, ""),
+        (2, False, "crc mismatch"),
+    ]
 
 
 def test_compact_offline_shrinks_a_stopped_journal(tmp_path: Path) -> None:

@@ -24,8 +24,7 @@ def journal_type(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def test_group_commit_covers_many_appends_with_few_syncs(tmp_path: Path,
-                                                         journal_type: str) -> None:
+def test_group_commit_covers_many_appends_with_few_syncs(tmp_path: Path, journal_type: str) -> None:
     j = open_journal(tmp_path, journal_type, journal_file_size=10 * 1024 * 1024)
     done = Completions()
     try:
@@ -61,7 +60,7 @@ def test_each_batch_is_dispatched_in_one_call_after_its_sync(tmp_path: Path) -> 
     assert len(calls) < 2000 / 4  # batched
     syncs_seen = [s for _, s in calls]
     # every call comes after a sync of its own: sync counts strictly increase
-    assert all(b > a for a, b in zip([0, *syncs_seen], syncs_seen))
+    assert all(b > a for a, b in zip([0, *syncs_seen], syncs_seen, strict=False))
 
 
 def test_a_full_buffer_is_written_without_waiting_for_the_timeout(tmp_path: Path) -> None:
@@ -95,8 +94,9 @@ def test_non_sync_appends_complete_without_any_sync(tmp_path: Path, journal_type
 
 
 def test_sync_settings_false_override_sync_requests(tmp_path: Path) -> None:
-    j = open_journal(tmp_path, journal_sync_non_transactional=False,
-                     journal_sync_transactional=False)
+    j = open_journal(
+        tmp_path, journal_sync_non_transactional=False, journal_sync_transactional=False
+    )
     done = Completions()
     try:
         j.append_add(1, 1, b"x", sync=True, on_done=done(1))
@@ -108,12 +108,15 @@ def test_sync_settings_false_override_sync_requests(tmp_path: Path) -> None:
         j.stop()
 
 
-def test_fsync_is_used_when_datasync_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsync_is_used_when_datasync_is_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     used: list[str] = []
     real_fsync, real_fdatasync = os.fsync, os.fdatasync
     monkeypatch.setattr(os, "fsync", lambda fd: (used.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "fdatasync",
-                        lambda fd: (used.append("fdatasync"), real_fdatasync(fd))[1])
+    monkeypatch.setattr(
+        os, "fdatasync", lambda fd: (used.append("fdatasync"), real_fdatasync(fd))[1]
+    )
     j = open_journal(tmp_path, journal_datasync=False)
     used.clear()
     try:
@@ -145,10 +148,11 @@ def test_aio_writes_with_o_direct_in_aligned_batches(tmp_path: Path) -> None:
 
 
 def test_aio_falls_back_to_nio_when_o_direct_is_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_open = os.open
 
-    def refuse_direct(path, flags, *args, **kwargs):  # noqa: ANN001, ANN202
+    def refuse_direct(path, flags, *args, **kwargs):
         if flags & getattr(os, "O_DIRECT", 0):
             raise OSError(errno.EINVAL, "Invalid argument", path)
         return real_open(path, flags, *args, **kwargs)
@@ -189,13 +193,14 @@ def test_aio_on_tmpfs_falls_back_to_nio(tmp_path: Path) -> None:
 
 
 def test_writer_falls_back_when_o_direct_fails_at_open_time(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The probe passes but opening a journal file with O_DIRECT fails later.
     j = FileJournal(settings(tmp_path, "AIO"))
     monkeypatch.setattr("scow.plugins.file_journal.journal.probe_direct_io", lambda d: None)
     real_open = os.open
 
-    def refuse_direct(path, flags, *args, **kwargs):  # noqa: ANN001, ANN202
+    def refuse_direct(path, flags, *args, **kwargs):
         if flags & getattr(os, "O_DIRECT", 0):
             raise OSError(errno.EINVAL, "Invalid argument", path)
         return real_open(path, flags, *args, **kwargs)
@@ -210,8 +215,9 @@ def test_writer_falls_back_when_o_direct_fails_at_open_time(
     assert load(tmp_path).records == [RecordInfo(1, 1, b"x")]
 
 
-def test_a_failed_write_fails_the_journal_loudly(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_fails_the_journal_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     j = open_journal(tmp_path)
     done = Completions()
 
