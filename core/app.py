@@ -111,7 +111,8 @@ class Server:
                 f"(enabled journals: {', '.join(sorted(self.journals)) or 'none'})"
             )
         data_dir = Path(broker_cfg["data-dir"])
-        settings = self.config.section(name) if name in self.config.section_names else {}
+        section = backend.config_section
+        settings = self.config.section(section) if section in self.config.section_names else {}
         bindings = backend.factory(data_dir, "bindings", settings)
         messages = backend.factory(data_dir, "messages", settings)
         sync = bool(settings.get("journal-sync-non-transactional", True))

@@ -40,6 +40,8 @@ class JournalBackend:
     doc: str = ""
     #: False for backends that keep nothing across restarts (the in-memory journal).
     persistent: bool = True
+    #: The config section whose validated values the factory receives, if any.
+    config_section: str | None = None
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ def scow_register_journals() -> list[JournalBackend]:
             "file",
             _factory,
             "append-only journal files with CRCs, group commit, reclaim and compaction",
+            config_section=SECTION.name,
         )
     ]
 

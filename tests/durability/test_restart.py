@@ -146,3 +146,14 @@ def test_persistence_disabled_writes_nothing(scow_broker_process, tmp_path):
     _send(broker.url, "nothing", ["n"])
     broker.stop()
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").rglob("*"))
+
+
+def test_journal_section_settings_reach_the_journal(scow_broker_process, tmp_path):
+    broker = scow_broker_process(
+        plugins=PLUGINS, sections={"journal": {"journal-file-size": "1MiB", "journal-min-files": 3}}
+    )
+    _send(broker.url, "sized", ["s"])
+    broker.stop()
+    files = sorted((tmp_path / "data" / "journal").glob("*.scow"))
+    assert len(files) >= 3
+    assert {f.stat().st_size for f in files} == {1 << 20}

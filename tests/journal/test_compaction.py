@@ -189,7 +189,23 @@ def test_compaction_while_another_thread_keeps_appending(tmp_path: Path, journal
         j.stop()
     assert not failures, failures
     assert j.counters.compactions >= 3
-    assert load(tmp_path, journal_type).records == model.records()
+    loaded, expected = load(tmp_path, journal_type).records, model.records()
+    assert loaded == expected, describe_difference(loaded, expected)
+
+
+def describe_difference(loaded: list[Any], expected: list[Any]) -> str:
+    """Which entries are missing, extra or out of order (for a readable failure)."""
+    short = [(r.id, r.type, r.is_update, r.data[:12]) for r in loaded]
+    want = [(r.id, r.type, r.is_update, r.data[:12]) for r in expected]
+    missing = [e for e in want if e not in short]
+    extra = [e for e in short if e not in want]
+    first = next((i for i, (a, b) in enumerate(zip(short, want, strict=False)) if a != b), None)
+    return (
+        f"{len(loaded)} loaded, {len(expected)} expected; missing {missing[:10]}; "
+        f"extra {extra[:10]}; first difference at {first}: "
+        f"{short[first : first + 3] if first is not None else None} vs "
+        f"{want[first : first + 3] if first is not None else None}"
+    )
 
 
 def test_a_damaged_control_file_stops_the_load(tmp_path: Path) -> None:
