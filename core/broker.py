@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from scow.core.config import Config
     from scow.core.descriptors import FullPolicyType, QueueType
     from scow.core.interfaces import Completion, Consumer
-    from scow.core.storage import Recovered, StorageManager
+    from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 
 log = structlog.get_logger("scow.broker")
 
@@ -39,14 +39,16 @@ FQQN_SEPARATOR = "::"
 
 
 class Transaction:
-    """A client's local transaction: sends and acknowledgements applied at commit."""
+    """A local transaction: sends and acknowledgements applied at commit."""
 
-    __slots__ = ("acks", "id", "sends")
+    __slots__ = ("acks", "held", "id", "sends")
 
     def __init__(self, tx_id: int) -> None:
         self.id = tx_id
         self.sends: list[tuple[bytes, str, MessageFormat, RoutingType | None]] = []
         self.acks: list[MessageRef] = []
+        #: Refs of messages a recovered prepared transaction adds, enqueued at its commit.
+        self.held: list[MessageRef] = []
 
 
 def now_ms() -> int:
@@ -77,6 +79,9 @@ class Broker:
         self.hooks: Any = None
         self.addresses: dict[str, AddressInfo] = {}
         self.queues: dict[str, Any] = {}
+        #: Transactions found prepared at recovery, undecided: their messages and acks are
+        #: held (invisible, not redelivered) until commit_prepared or rollback_prepared.
+        self.prepared: dict[int, Transaction] = {}
         self.messages_routed = 0
         self.messages_unrouted = 0
         self.messages_expired = 0
@@ -684,27 +689,72 @@ class Broker:
             by_id[queue.id] = queue
         restored = 0
         for rec in recovered.messages:
-            refs = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]
-            if not refs:
-                continue
-            message = Message(
-                rec.id,
-                rec.data,
-                rec.address,
-                fmt,
-                durable=True,
-                priority=rec.priority,
-                expiration=rec.expiration,
+            refs = self._restore(rec, by_id, fmt)
+            for ref in refs:
+                ref.queue.enqueue(ref)
+            restored += bool(refs)
+        for prepared in recovered.prepared:
+            tx = Transaction(prepared.tx_id)
+            for rec in prepared.messages:
+                tx.held += self._restore(rec, by_id, fmt)
+            for message_id, queue_id in prepared.acks:
+                queues = [by_id[queue_id]] if queue_id in by_id else by_id.values()
+                for queue in queues:
+                    tx.acks += queue.take(lambda r, mid=message_id: r.message.id == mid)
+            self.prepared[tx.id] = tx
+        if self.prepared:
+            log.warning(
+                "prepared transactions recovered and held undecided",
+                transactions=sorted(self.prepared),
             )
-            message.refcount = message.stored_refs = len(refs)
-            address = self.addresses.get(rec.address)
-            if address is not None:
-                address.size += len(rec.data)
-                address.message_count += 1
-            for queue, count in refs:
-                queue.enqueue(MessageRef(message, queue, count))
-            restored += 1
         return restored
+
+    def _restore(
+        self, rec: RecoveredMessage, by_id: dict[int, Any], fmt: MessageFormat
+    ) -> list[MessageRef]:
+        """A recovered message's refs, accounted for but not yet enqueued."""
+        queues = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]
+        if not queues:
+            return []
+        message = Message(
+            rec.id,
+            rec.data,
+            rec.address,
+            fmt,
+            durable=True,
+            priority=rec.priority,
+            expiration=rec.expiration,
+        )
+        message.refcount = message.stored_refs = len(queues)
+        address = self.addresses.get(rec.address)
+        if address is not None:
+            address.size += len(rec.data)
+            address.message_count += 1
+        return [MessageRef(message, queue, count) for queue, count in queues]
+
+    def commit_prepared(self, tx_id: int, on_done: Completion | None = None) -> None:
+        """Decide a recovered prepared transaction: its messages appear, its acks apply."""
+        tx = self.prepared.pop(tx_id)
+
+        def finish() -> None:
+            for ref in tx.held:
+                ref.queue.enqueue(ref)
+            for ref in tx.acks:
+                ref.message.stored_refs -= 1
+                self._release_memory(ref)
+            if on_done is not None:
+                on_done()
+
+        self.storage.commit(tx_id, finish)
+
+    def rollback_prepared(self, tx_id: int) -> None:
+        """Undo a recovered prepared transaction: its acknowledged messages come back."""
+        tx = self.prepared.pop(tx_id)
+        self.storage.rollback(tx_id)
+        for ref in tx.held:
+            self._release_memory(ref)
+        for ref in tx.acks:
+            ref.queue.release(ref, delivered=False)
 
     # ------------------------------------------------------------------ introspection
 

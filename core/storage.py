@@ -87,12 +87,22 @@ class RecoveredMessage:
     queues: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class RecoveredPrepared:
+    """A prepared, undecided transaction: the messages it adds and the acks it holds."""
+
+    tx_id: int
+    messages: list[RecoveredMessage] = field(default_factory=list)
+    #: (message id, queue id) per acknowledgement; queue id None: every queue (a delete)
+    acks: list[tuple[int, int | None]] = field(default_factory=list)
+
+
 @dataclass
 class Recovered:
     addresses: list[dict] = field(default_factory=list)  # with "id"
     queues: list[dict] = field(default_factory=list)  # with "id"
     messages: list[RecoveredMessage] = field(default_factory=list)
-    prepared: list[PreparedTransaction] = field(default_factory=list)
+    prepared: list[RecoveredPrepared] = field(default_factory=list)
     next_id: int = 1
 
 
@@ -203,6 +213,9 @@ class StorageManager:
     def commit(self, tx_id: int, on_done: Completion) -> None:
         self.messages.commit(tx_id, sync=self.sync_tx, on_done=on_done)
 
+    def rollback(self, tx_id: int) -> None:
+        self.messages.rollback(tx_id, sync=self.sync_tx)
+
     def update_delivery_count(self, message_id: int, queue_id: int, count: int) -> None:
         self.messages.append_update(
             message_id,
@@ -232,7 +245,7 @@ class StorageManager:
                 out.queues.append({**json.loads(rec.data), "id": rec.id})
         messages = self.messages.load()
         out.messages = _messages_from(messages)
-        out.prepared = messages.prepared
+        out.prepared = [_prepared_from(tx) for tx in messages.prepared]
         self._next_id = max(id_limit, bindings.max_id, messages.max_id, ID_BLOCK_RECORD) + 1
         self._id_limit = 0
         out.next_id = self._next_id
@@ -267,3 +280,16 @@ def _messages_from(result: LoadResult) -> list[RecoveredMessage]:
             if qid in msg.queues:
                 msg.queues[qid] = count
     return [m for m in by_id.values() if m.queues]
+
+
+def _prepared_from(tx: PreparedTransaction) -> RecoveredPrepared:
+    out = RecoveredPrepared(tx.tx_id)
+    for rec in tx.records:
+        if rec.type == MESSAGE and not rec.is_update:
+            message = decode_message_record(rec.data)
+            message.id = rec.id
+            out.messages.append(message)
+        elif rec.type == ACK_REF:
+            out.acks.append((rec.id, _QID.unpack(rec.data)[0]))
+    out.acks += [(message_id, None) for message_id in tx.deletes]
+    return out
