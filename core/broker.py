@@ -565,10 +565,22 @@ class Broker:
                 self._dead_letter(ref)
                 return
             if ref.message.stored_refs and queue.durable:
-                self.storage.update_delivery_count(ref.message.id, queue.id, ref.delivery_count)
-        if queue.name in self.queues:
-            queue.release(ref, delivered=delivered)
-        else:
+                # offered again only once its new count is on disk
+                self.storage.update_delivery_count(
+                    ref.message.id,
+                    queue.id,
+                    ref.delivery_count,
+                    on_done=lambda: self._put_back(ref, delivered),
+                )
+                return
+        self._put_back(ref, delivered)
+
+    def _put_back(self, ref: MessageRef, delivered: bool) -> None:
+        queue: Any = ref.queue
+        if self.queues.get(queue.name) is queue:
+            ref.queue.release(ref, delivered=delivered)
+        else:  # the queue went away meanwhile
+            queue.remove_delivering(ref)
             self.discard(ref)
 
     def reject(self, ref: MessageRef) -> None:

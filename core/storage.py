@@ -216,12 +216,15 @@ class StorageManager:
     def rollback(self, tx_id: int) -> None:
         self.messages.rollback(tx_id, sync=self.sync_tx)
 
-    def update_delivery_count(self, message_id: int, queue_id: int, count: int) -> None:
+    def update_delivery_count(
+        self, message_id: int, queue_id: int, count: int, on_done: Completion | None = None
+    ) -> None:
         self.messages.append_update(
             message_id,
             DELIVERY_COUNT,
             _COUNT.pack(queue_id, count),
             sync=self.sync,
+            on_done=on_done,
             replaceable=True,
         )
 

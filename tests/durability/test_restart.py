@@ -61,6 +61,10 @@ def test_delivery_counts_survive_a_restart(scow_broker_process):
         receiver.fetcher.unsettled[0].local.failed = True
         receiver.settle(Delivery.MODIFIED)  # modified with delivery-failed
         conn.close()
+    # the broker offers the message again only once its new count is on disk
+    conn = BlockingConnection(broker.url, timeout=10)
+    receiver = conn.create_receiver("counted")
+    assert receiver.receive(timeout=10).delivery_count == 2
     broker.kill()
     restarted = scow_broker_process(plugins=PLUGINS, port=broker.port)
     assert _drain(restarted.url, "counted") == [("c", 2)]
