@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("scow.amqp")
 
 SELECTOR_DESCRIPTORS = ("apache.org:selector-filter:string", 0x0000468C00000004)
+_OUTCOMES = frozenset(
+    (engine.ACCEPTED, engine.RELEASED, engine.MODIFIED, engine.REJECTED, TRANSACTIONAL_STATE)
+)
 _TAG = struct.Struct(">Q")
 
 
@@ -206,8 +209,8 @@ class ConsumerLink:
     def on_disposition(self, delivery: Any) -> None:
         state = engine.delivery_remote_state(delivery)
         settled = engine.delivery_settled(delivery)
-        if not state and not settled:
-            return
+        if not settled and state not in _OUTCOMES:
+            return  # no outcome yet (or only `received`): the client still has it
         ref = self.unsettled.pop(delivery, None)
         engine.delivery_settle(delivery)
         if ref is None:
@@ -225,8 +228,6 @@ class ConsumerLink:
                 broker.acknowledge(ref, tx)
             else:
                 broker.release(ref, delivered=False)
-        elif state == engine.ACCEPTED or (settled and not state):
-            broker.acknowledge(ref)
         elif state == engine.RELEASED:
             broker.release(ref, delivered=False)
         elif state == engine.MODIFIED:
@@ -234,8 +235,8 @@ class ConsumerLink:
             broker.release(ref, delivered=failed)
         elif state == engine.REJECTED:
             broker.reject(ref)
-        else:  # `received` or unknown: the client still has it
-            self.unsettled[delivery] = ref
+        else:  # accepted, or settled without a terminal outcome: the client is done with it
+            broker.acknowledge(ref)
 
     def close(self, remote_closed: bool) -> None:
         """Give back what the client did not settle (each counts as a delivery), detach."""
