@@ -52,6 +52,39 @@ def append_rate(directory: str, journal_type: str, n: int, sync: bool) -> None:
     journal.stop()
 
 
+def closed_loop(
+    directory: str,
+    journal_type: str,
+    outstanding: int,
+    seconds: float,
+    timeout_ns: int | None = None,
+) -> None:
+    """Producers that wait for durability: `outstanding` sync appends in flight at most."""
+    settings = JournalSettings(
+        directory=directory, journal_type=journal_type, journal_buffer_timeout=timeout_ns
+    )
+    journal = FileJournal(settings)
+    journal.load()
+    slots = threading.Semaphore(outstanding)
+    data = b"x" * 100
+    n = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
+        slots.acquire()
+        n += 1
+        journal.append_add(n, 1, data, sync=True, on_done=slots.release)
+    journal.flush()
+    elapsed = time.perf_counter() - started
+    c = journal.counters
+    print(
+        f"  {journal.effective_type:3} {outstanding:>4} in flight, buffer-timeout "
+        f"{settings.journal_buffer_timeout:>9,} ns: {n / elapsed:>9,.0f} durable records/s,"
+        f" {c.syncs / elapsed:>6,.0f} syncs/s"
+    )
+    journal.stop()
+
+
 def load_time(directory: str, n: int) -> None:
     settings = JournalSettings(directory=directory)
     journal = FileJournal(settings)
@@ -66,9 +99,7 @@ def load_time(directory: str, n: int) -> None:
     elapsed = time.perf_counter() - started
     journal.stop()
     assert len(result.records) == n
-    print(
-        f"  load of {n:,} add records of 100 B: {elapsed:.2f} s ({n / elapsed:,.0f} records/s)"
-    )
+    print(f"  load of {n:,} add records of 100 B: {elapsed:.2f} s ({n / elapsed:,.0f} records/s)")
 
 
 def main() -> None:
@@ -81,14 +112,23 @@ def main() -> None:
     base = tempfile.mkdtemp(prefix="scow-journal-bench-", dir=args.dir)
     try:
         rate, timeout = measure_sync_rate(f"{base}/sync", 2.0)
-        print(f"device: {rate:,.0f} syncs/s (4 KiB write + fdatasync); "
-              f"suggested journal-buffer-timeout {timeout:,} ns")
+        print(
+            f"device: {rate:,.0f} syncs/s (4 KiB write + fdatasync); "
+            f"suggested journal-buffer-timeout {timeout:,} ns"
+        )
         print(f"appends of 100 B records ({args.appends:,} each run):")
         for journal_type in ("NIO", "AIO"):
             for sync in (True, False):
                 d = f"{base}/{journal_type}-{sync}"
                 append_rate(d, journal_type, args.appends, sync)
                 shutil.rmtree(d)
+        print("producers waiting for their completions (2 s each):")
+        for journal_type in ("NIO", "AIO"):
+            for outstanding in (1, 100):
+                for timeout_ns in (None, timeout):
+                    d = f"{base}/loop-{journal_type}-{outstanding}-{timeout_ns}"
+                    closed_loop(d, journal_type, outstanding, 2.0, timeout_ns)
+                    shutil.rmtree(d)
         print("recovery:")
         load_time(f"{base}/load", args.records)
     finally:

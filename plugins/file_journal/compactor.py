@@ -72,6 +72,7 @@ STAGES = (
 
 _ADD_TX = int(Kind.ADD_TX)
 _UPDATE_TX = int(Kind.UPDATE_TX)
+_DELETE_TX = int(Kind.DELETE_TX)
 
 
 class CompactionAborted(Exception):
@@ -414,6 +415,7 @@ def _install(
         expected = sum(f.pos for f in old)
         moved = 0
         tx_plan = []
+        copied_deletes: list[tuple[JFile, int]] = []
         for tx_id in set(tx_where) | set(prep_where):
             placed = tx_where.get(tx_id, [])
             rt = j._txs.get(tx_id)
@@ -428,11 +430,12 @@ def _install(
                         )
                     ops = list(rt.ops)
                     for i, (_op, g) in zip(old_ops, placed, strict=True):
-                        ops[i] = (*ops[i][:4], g)  # type: ignore[assignment]
+                        ops[i] = (*ops[i][:4], g)
                     tx_plan.append((rt, ops, prep_where[tx_id] if prep_old else rt.prep))
                     moved += len(old_ops) + prep_old
                     continue
-            # Committed during compaction: its copies are where its records now live.
+            # Committed (or rolled back) during compaction: its copies are where its
+            # records now live, and its copied deletes act like deletes written there.
             for (kind, rid, rtype, flags), g in placed:
                 if kind == _ADD_TX:
                     where.setdefault(rid, [g, [], {}])
@@ -441,7 +444,9 @@ def _install(
                         where[rid][2][rtype] = g
                     else:
                         where[rid][1].append(g)
-        rec_plan = []
+                elif kind == _DELETE_TX:
+                    copied_deletes.append((g, rid))
+        rec_plan: list[tuple[int, JFile, list[JFile] | None, dict[int, JFile] | None]] = []
         records = j._records
         for rid, (cadd, cupds, crepl) in where.items():
             st = records.get(rid)
@@ -465,7 +470,7 @@ def _install(
                 )
             upd = keep + cupds if n_old else keep
             moved += n_old
-            repl = None
+            repl: dict[int, JFile] | None = None
             if st.repl:
                 repl = {}
                 for t, g in st.repl.items():
@@ -511,6 +516,12 @@ def _install(
             rt.prep = prep
             if prep in new_set:
                 prep.pos += 1
+        for g, rid in copied_deletes:
+            # The copy of a committed DELETE_TX must outlive the copies of what it deleted,
+            # or recovery would bring the record back. Unknown target: pin to them all.
+            w = where.get(rid)
+            targets = {w[0], *w[1], *w[2].values()} if w else new_set
+            g.neg |= targets - {g}
         for f in j._files:
             if f not in old_set and f.neg & old_set:
                 # Deletes written during compaction refer to old files; their copies are

@@ -63,7 +63,7 @@ from .format import (
     encode_record,
     file_name,
 )
-from .replay import Replay
+from .replay import LoadedTx, Replay
 from .settings import JournalSettings
 from .writer import Batch, FileWriter, JournalCounters, Segment, probe_direct_io
 
@@ -648,7 +648,7 @@ class FileJournal:
     ) -> None:
         """Record that `f` holds an update of `record_id` (the caller counts f.pos)."""
         if st.__class__ is JFile:
-            st = self._records[record_id] = _Rec(st)  # type: ignore[arg-type]
+            st = self._records[record_id] = _Rec(st)
         assert isinstance(st, _Rec)
         if replaceable:
             if st.repl is None:
@@ -665,7 +665,7 @@ class FileJournal:
         if st.__class__ is JFile:
             st.pos -= 1
             if st is not f:
-                f.neg.add(st)  # type: ignore[arg-type]
+                f.neg.add(st)
             return
         for g in st.files():  # type: ignore[union-attr]
             g.pos -= 1
@@ -1103,13 +1103,13 @@ class FileJournal:
                     reason=stop.reason,
                 )
 
-    def _adopt(self, replay: Replay) -> tuple[list, list[int]]:
+    def _adopt(self, replay: Replay) -> tuple[list[LoadedTx], list[int]]:
         """Build the live bookkeeping from what recovery found."""
         where = replay.where
         records = self._records
         for rid, st in replay.idx.items():
             if st.__class__ is int:
-                f = where[st]  # type: ignore[index]
+                f = where[st]
                 records[rid] = f
                 f.pos += 1
                 continue

@@ -282,7 +282,7 @@ class Replay:
         if st is None:
             return  # its add was deleted and reclaimed already; the update is dead too
         if st.__class__ is int:
-            st = self.idx[rid] = _LRec(st)  # type: ignore[arg-type]
+            st = self.idx[rid] = _LRec(st)
         assert isinstance(st, _LRec)
         i = len(self.infos)
         self.infos.append(RecordInfo(rid, rtype, data, True))
@@ -306,11 +306,11 @@ class Replay:
         infos = self.infos
         where = self.where
         for i in (st,) if st.__class__ is int else st.indexes():  # type: ignore[union-attr]
-            infos[i] = None  # type: ignore[index]
-            t = where[i]  # type: ignore[index]
+            infos[i] = None
+            t = where[i]
             if t is not f:
                 fneg.add(t)
-            self.repl_idx.discard(i)  # type: ignore[arg-type]
+            self.repl_idx.discard(i)
 
     def _complete(self, tx: LoadedTx, pairs: list[tuple[int, int]]) -> bool:
         # A file that is gone was reclaimed: its records were all dead, nothing to check.
@@ -403,7 +403,8 @@ class Replay:
 
     def open_transactions(self) -> tuple[list[LoadedTx], list[LoadedTx]]:
         """(prepared and intact, everything else still open) after `run()`."""
-        prepared, other = [], []
+        prepared: list[LoadedTx] = []
+        other: list[LoadedTx] = []
         for tx in self.txs.values():
             (prepared if tx.prepare_file is not None and not tx.invalid else other).append(tx)
         return prepared, other

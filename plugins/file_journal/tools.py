@@ -14,6 +14,7 @@ from .files import list_files, read_whole
 from .format import (
     ALIGNMENT,
     DATA_START,
+    FILE_HEADER,
     FREE_EPOCH,
     HEADER_SIZE,
     MAX_KIND,
@@ -55,7 +56,7 @@ def iter_records(
     """
     for _number, path in list_files(directory, prefix, ext):
         buf = read_whole(path)
-        file_epoch = decode_file_header(buf[:DATA_START])
+        file_epoch = decode_file_header(bytes(buf[: FILE_HEADER.size]))
         if file_epoch is None:
             continue
         name = os.path.basename(path)

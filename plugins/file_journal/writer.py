@@ -14,7 +14,7 @@ import errno
 import mmap
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -62,7 +62,6 @@ class Batch:
     segments: list[Segment]
     completions: list[Completion]
     sync: bool
-    files_closed: list[JFile] = field(default_factory=list)
 
 
 def round_up(n: int, align: int = ALIGNMENT) -> int:

@@ -279,3 +279,48 @@ def _crash_and_check(tmp_path: Path, stage: str, journal_type: str) -> None:
     assert leftovers == []
     # recovery is complete and stable
     assert load(directory, journal_type).records == model.records()
+
+
+def test_delete_in_a_transaction_committed_during_compaction_outlives_its_target(
+    tmp_path: Path,
+) -> None:
+    """The copied DELETE_TX must keep the file of the copied record it deletes alive."""
+    model = Model()
+    j: FileJournal
+
+    def hook(name: str) -> None:
+        if name == "cmp-written":
+            apply(j, model, [["commit", 1]])
+
+    j = FileJournal(settings(tmp_path, journal_compact_min_files=0), compaction_hook=hook)
+    j.load()
+    try:
+        ops: list[Op] = [["add", i, 1, "v" * 1000] for i in range(1, 101)]
+        ops += [["add", i, 2, "dead" * 200] for i in range(1000, 1100)]
+        ops += [["delete", i] for i in range(1000, 1100)]
+        ops += [["delete_tx", 1, 1]]  # record 1 goes to the first compacted file
+        apply(j, model, ops)
+        assert j.compact()
+        # Kill everything in the last compacted file (where the DELETE_TX copy sits), keep
+        # the first one alive, and let reclaim run.
+        *compacted, _current = j.data_files()
+        assert len(compacted) >= 2
+        last = os.path.basename(compacted[-1])
+        on_disk = valid_records(tmp_path)
+        in_last = {v.record_id for v in on_disk if v.file == last and v.kind == "ADD"}
+        assert 1 not in in_last
+        assert any(v.kind == "DELETE_TX" and v.file == last for v in on_disk)
+        for rid in sorted(in_last & model.live_ids()):
+            apply(j, model, [["delete", rid]])
+        for rolls in range(2):
+            current = j.data_files()[-1]
+            n = 0
+            while j.data_files()[-1] == current:
+                rid = 50_000 + rolls * 1000 + n
+                apply(j, model, [["add", rid, 9, "f" * 3000], ["delete", rid]])
+                n += 1
+        j.reclaim()
+    finally:
+        j.stop()
+    loaded, expected = load(tmp_path).records, model.records()
+    assert loaded == expected, describe_difference(loaded, expected)
