@@ -10,6 +10,7 @@ from proton import Message
 from proton.utils import BlockingConnection
 
 from scow.core.testing import broker_processes, wait_for
+from tests.wire.helpers import consume_all
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 FAST_JOURNAL = {"journal": {"journal-file-size": "1MiB", "journal-buffer-timeout": 500000}}
@@ -45,22 +46,6 @@ def _consumer(url: str, address: str, acked: list[int], stop: threading.Event):
         return
 
 
-def _drain(url: str, address: str) -> list[int]:
-    conn = BlockingConnection(url, timeout=10)
-    try:
-        receiver = conn.create_receiver(address, credit=100)
-        got = []
-        while True:
-            try:
-                message = receiver.receive(timeout=1.0)
-            except Exception:
-                return got
-            receiver.accept()
-            got.append(message.properties["n"])
-    finally:
-        conn.close()
-
-
 def _crash_round(start_broker, seconds: float, producers: int = 3) -> tuple[set, set, list]:
     broker = start_broker(plugins=PLUGINS, sections=FAST_JOURNAL)
     stop = threading.Event()
@@ -80,7 +65,7 @@ def _crash_round(start_broker, seconds: float, producers: int = 3) -> tuple[set,
     for thread in threads:
         thread.join(20)
     restarted = start_broker(plugins=PLUGINS, sections=FAST_JOURNAL, port=broker.port)
-    recovered = _drain(restarted.url, "crash")
+    recovered = [m.properties["n"] for m in consume_all(restarted.url, "crash")]
     restarted.stop()
     return {n for part in accepted for n in part}, set(acked), recovered
 

@@ -13,6 +13,7 @@ from scow.core.testing import BrokerThread, broker_config, wait_for, write_confi
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.protocols.amqp.codec import encode_message
+from tests.wire.helpers import consume_all
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 TX = 990_000
@@ -24,19 +25,7 @@ def _broker(tmp_path: Path) -> BrokerThread:
 
 
 def _bodies(broker: BrokerThread) -> list[str]:
-    conn = BlockingConnection(broker.url, timeout=10)
-    try:
-        receiver = conn.create_receiver("prep")
-        got = []
-        while True:
-            try:
-                message = receiver.receive(timeout=1.0)
-            except Exception:
-                return got
-            receiver.accept()
-            got.append(message.body)
-    finally:
-        conn.close()
+    return [m.body for m in consume_all(broker.url, "prep")]
 
 
 @pytest.fixture

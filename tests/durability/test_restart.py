@@ -11,6 +11,7 @@ from proton import Delivery, Message
 from proton.reactor import Container
 from proton.utils import BlockingConnection
 
+from tests.wire.helpers import consume_all
 from tests.wire.test_transactions import TxClient
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -25,19 +26,7 @@ def _send(url: str, address: str, bodies: list[str], durable: bool = True) -> No
 
 
 def _drain(url: str, address: str) -> list[tuple[str, int]]:
-    conn = BlockingConnection(url, timeout=10)
-    try:
-        receiver = conn.create_receiver(address)
-        got = []
-        while True:
-            try:
-                message = receiver.receive(timeout=1.0)
-            except Exception:
-                return got
-            receiver.accept()
-            got.append((message.body, message.delivery_count))
-    finally:
-        conn.close()
+    return [(m.body, m.delivery_count) for m in consume_all(url, address)]
 
 
 def test_durable_messages_survive_a_restart_in_order_and_non_durable_do_not(

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from proton import UNDESCRIBED, Array, Data, Delivery, Message, Terminus, symbol
+from proton import UNDESCRIBED, Array, Data, Delivery, Message, Terminus, Timeout, symbol
 from proton.reactor import Container, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver
 
@@ -232,3 +232,16 @@ def round_trip(url: str, address: str = "health", **kwargs: Any) -> None:
         receiver = conn.create_receiver(address)
         assert receiver.receive(timeout=10).body == "still here"
         receiver.accept()
+
+
+def consume_all(url: str, address: str, *, quiet: float = 1.0) -> list[Message]:
+    """Receive and accept from `address` until nothing arrives for `quiet` seconds."""
+    with connected(url) as conn:
+        receiver = conn.create_receiver(address, credit=100)
+        got = []
+        while True:
+            try:
+                got.append(receiver.receive(timeout=quiet))
+            except Timeout:
+                return got
+            receiver.accept()

@@ -9,6 +9,8 @@ from proton.utils import BlockingConnection
 
 from scow.core.testing import wait_for
 
+from .helpers import consume_all
+
 
 class TxClient(MessagingHandler, TransactionHandler):
     """Sends `count` messages in one transaction, then commits or aborts."""
@@ -80,20 +82,8 @@ class TxReceiver(MessagingHandler, TransactionHandler):
         self.conn.close()
 
 
-def _drain(url: str, address: str, timeout: float = 1.0) -> list[tuple[str, int]]:
-    conn = BlockingConnection(url, timeout=10)
-    try:
-        receiver = conn.create_receiver(address)
-        got = []
-        while True:
-            try:
-                message = receiver.receive(timeout=timeout)
-            except Exception:
-                return got
-            got.append((message.body, message.delivery_count))
-            receiver.accept()
-    finally:
-        conn.close()
+def _drain(url: str, address: str) -> list[tuple[str, int]]:
+    return [(m.body, m.delivery_count) for m in consume_all(url, address)]
 
 
 def test_committed_sends_become_visible_and_rolled_back_ones_never(scow_broker):
