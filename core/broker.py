@@ -72,7 +72,7 @@ class Broker:
         self.storage = storage
         self.queue_types = dict(queue_types)
         self.full_policies = dict(full_policies)
-        #: False when the journal keeps nothing (persistence disabled, in-memory journal).
+        #: False when persistence is disabled: nothing is stored, not even topology.
         self.persistent = persistent
         self.compile_selector = selector_compiler
         #: The plugin hooks (pluggy's relay), for per-connection hook calls by protocols.
