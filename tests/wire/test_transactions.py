@@ -138,3 +138,31 @@ def test_committed_acknowledgements_remove_the_messages(scow_broker):
             broker.queue_stats("acks2") is None or broker.queue_stats("acks2")["message-count"] == 0
         )
     )
+
+
+class Abandoner(TxReceiver):
+    """Accepts in a transaction, then drops the connection without discharging."""
+
+    def on_message(self, event):
+        self.received.append(event.message.body)
+        self.transaction.accept(event.delivery)
+        if len(self.received) == self.count:
+            self.transaction.send(self.sender, Message(body="never", durable=True))
+            event.connection.close()
+            self.outcome = "abandoned"
+
+    def on_transaction_declared(self, event):
+        self.sender = event.container.create_sender(self.conn, "abandoned-sends")
+        super().on_transaction_declared(event)
+
+
+def test_connection_loss_rolls_back_its_open_transaction(scow_broker):
+    broker = scow_broker()
+    conn = BlockingConnection(broker.url, timeout=10)
+    conn.create_sender("held").send(Message(body="h"))
+    conn.close()
+    client = Abandoner(broker.url, "held", 1, commit=True)
+    Container(client).run()
+    assert client.outcome == "abandoned"
+    assert _drain(broker.url, "held") == [("h", 1)]  # the ack was rolled back: +1 count
+    assert _drain(broker.url, "abandoned-sends") == []
