@@ -345,9 +345,11 @@ def test_packaged_default_config_loads() -> None:
     assert s.auto_create_addresses and s.auto_create_queues
 
 
-def test_packaged_default_config_shows_every_kernel_setting() -> None:
+def test_packaged_default_config_shows_every_kernel_and_builtin_plugin_setting() -> None:
     text = default_config_path().read_text()
-    names = [s.name for section in core_sections() for s in section.settings]
+    sections = [*core_sections(), *_plugin_sections()]
+    assert all(s.doc.strip() for section in sections for s in section.settings)
+    names = [s.name for section in sections for s in section.settings]
     names += list(ADDRESS_SETTING_DOCS)
     missing = [n for n in names if f"{n} =" not in text]
     assert missing == []
