@@ -7,6 +7,7 @@ producer and consumer happens here and in the queue objects.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -247,9 +248,14 @@ class Broker:
         ):
             self.delete_address(address.name)
 
-    def _auto_delete(self, queue: Any) -> None:
+    def _is_live(self, queue: Any) -> bool:
+        """True while `queue` is the broker's queue of that name (not deleted, not replaced)."""
+        return self.queues.get(queue.name) is queue
+
+    def _auto_delete(self, queue: Any, waited: bool = False) -> None:
+        """Delete an unused queue that asked for it (temporary, or auto-created and idle)."""
         spec: QueueSpec = queue.spec
-        if queue.consumer_count() or queue.name not in self.queues:
+        if queue.consumer_count() or not self._is_live(queue):
             return
         if spec.delete_on_no_consumers:
             self.delete_queue(queue.name)
@@ -260,6 +266,10 @@ class Broker:
             and settings.auto_delete_queues
             and queue.message_count() <= settings.auto_delete_queues_message_count
         ):
+            delay = settings.auto_delete_queues_delay
+            if delay > 0 and not waited:  # check again once it stayed unused that long
+                asyncio.get_running_loop().call_later(delay / 1000, self._auto_delete, queue, True)
+                return
             self.delete_queue(queue.name)
 
     # ------------------------------------------------------------------ producing
@@ -351,8 +361,16 @@ class Broker:
         return targets
 
     def _auto_queue(self, name: str, routing_type: RoutingType) -> Any:
+        max_consumers = self.settings_for(name).default_max_consumers
         return self.create_queue(
-            QueueSpec(name, name, routing_type, auto_created=True, durable=True)
+            QueueSpec(
+                name,
+                name,
+                routing_type,
+                auto_created=True,
+                durable=True,
+                max_consumers=max_consumers,
+            )
         )
 
     def _store(
@@ -577,8 +595,12 @@ class Broker:
 
     def _put_back(self, ref: MessageRef, delivered: bool) -> None:
         queue: Any = ref.queue
-        if self.queues.get(queue.name) is queue:
-            ref.queue.release(ref, delivered=delivered)
+        delay = self.settings_for(queue.address).redelivery_delay if delivered else 0
+        if delay > 0:  # a failed delivery waits redelivery-delay ms before it is offered again
+            asyncio.get_running_loop().call_later(delay / 1000, self._put_back, ref, False)
+            return
+        if self._is_live(queue):
+            queue.release(ref, delivered=delivered)
         else:  # the queue went away meanwhile
             queue.remove_delivering(ref)
             self.discard(ref)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from proton import Message
+from proton.utils import LinkDetached
 
 from scow.core.testing import wait_for
 
@@ -132,3 +136,35 @@ def test_message_expiring_while_a_consumer_waits_is_not_delivered(scow_broker):
         wait_for(lambda: stats(broker, "ExpiryQueue").get("message-count") == 1, what="expiry")
         send(conn, "perishable", Message(body="fresh"))
         assert receiver.receive(timeout=10).body == "fresh"
+
+
+def test_redelivery_delay_holds_a_failed_message_back(scow_broker):
+    broker = scow_broker(address_settings={"#": {"redelivery-delay": 600}})
+    with connected(broker.url) as conn:
+        conn.create_sender("slow").send(Message(body="s"))
+        receiver = conn.create_receiver("slow")
+        receiver.receive(timeout=10)
+        failed_at = time.monotonic()
+        settle_modified(receiver, failed=True)
+        again = receiver.receive(timeout=10)
+        assert again.delivery_count == 1
+        assert time.monotonic() - failed_at >= 0.5
+        receiver.accept()
+
+
+def test_default_max_consumers_limits_auto_created_queues(scow_broker):
+    broker = scow_broker(address_settings={"#": {"default-max-consumers": 1}})
+    with connected(broker.url) as conn:
+        conn.create_receiver("single")
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver("single", name="second")
+        assert "max-consumers" in str(refused.value)
+
+
+def test_auto_delete_queues_delay_keeps_an_unused_queue_for_a_while(scow_broker):
+    broker = scow_broker(address_settings={"#": {"auto-delete-queues-delay": 500}})
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("lingering")
+        receiver.close()
+    assert broker.queue_stats("lingering") is not None  # still there right after
+    wait_for(lambda: broker.queue_stats("lingering") is None, what="the delayed auto-delete")
