@@ -247,6 +247,12 @@ class AmqpConnection(asyncio.Protocol):
         except BrokerError as exc:
             engine.refuse_link(link, exc.condition, exc.description)
 
+    def drop_link(self, link: Any, condition: str, description: str) -> None:
+        """Close one link with an error; the connection and its other links carry on."""
+        self._drop_link(link, remote_closed=False)
+        engine.close_link(link, condition, description)
+        self.mark_dirty()
+
     def _drop_link(self, link: Any, *, remote_closed: bool) -> None:
         handler = self.links.pop(link, None)
         if handler is not None:

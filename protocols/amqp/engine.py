@@ -327,6 +327,11 @@ def open_link(
     lib.pn_link_open(link)
 
 
+def set_max_message_size(link: CData, size: int) -> None:
+    """Tell the peer the largest message this link takes (0: no limit)."""
+    lib.pn_link_set_max_message_size(link, size)
+
+
 def refuse_link(link: CData, condition: str, description: str) -> None:
     """Attach with a null terminus then close with an error, as the spec asks."""
     if lib.pn_link_is_sender(link):

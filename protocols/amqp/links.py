@@ -63,12 +63,20 @@ class ProducerLink:
         self.credit = conn.server.producer_credit
         self.blocked_on: Any = None  # the full address holding back our credit
         self.closed = False
+        self.max_size = conn.server.max_message_size
         if self.address is not None:
             conn.broker.address_for(self.address, self.routing_type)
+        engine.set_max_message_size(link, self.max_size)
         engine.open_link(link, address=self.address)
         engine.link_flow(link, self.credit)
 
     def on_delivery(self, delivery: Any) -> None:
+        if self.closed:
+            return
+        size = engine.delivery_pending(delivery)
+        if self.max_size and size > self.max_size:
+            self._too_large(size)
+            return
         if engine.delivery_partial(delivery):
             return
         link = self.link
@@ -108,6 +116,14 @@ class ProducerLink:
         except ValueError as exc:  # a message our codec cannot read
             self._refuse(delivery, presettled, "amqp:decode-error", str(exc))
         self._replenish()
+
+    def _too_large(self, size: int) -> None:
+        """Close the link: the message (perhaps still arriving) is over max-message-size."""
+        self.conn.drop_link(
+            self.link,
+            "amqp:link:message-size-exceeded",
+            f"message of {size} bytes (or more) exceeds max-message-size {self.max_size}",
+        )
 
     def _refuse(self, delivery: Any, presettled: bool, condition: str, description: str) -> None:
         if presettled:

@@ -52,6 +52,15 @@ SECTION = ConfigSection(
             "Credit given to each sending link, replenished as it is used.",
             minimum=1,
         ),
+        Setting(
+            "max-message-size",
+            int,
+            104_857_600,
+            "Largest message accepted (bytes); a bigger one closes its link with "
+            "amqp:link:message-size-exceeded. 0 means no limit.",
+            kind="size",
+            minimum=0,
+        ),
     ),
     "The AMQP 1.0 listener.",
 )

@@ -46,6 +46,7 @@ class AmqpServer:
         self.max_frame_size = int(settings["max-frame-size"])
         self.sasl_mechanisms = list(settings["sasl-mechanisms"])
         self.producer_credit = int(settings["producer-credit"])
+        self.max_message_size = int(settings["max-message-size"])
         self.users = dict(users)
         self.allow_anonymous = allow_anonymous
         self.container_id = container_id

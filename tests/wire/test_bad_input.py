@@ -222,3 +222,17 @@ def test_silent_peer_is_closed_after_the_idle_timeout(scow_broker):
     reply = exchange(broker.port, AMQP_HEADER + open_frame, timeout=5)  # then says nothing
     assert close_condition(reply)[0] == "amqp:resource-limit-exceeded"
     round_trip(broker.url)
+
+
+def test_oversize_message_closes_its_link_and_the_connection_serves_on(scow_broker):
+    from proton.utils import LinkDetached
+
+    broker = scow_broker(sections={"amqp": {"max-message-size": 10_000, "max-frame-size": 4096}})
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("big")
+        with pytest.raises((LinkDetached, ConnectionException)) as refused:
+            sender.send(Message(body=b"x" * 50_000), timeout=10)
+        assert "amqp:link:message-size-exceeded" in str(refused.value)
+        assert "max-message-size 10000" in str(refused.value)
+        conn.create_sender("big", name="again").send(Message(body="small"), timeout=10)
+    assert broker.queue_stats("big")["message-count"] == 1
