@@ -87,9 +87,13 @@ _OUT_SIZE = 1 << 18
 _out_buf = ffi.new("char[]", _OUT_SIZE)
 
 
-def receive(link: CData, delivery: CData) -> bytes:
-    """The complete message of a readable, non-partial delivery; advances the link."""
-    size = lib.pn_delivery_pending(delivery)
+def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
+    """The complete message of a readable, non-partial delivery; advances the link.
+
+    `size` is its pending byte count when the caller already asked proton for it.
+    """
+    if size < 0:
+        size = lib.pn_delivery_pending(delivery)
     buf = _recv_buf if size <= _RECV_SIZE else ffi.new("char[]", size)
     got = lib.pn_link_recv(link, buf, size)
     lib.pn_link_advance(link)

@@ -84,7 +84,7 @@ class ProducerLink:
             engine.delivery_settle(delivery)
             engine.link_advance(link)
             return
-        data = engine.receive(link, delivery)
+        data = engine.receive(link, delivery, size)
         presettled = engine.delivery_settled(delivery)
         address = self.address
         try:
