@@ -309,6 +309,7 @@ class FileJournal:
         on_done: Completion | None = None,
     ) -> None:
         """Add a record; `record_id` must not be live already."""
+        # `_put` and `_complete_with` written out: this runs once per durable message
         size = HEADER_SIZE + len(data)
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
@@ -352,35 +353,18 @@ class FileJournal:
     ) -> None:
         """Attach data to a live record; a replaceable update supersedes earlier
         replaceable updates of the same type."""
-        size = HEADER_SIZE + len(data)
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
                 self._raise_closed()
             st = self._records.get(record_id)
             if st is None:
                 raise self._unknown("update", record_id)
-            if self._pos + size > self._limit:
-                self._roll(size)
-            f = self._cur
-            assert f is not None
             flags = FLAG_REPLACEABLE if replaceable else 0
-            try:
-                rest = _PACK_REST(_UPDATE, record_type, flags, f.epoch, size, record_id, 0)
-            except struct.error:
-                raise self._bad_args(record_id, record_type) from None
-            self._chunks.append(_PACK_CRC(_crc32(data, _crc32(rest))) + rest)
-            self._chunks.append(data)
-            self._pos += size
+            f = self._put(_UPDATE, record_type, flags, record_id, 0, data)
             self._attach(record_id, st, record_type, replaceable, f)
             f.pos += 1
             f.written += 1
-            if on_done is not None:
-                self._comps.append(on_done)
-            if sync and self._sync_nontx:
-                self._want_sync = True
-            self._pending += size
-            if self._pending >= self._wake_at:
-                self._cond.notify()
+            self._complete_with(sync and self._sync_nontx, on_done)
 
     def append_delete(
         self, record_id: int, *, sync: bool, on_done: Completion | None = None
@@ -394,12 +378,7 @@ class FileJournal:
                 raise self._unknown("delete", record_id)
             f = self._put(_DELETE, 0, 0, record_id, 0, b"")
             self._kill(st, f)
-            if on_done is not None:
-                self._comps.append(on_done)
-            if sync and self._sync_nontx:
-                self._want_sync = True
-            if self._pending >= self._wake_at:
-                self._cond.notify()
+            self._complete_with(sync and self._sync_nontx, on_done)
 
     def append_add_tx(self, tx_id: int, record_id: int, record_type: int, data: bytes) -> None:
         """Add a record when transaction `tx_id` commits."""
