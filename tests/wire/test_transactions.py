@@ -12,8 +12,8 @@ from scow.core.testing import wait_for
 from .helpers import consume_all
 
 
-class TxClient(MessagingHandler, TransactionHandler):
-    """Sends `count` messages in one transaction, then commits or aborts."""
+class _TxHandler(MessagingHandler, TransactionHandler):
+    """One transaction over `count` messages on `address`, then commit or abort."""
 
     def __init__(self, url: str, address: str, count: int, commit: bool) -> None:
         super().__init__(prefetch=0, auto_accept=False)
@@ -22,43 +22,50 @@ class TxClient(MessagingHandler, TransactionHandler):
 
     def on_start(self, event):
         self.conn = event.container.connect(self.url)
-        self.sender = event.container.create_sender(self.conn, self.address)
+        self.open_link(event.container)
         event.container.declare_transaction(self.conn, handler=self)
+
+    def discharge(self, transaction):
+        if self.commit:
+            transaction.commit()
+        else:
+            transaction.abort()
+
+    def _finish(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.conn.close()
+
+    def on_transaction_committed(self, event):
+        self._finish("committed")
+
+    def on_transaction_aborted(self, event):
+        self._finish("aborted")
+
+    def on_transaction_declare_failed(self, event):
+        self._finish("declare-failed")
+
+
+class TxClient(_TxHandler):
+    """Sends `count` messages in one transaction, then commits or aborts."""
+
+    def open_link(self, container):
+        self.sender = container.create_sender(self.conn, self.address)
 
     def on_transaction_declared(self, event):
         for i in range(self.count):
             event.transaction.send(self.sender, Message(body=f"tx{i}", durable=True))
-        if self.commit:
-            event.transaction.commit()
-        else:
-            event.transaction.abort()
-
-    def on_transaction_committed(self, event):
-        self.outcome = "committed"
-        self.conn.close()
-
-    def on_transaction_aborted(self, event):
-        self.outcome = "aborted"
-        self.conn.close()
-
-    def on_transaction_declare_failed(self, event):
-        self.outcome = "declare-failed"
-        self.conn.close()
+        self.discharge(event.transaction)
 
 
-class TxReceiver(MessagingHandler, TransactionHandler):
+class TxReceiver(_TxHandler):
     """Receives `count` messages and accepts them in one transaction, then discharges."""
 
     def __init__(self, url: str, address: str, count: int, commit: bool) -> None:
-        super().__init__(prefetch=0, auto_accept=False)
-        self.url, self.address, self.count, self.commit = url, address, count, commit
+        super().__init__(url, address, count, commit)
         self.received: list[str] = []
-        self.outcome: str | None = None
 
-    def on_start(self, event):
-        self.conn = event.container.connect(self.url)
-        self.receiver = event.container.create_receiver(self.conn, self.address)
-        event.container.declare_transaction(self.conn, handler=self)
+    def open_link(self, container):
+        self.receiver = container.create_receiver(self.conn, self.address)
 
     def on_transaction_declared(self, event):
         self.transaction = event.transaction
@@ -68,18 +75,7 @@ class TxReceiver(MessagingHandler, TransactionHandler):
         self.received.append(event.message.body)
         self.transaction.accept(event.delivery)
         if len(self.received) == self.count:
-            if self.commit:
-                self.transaction.commit()
-            else:
-                self.transaction.abort()
-
-    def on_transaction_committed(self, event):
-        self.outcome = "committed"
-        self.conn.close()
-
-    def on_transaction_aborted(self, event):
-        self.outcome = "aborted"
-        self.conn.close()
+            self.discharge(self.transaction)
 
 
 def _drain(url: str, address: str) -> list[tuple[str, int]]:
