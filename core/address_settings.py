@@ -158,6 +158,12 @@ _SPECS: tuple[_Spec, ...] = (
     _Spec("max-read-page-bytes", "size", 2 * DEFAULT_PAGE_SIZE_BYTES,
           "Bytes of paged messages read back into memory per queue; defaults to twice "
           "page-size-bytes; -1 is unlimited.", minimum=-1),
+    _Spec("prefetch-page-messages", "int", -1,
+          "Paged messages read ahead into memory per queue, not counting those being "
+          "delivered; defaults to max-read-page-messages.", minimum=-1),
+    _Spec("prefetch-page-bytes", "size", 2 * DEFAULT_PAGE_SIZE_BYTES,
+          "Bytes of paged messages read ahead into memory per queue, not counting those "
+          "being delivered; defaults to max-read-page-bytes.", minimum=-1),
     _Spec("page-limit-bytes", "size", -1,
           "Bytes an address may page to disk before page-full-policy applies; -1 is unlimited.",
           minimum=-1),
@@ -334,6 +340,8 @@ class AddressSettings:
     address_full_policy: AddressFullPolicy = "PAGE"
     max_read_page_messages: int = -1
     max_read_page_bytes: int = 2 * DEFAULT_PAGE_SIZE_BYTES
+    prefetch_page_messages: int = -1
+    prefetch_page_bytes: int = 2 * DEFAULT_PAGE_SIZE_BYTES
     page_limit_bytes: int = -1
     page_limit_messages: int = -1
     page_full_policy: Literal["DROP", "FAIL"] | None = None
@@ -366,13 +374,20 @@ class AddressSettings:
         """Settings from layers given most specific first (kebab-case keys).
 
         A key's value comes from the first layer that sets it, else the default. When no
-        layer sets max-read-page-bytes it is twice the effective page-size-bytes (Artemis).
+        layer sets max-read-page-bytes it is twice the effective page-size-bytes, and the
+        prefetch-page-* settings default to the max-read-page-* ones (Artemis).
         """
         values: dict[str, object] = {}
         for layer in reversed(layers):
             values.update(validate_settings(layer))
         if "max-read-page-bytes" not in values and "page-size-bytes" in values:
             values["max-read-page-bytes"] = 2 * int(values["page-size-bytes"])  # type: ignore[call-overload]
+        for read, prefetch in (
+            ("max-read-page-bytes", "prefetch-page-bytes"),
+            ("max-read-page-messages", "prefetch-page-messages"),
+        ):
+            if prefetch not in values and read in values:
+                values[prefetch] = values[read]
         return cls(**{k.replace("-", "_"): v for k, v in values.items()})  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:

@@ -14,6 +14,7 @@ import structlog
 
 from scow.core.broker import Broker
 from scow.core.config import Config, ConfigError, load_config, read_plugin_list
+from scow.core.disk_monitor import DiskMonitor
 from scow.core.interfaces import Completion, ProtocolServer, Service
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
@@ -74,6 +75,7 @@ class Server:
             self.queue_types = plugins.unique("scow_register_queue_types", "queue type")
             self.journals = plugins.unique("scow_register_journals", "journal backend")
             self.full_policies = plugins.unique("scow_register_full_policies", "full policy")
+            self.page_stores = plugins.unique("scow_register_page_stores", "page store")
             self.protocol_types = plugins.unique("scow_register_protocols", "protocol")
         except PluginError as exc:
             raise StartupError(str(exc)) from exc
@@ -85,15 +87,36 @@ class Server:
         plugins.hook.scow_configure(config=config)
 
     def _check_full_policies(self) -> None:
-        """A size limit needs its address-full-policy provided by an enabled plugin."""
-        for pattern in self.config.address_settings.patterns():
+        """A limit needs its address-full-policy provided by an enabled plugin.
+
+        An address's own max-size-bytes / max-size-messages, or an explicitly configured
+        global-max-size / global-max-messages, refuse startup without it; the derived
+        global-max-size only warns (it bounds what it can).
+        """
+        broker_cfg = self.config.section("broker")
+        explicit_global = broker_cfg["global-max-size"] != -1 or broker_cfg[
+            "global-max-messages"
+        ] != -1
+        for pattern in ["#", *self.config.address_settings.patterns()]:
             settings = self.config.address_settings.get(pattern)
+            policy = settings.address_full_policy
+            if policy in self.full_policies:
+                continue
             limited = settings.max_size_bytes >= 0 or settings.max_size_messages >= 0
-            if limited and settings.address_full_policy not in self.full_policies:
+            provider = "; enable the 'paging' plugin" if policy == "PAGE" else ""
+            available = ", ".join(sorted(self.full_policies)) or "none"
+            if limited or explicit_global:
+                limit = "a size limit" if limited else "global-max-size / global-max-messages"
                 raise StartupError(
-                    f'[address-settings."{pattern}"] address-full-policy = '
-                    f'"{settings.address_full_policy}" with a size limit needs a plugin that '
-                    f"provides it (available: {', '.join(sorted(self.full_policies)) or 'none'})"
+                    f'[address-settings."{pattern}"] address-full-policy = "{policy}" with '
+                    f"{limit} needs a plugin that provides it{provider} "
+                    f"(available: {available})"
+                )
+            if pattern == "#":
+                log.warning(
+                    "global-max-size does not bound addresses whose full policy is not enabled",
+                    address_full_policy=policy,
+                    hint=provider.lstrip("; ") or f"available: {available}",
                 )
 
     def _storage(self) -> StorageManager:
@@ -134,6 +157,7 @@ class Server:
             full_policies=self.full_policies,
             persistent=bool(storage.journals),
             selector_compiler=lambda text: compile_selector(text).matches,
+            page_stores=self.page_stores,
         )
         broker.hooks = self.plugins.hook
         self.broker = broker
@@ -147,7 +171,11 @@ class Server:
             queues=len(broker.queues),
             messages=restored,
         )
-        self.services = [ExpiryReaper(broker, self.config.section("broker"))]
+        broker_cfg = self.config.section("broker")
+        self.services = [
+            ExpiryReaper(broker, broker_cfg),
+            DiskMonitor(broker.limits, self._storage_paths(), broker_cfg),
+        ]
         self.services += self.plugins.collect("scow_services", broker=broker)
         for service in self.services:
             await service.start()
@@ -164,6 +192,18 @@ class Server:
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 50, 50)
         return broker
+
+    def _storage_paths(self) -> list[Path]:
+        """The directories whose file systems the disk monitor watches."""
+        data_dir = Path(str(self.config.section("broker")["data-dir"]))
+        paths = [data_dir]
+        for section, keys in (
+            ("journal", ("journal-directory", "bindings-directory")),
+            ("paging", ("paging-directory",)),
+        ):
+            if section in self.config.section_names:
+                paths += [data_dir / str(self.config.section(section)[key]) for key in keys]
+        return paths
 
     async def stop(self) -> None:
         if self.broker is not None:

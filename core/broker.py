@@ -15,24 +15,26 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.message import Message, MessageFormat, MessageRef
+from scow.core.message import Message, MessageFormat, MessageRef, PagedRef
 from scow.core.model import (
     AddressInfo,
     InvalidField,
+    MemoryLimits,
     NotFound,
     QueueSpec,
     ResourceLimitExceeded,
     ResourceLocked,
     RouteStatus,
     RoutingType,
+    derived_global_max_size,
 )
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
     from scow.core.config import Config
-    from scow.core.descriptors import FullPolicyType, QueueType
+    from scow.core.descriptors import FullPolicyType, PageStoreBackend, QueueType
     from scow.core.interfaces import Completion, Consumer
-    from scow.core.storage import Recovered, RecoveredMessage, StorageManager
+    from scow.core.storage import PageRecovery, Recovered, RecoveredMessage, StorageManager
 
 log = structlog.get_logger("scow.broker")
 
@@ -68,11 +70,17 @@ class Broker:
         full_policies: Mapping[str, FullPolicyType],
         persistent: bool,
         selector_compiler: Callable[[str], Any],
+        page_stores: Mapping[str, PageStoreBackend] | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
         self.queue_types = dict(queue_types)
         self.full_policies = dict(full_policies)
+        self.page_stores = dict(page_stores or {})
+        #: The paging plugin's manager, once an address pages (see `scow.plugins.paging`).
+        self.page_manager: Any = None
+        #: How stored messages are read back (the protocol plugin's), set at recovery.
+        self.message_format: MessageFormat | None = None
         #: False when persistence is disabled: nothing is stored, not even topology.
         self.persistent = persistent
         self.compile_selector = selector_compiler
@@ -83,6 +91,14 @@ class Broker:
         #: Transactions found prepared at recovery, undecided: their messages and acks are
         #: held (invisible, not redelivered) until commit_prepared or rollback_prepared.
         self.prepared: dict[int, Transaction] = {}
+        broker_cfg = config.section("broker")
+        max_size = int(broker_cfg.get("global-max-size", -1))  # type: ignore[call-overload]
+        self.limits = MemoryLimits(
+            derived_global_max_size() if max_size < 0 else max_size,
+            int(broker_cfg.get("global-max-messages", -1)),  # type: ignore[call-overload]
+        )
+        #: What recovery found of the paging plugin's journal records, for it to take.
+        self.page_recovery: PageRecovery | None = None
         self.messages_routed = 0
         self.messages_unrouted = 0
         self.messages_expired = 0
@@ -130,6 +146,7 @@ class Broker:
             auto_created=auto_created,
             durable=durable,
             temporary=temporary,
+            limits=self.limits,
         )
         address.full_policy = self._full_policy_for(address)
         self.addresses[name] = address
@@ -141,17 +158,26 @@ class Broker:
         return address
 
     def _full_policy_for(self, address: AddressInfo) -> Any:
+        """The address's full policy, if any limit (its own or the broker's) can fill it.
+
+        The broker-wide limits apply only to addresses whose policy some enabled plugin
+        provides (the app warns at startup about those it cannot bound).
+        """
         settings = address.settings
-        if settings.max_size_bytes < 0 and settings.max_size_messages < 0:
+        own_limit = settings.max_size_bytes >= 0 or settings.max_size_messages >= 0
+        global_limit = self.limits.max_size >= 0 or self.limits.max_messages >= 0
+        if not (own_limit or global_limit):
             return None
         policy = self.full_policies.get(settings.address_full_policy)
         if policy is None:
+            if not own_limit:
+                return None
             raise ResourceLimitExceeded(
                 f"address '{address.name}': address-full-policy "
                 f"'{settings.address_full_policy}' is not provided by any enabled plugin "
                 f"(available: {', '.join(sorted(self.full_policies)) or 'none'})"
             )
-        return policy.factory(address)
+        return policy.factory(address, self)
 
     def _store_address(self, address: AddressInfo) -> None:
         if not (self.persistent and address.durable and not address.temporary):
@@ -296,6 +322,19 @@ class Broker:
         if isinstance(routed, RouteStatus):
             return routed
         message, queues = routed
+        return self._accept(message, queues, address, on_stored)
+
+    def _accept(
+        self,
+        message: Message,
+        queues: list[Any],
+        address: AddressInfo,
+        on_stored: Completion | None,
+    ) -> RouteStatus:
+        """Put a routed message in its queues' memory, or in the address's pages."""
+        pager = address.pager
+        if pager is not None and (pager.paging or address.is_full()):
+            return pager.page(message, queues, on_stored, None)
         refs = self._store(message, queues, address, on_stored, None)
         for ref in refs:
             ref.queue.enqueue(ref)
@@ -384,8 +423,7 @@ class Broker:
         """Account for `message` and journal it if durable; returns refs to enqueue."""
         refs = [MessageRef(message, q) for q in queues]
         message.refcount = len(refs)
-        address.size += len(message.data)
-        address.message_count += 1
+        address.add_memory(len(message.data))
         if message.durable and self.persistent:
             durable_ids = [q.id for q in queues if q.durable]
             if durable_ids:
@@ -421,14 +459,27 @@ class Broker:
             if not isinstance(result, RouteStatus):
                 routed.append((*result, address))
         refs: list[MessageRef] = []
+        pagers: list[Any] = []
+        barrier = _Barrier()
         for message, queues, address in routed:
-            refs += self._store(message, queues, address, None, tx.id)
+            pager = address.pager
+            if pager is not None and (pager.paging or address.is_full()):
+                pager.page(message, queues, barrier.add(), tx.id)
+                if pager not in pagers:
+                    pagers.append(pager)
+            else:
+                refs += self._store(message, queues, address, None, tx.id)
         journaled = any(m.stored_refs for m, _, _ in routed)
+        if pagers and self.persistent:
+            self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
+            journaled = True
         for ref in tx.acks:
             journaled |= self._journal_ack(ref, tx.id)
         acks, tx.acks, tx.sends = tx.acks, [], []
 
         def finish() -> None:
+            for pager in pagers:
+                pager.commit_tx(tx.id)
             for ref in refs:
                 ref.queue.enqueue(ref)
             for ref in acks:
@@ -436,10 +487,10 @@ class Broker:
             on_done()
 
         if journaled:
-            self.storage.commit(tx.id, finish)
-            return RouteStatus.PENDING
-        finish()
-        return RouteStatus.ROUTED
+            self.storage.commit(tx.id, barrier.add())
+        if barrier.arm(finish):
+            return RouteStatus.ROUTED
+        return RouteStatus.PENDING
 
     def rollback(self, tx: Transaction) -> None:
         """Forget the transaction's messages; its acknowledged messages go back (+1 count)."""
@@ -582,7 +633,10 @@ class Broker:
                 queue.messages_killed += 1
                 self._dead_letter(ref)
                 return
-            if ref.message.stored_refs and queue.durable:
+            if ref.__class__ is PagedRef:
+                if ref.cursor.store_delivery_count(ref, lambda: self._put_back(ref, delivered)):  # type: ignore[attr-defined]
+                    return
+            elif ref.message.stored_refs and queue.durable:
                 # offered again only once its new count is on disk
                 self.storage.update_delivery_count(
                     ref.message.id,
@@ -621,6 +675,8 @@ class Broker:
 
     def _journal_ack(self, ref: MessageRef, tx_id: int | None) -> bool:
         """Journal that `ref`'s queue is done with the message; True if anything was written."""
+        if ref.__class__ is PagedRef:
+            return ref.cursor.journal_ack(ref, tx_id)  # type: ignore[attr-defined,no-any-return]
         message = ref.message
         if not (message.stored_refs and ref.queue.durable):
             return False
@@ -631,15 +687,27 @@ class Broker:
     def _release_memory(self, ref: MessageRef) -> None:
         message = ref.message
         message.refcount -= 1
+        if ref.__class__ is PagedRef:
+            ref.cursor.settle(ref)  # type: ignore[attr-defined]
         if message.refcount == 0:
             address = self.addresses.get(message.address)
             if address is not None:
-                was_full = address.full_policy is not None and address.is_full()
-                address.size -= len(message.data)
-                address.message_count -= 1
-                if was_full and not address.is_full():
+                limits = self.limits
+                globally_full = limits.is_full()
+                if address.remove_memory(len(message.data)):
                     for resume in list(address.on_space):
                         resume()
+                if globally_full and not limits.is_full():
+                    self._resume_producers()
+                if address.pager is not None:
+                    address.pager.check()
+
+    def _resume_producers(self) -> None:
+        """The broker's memory has room again: every address's blocked producers resume."""
+        for address in list(self.addresses.values()):
+            if address.on_space and not address.is_full():
+                for resume in list(address.on_space):
+                    resume()
 
     # ------------------------------------------------------------------ dead letters and expiry
 
@@ -681,8 +749,7 @@ class Broker:
                     durable=message.durable,
                     priority=message.priority,
                 )
-                for copy_ref in self._store(copy, queues, self.addresses[target], None, None):
-                    copy_ref.queue.enqueue(copy_ref)
+                self._accept(copy, queues, self.addresses[target], None)
             else:
                 log.warning("no queue on dead-letter/expiry address", address=target)
         self._dereference(ref)
@@ -710,6 +777,8 @@ class Broker:
 
     def recover(self, recovered: Recovered, fmt: MessageFormat) -> int:
         """Rebuild topology and queued messages from storage; returns messages restored."""
+        self.page_recovery = recovered.pages
+        self.message_format = fmt
         for description in recovered.addresses:
             self.create_address(
                 description["name"],
@@ -762,8 +831,7 @@ class Broker:
         message.refcount = message.stored_refs = len(queues)
         address = self.addresses.get(rec.address)
         if address is not None:
-            address.size += len(rec.data)
-            address.message_count += 1
+            address.add_memory(len(rec.data))
         return [MessageRef(message, queue, count) for queue, count in queues]
 
     def commit_prepared(self, tx_id: int, on_done: Completion | None = None) -> None:
@@ -775,6 +843,7 @@ class Broker:
                 ref.queue.enqueue(ref)
             for ref in tx.acks:
                 ref.message.stored_refs -= 1
+                ref.queue.remove_delivering(ref)
                 self._release_memory(ref)
             if on_done is not None:
                 on_done()
@@ -793,14 +862,64 @@ class Broker:
     # ------------------------------------------------------------------ introspection
 
     def stats(self) -> dict[str, Any]:
+        """Broker-wide figures, every queue's, and every address's (memory and paging)."""
         return {
+            **self.limits.stats(),
             "addresses": len(self.addresses),
+            "address-stats": {name: self.address_stats(a) for name, a in self.addresses.items()},
             "queues": {name: q.stats() for name, q in self.queues.items()},
             "messages-routed": self.messages_routed,
             "messages-unrouted": self.messages_unrouted,
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
         }
+
+
+    def address_stats(self, address: AddressInfo) -> dict[str, Any]:
+        """One address: memory held, paging state and figures, whether producers block."""
+        policy = address.full_policy
+        out: dict[str, Any] = {
+            "routing-types": sorted(r.value for r in address.routing_types),
+            "queues": sorted(address.queues),
+            "memory-bytes": address.size,
+            "messages-in-memory": address.message_count,
+            "full": policy is not None and address.is_full(),
+            "blocked": policy is not None and policy.blocks_producers(),
+            "paging": False,
+        }
+        if address.pager is not None:
+            out.update(address.pager.stats())
+        return out
+
+
+class _Barrier:
+    """Runs a function once every completion it handed out has been called."""
+
+    __slots__ = ("_armed", "_pending", "_then")
+
+    def __init__(self) -> None:
+        self._pending = 0
+        self._armed = False
+        self._then: Callable[[], None] | None = None
+
+    def add(self) -> Completion:
+        self._pending += 1
+        return self._done
+
+    def _done(self) -> None:
+        self._pending -= 1
+        if self._armed and self._pending == 0 and self._then is not None:
+            then, self._then = self._then, None
+            then()
+
+    def arm(self, then: Callable[[], None]) -> bool:
+        """Run `then` once all are done; True when that was at once (nothing pending)."""
+        self._armed = True
+        if self._pending == 0:
+            then()
+            return True
+        self._then = then
+        return False
 
 
 def _expiration(ttl: int, settings: AddressSettings) -> int:

@@ -278,6 +278,48 @@ BROKER_SECTION = ConfigSection(
             minimum=-1,
         ),
         Setting(
+            "global-max-size",
+            (int, str),
+            -1,
+            "Memory (estimated bytes) all addresses together may hold before each applies its "
+            "address-full-policy; -1 derives it: 1/16 of physical memory, at most 128MiB.",
+            kind="size",
+            minimum=-1,
+        ),
+        Setting(
+            "global-max-messages",
+            int,
+            -1,
+            "Messages all addresses together may hold in memory before each applies its "
+            "address-full-policy; -1 is unlimited.",
+            minimum=-1,
+        ),
+        Setting(
+            "max-disk-usage",
+            int,
+            90,
+            "Percent of a storage file system in use past which every producer is blocked; "
+            "-1 turns the check off.",
+            minimum=-1,
+        ),
+        Setting(
+            "min-disk-free",
+            (int, str),
+            -1,
+            "Free bytes below which every producer is blocked; wins over max-disk-usage; -1 "
+            "is unset.",
+            kind="size",
+            minimum=-1,
+        ),
+        Setting(
+            "disk-scan-period",
+            (int, str),
+            5000,
+            "How often (ms) the disk monitor checks the storage file systems.",
+            kind="duration-ms",
+            minimum=1,
+        ),
+        Setting(
             "log-format",
             str,
             "console",

@@ -46,11 +46,20 @@ class JournalBackend:
 
 @dataclass(frozen=True)
 class PageStoreBackend:
-    """Storage for the pages of paged addresses."""
+    """Storage for the pages of paged addresses, chosen by `[paging] store`.
+
+    `factory(directory, address, settings)` opens (creating if needed) the store of one
+    address under `directory` (the paging directory); `discover(directory, settings)` lists
+    the addresses that have a store there, for recovery. `settings` is the backend's own
+    validated config section (may be empty).
+    """
 
     name: str
     factory: Callable[[Path, str, Mapping[str, Any]], PageStore]
+    discover: Callable[[Path, Mapping[str, Any]], list[str]]
     doc: str = ""
+    #: The config section whose validated values the factory receives, if any.
+    config_section: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,8 @@ class FullPolicyType:
     """What an address does once full: PAGE, DROP, FAIL, BLOCK, ..."""
 
     name: str
-    factory: Callable[[AddressInfo], FullPolicy]
+    #: factory(address, broker); a policy that pages also sets `address.pager`.
+    factory: Callable[[AddressInfo, Broker], FullPolicy]
     doc: str = ""
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from scow.core.message import Message, MessageRef
-    from scow.core.model import QueueSpec, RoutingType
+    from scow.core.model import QueueSpec, RouteStatus, RoutingType
 
 # --------------------------------------------------------------------------- journal
 
@@ -127,30 +127,74 @@ class Journal(Protocol):
 
 @runtime_checkable
 class PageStore(Protocol):
-    """Pages of one address: an ordered sequence of pages of encoded messages.
+    """The pages of one address: numbered pages of records, each page written once, in order.
 
-    Page numbers grow by one per page. A page is written once (appended to until full,
-    then closed) and deleted when every queue's cursor has passed it.
+    Records are opaque bytes (the paging plugin's message encoding). The store frames each
+    record (see `scow.core.page_frames`) so that `read` gives back exactly the records that
+    were appended, in order, and never a torn or corrupt tail: opening a store cuts such a
+    tail off the last page. Page numbers grow by one; only the highest page is appended to.
+
+    One thread appends, syncs and deletes; other threads may `read` at the same time.
     """
 
-    def page_numbers(self) -> list[int]:
-        """Every page stored, in order."""
+    #: The address whose pages these are.
+    address: str
 
-    def append(self, page: int, message: bytes) -> None:
-        """Add a message to the open page `page`."""
+    def page_numbers(self) -> list[int]:
+        """Every page stored, in ascending order."""
+
+    def append(self, page: int, records: Sequence[bytes]) -> int:
+        """Append `records` to `page` (created when new); returns the page's size in bytes.
+
+        Appended records may be read at once but are durable only after `sync`.
+        """
 
     def sync(self) -> None:
-        """Make every appended message durable."""
+        """Make every appended record durable."""
 
-    def read(self, page: int) -> list[bytes]:
-        """The messages of `page` in the order they were appended."""
+    def read(self, page: int, offset: int = 0) -> bytes:
+        """The page's framed records from byte `offset` (a frame boundary) to its end.
 
-    def delete(self, page: int) -> None: ...
+        Decode with `scow.core.page_frames.iter_frames`. A page that does not exist reads
+        as empty.
+        """
 
-    def close(self) -> None: ...
+    def delete(self, page: int) -> None:
+        """Remove a page; deleting a missing page does nothing."""
+
+    def close(self) -> None:
+        """Release files and connections; idempotent."""
 
 
 # --------------------------------------------------------------------------- queues
+
+
+class Cursor(Protocol):
+    """A queue's read position in its address's pages (built by the paging plugin).
+
+    A paged message costs no object while it is on disk: the cursor holds a position and
+    counters. The queue asks it for more (`fill`) whenever it has room and consumers; the
+    cursor reads off the event loop and enqueues what it read as `PagedRef`s.
+    """
+
+    #: Messages for this queue still in pages, not yet read into memory, and their bytes.
+    backlog: int
+    backlog_bytes: int
+
+    def fill(self) -> None:
+        """The queue has room: read more paged messages into it (asynchronously)."""
+
+    def journal_ack(self, ref: MessageRef, tx_id: int | None) -> bool:
+        """Journal that the queue is done with paged `ref`; True if anything was written."""
+
+    def settle(self, ref: MessageRef) -> None:
+        """Paged `ref` left the queue for good (acknowledged, moved or dropped)."""
+
+    def store_delivery_count(self, ref: MessageRef, on_done: Callable[[], None]) -> bool:
+        """Journal `ref`'s new delivery count; True when `on_done` will run once it is."""
+
+    def stats(self) -> dict[str, Any]: ...
+
 
 
 class Consumer(Protocol):
@@ -183,6 +227,13 @@ class Queue(Protocol):
     durable: bool
     #: The queue's own filter (subscription selectors): messages it refuses never enter.
     filter: Callable[[Message], bool] | None
+    #: Its position in the address's pages while the address has any (set by the pager).
+    cursor: Cursor | None
+    #: Bytes of the messages in memory (waiting and delivering); delivered and unsettled
+    #: messages and their bytes.
+    memory_bytes: int
+    delivering: int
+    delivering_bytes: int
     messages_expired: int
     messages_killed: int
 
@@ -195,8 +246,14 @@ class Queue(Protocol):
 
     def consumer_count(self) -> int: ...
 
+    def ready_count(self) -> int:
+        """Messages waiting in memory (not delivered)."""
+
+    def consumers(self) -> Sequence[Consumer]:
+        """The consumers (not browsers), for cursors that look ahead for their selectors."""
+
     def message_count(self) -> int:
-        """Messages held, including those delivered and not yet settled."""
+        """Messages held, in memory and in pages, including those delivered and unsettled."""
 
     def dispatch(self) -> None:
         """Offer pending messages to consumers with credit."""
@@ -220,6 +277,46 @@ class Queue(Protocol):
 
 
 # --------------------------------------------------------------------------- full policies
+
+
+class Pager(Protocol):
+    """Where an address's messages go while it pages (built by the PAGE policy's plugin).
+
+    The broker hands a routed message to `page` once the address is full or already
+    paging; the pager writes it once for every queue it was routed to, and each queue
+    reads it back through its own `Cursor`.
+    """
+
+    #: True while new messages go to pages.
+    paging: bool
+
+    def page(
+        self,
+        message: Message,
+        queues: list[Queue],
+        on_stored: Callable[[], None] | None,
+        tx_id: int | None,
+    ) -> RouteStatus:
+        """Store `message` for `queues`; ROUTED, PENDING (on_stored follows), DROPPED.
+
+        Raises ResourceLimitExceeded when a page limit refuses it (page-full-policy FAIL).
+        Within a transaction (`tx_id`), nothing is visible until `commit_tx` runs.
+        """
+
+    def commit_tx(self, tx_id: int) -> None:
+        """The journal committed `tx_id`: its paged messages become visible."""
+
+    def bind(self, queue: Queue) -> None:
+        """A queue was bound to the address: give it a cursor at the head of the pages."""
+
+    def unbind(self, queue: Queue) -> None:
+        """A queue left: forget its cursor, so the pages it held can go."""
+
+    def check(self) -> None:
+        """Memory was freed: leave page mode if every cursor caught up and there is room."""
+
+    def stats(self) -> dict[str, Any]: ...
+
 
 
 class FullPolicy(Protocol):

@@ -9,7 +9,7 @@ freed (and its journal record deleted) when its last reference is acknowledged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class MessageFormat(Protocol):
@@ -34,6 +34,11 @@ class MessageFormat(Protocol):
 
     def target_address(self, data: bytes) -> str | None:
         """The address the message names itself (AMQP `to`), for anonymous relays."""
+
+
+#: Estimated bytes of Python objects per message in memory, beyond its encoded bytes;
+#: counted in the memory figures that max-size-bytes and global-max-size limit.
+MEMORY_OVERHEAD = 300
 
 
 class Message:
@@ -108,3 +113,27 @@ class MessageRef:
 
     def __repr__(self) -> str:
         return f"<MessageRef {self.message.id} in {getattr(self.queue, 'name', '?')}>"
+
+
+class PagedRef(MessageRef):
+    """A reference whose message is stored in its address's pages, not in the journal.
+
+    Its acknowledgement and delivery count go through `cursor`; `page` and `offset` are
+    the record's place in the pages.
+    """
+
+    __slots__ = ("cursor", "offset", "page")
+
+    def __init__(
+        self,
+        message: Message,
+        queue: object,
+        cursor: object,
+        page: int,
+        offset: int,
+        delivery_count: int = 0,
+    ) -> None:
+        super().__init__(message, queue, delivery_count)
+        self.cursor: Any = cursor
+        self.page = page
+        self.offset = offset

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scow.core.message import MEMORY_OVERHEAD
+
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
-    from scow.core.interfaces import FullPolicy, Queue
+    from scow.core.interfaces import FullPolicy, Pager, Queue
 
 
 class RoutingType(enum.Enum):
@@ -55,6 +58,51 @@ class ResourceLimitExceeded(BrokerError):
     condition = "amqp:resource-limit-exceeded"
 
 
+def derived_global_max_size() -> int:
+    """`global-max-size` when left at -1: 1/16 of physical memory, at most 128 MiB.
+
+    Estimated memory counts each message's bytes plus MEMORY_OVERHEAD, so this bounds
+    the process at roughly that much above its idle size, whatever the message size.
+    """
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        physical = 2 << 30
+    return min(physical // 16, 128 << 20)
+
+
+class MemoryLimits:
+    """Broker-wide memory used by messages, against `global-max-size` / `global-max-messages`.
+
+    Every address adds its in-memory messages here as well as to its own size, so each
+    address's full check also sees the broker as a whole. `disk_full` is set by the disk
+    monitor; while it is set, producers get no credit anywhere.
+    """
+
+    __slots__ = ("disk_full", "max_messages", "max_size", "messages", "on_disk_space", "size")
+
+    def __init__(self, max_size: int = -1, max_messages: int = -1) -> None:
+        self.max_size = max_size
+        self.max_messages = max_messages
+        self.size = 0
+        self.messages = 0
+        self.disk_full = False
+        #: Called with no arguments when the disk has room again.
+        self.on_disk_space: list[Callable[[], None]] = []
+
+    def is_full(self) -> bool:
+        return (0 <= self.max_size <= self.size) or (0 <= self.max_messages <= self.messages)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "memory-used": self.size,
+            "global-max-size": self.max_size,
+            "messages-in-memory": self.messages,
+            "global-max-messages": self.max_messages,
+            "disk-full": self.disk_full,
+        }
+
+
 @dataclass(eq=False)
 class AddressInfo:
     """An address: its routing types, bound queues and size accounting."""
@@ -69,10 +117,15 @@ class AddressInfo:
     #: Bound queues by routing type, rebuilt on bind/unbind (routing reads them per message).
     anycast: list[Queue] = field(default_factory=list)
     multicast: list[Queue] = field(default_factory=list)
-    #: Bytes of messages routed here and not yet freed (counted once per message).
+    #: Estimated memory of the messages held for this address (once per message: its
+    #: bytes plus MEMORY_OVERHEAD), and how many.
     size: int = 0
     message_count: int = 0
     full_policy: FullPolicy | None = None
+    #: The address's pages, when its full policy pages (set by the paging plugin).
+    pager: Pager | None = None
+    #: The broker's memory figures, shared by every address.
+    limits: MemoryLimits = field(default_factory=MemoryLimits)
     #: Its record in the bindings journal, when durable.
     record_id: int | None = None
     #: Called with no arguments when the address stops being full (BLOCK resumes credit).
@@ -82,22 +135,50 @@ class AddressInfo:
     def bind(self, queue: Queue) -> None:
         self.queues[queue.name] = queue
         self._rebuild()
+        if self.pager is not None:
+            self.pager.bind(queue)
 
     def unbind(self, name: str) -> None:
-        if self.queues.pop(name, None) is not None:
+        queue = self.queues.pop(name, None)
+        if queue is not None:
             self._rebuild()
+            if self.pager is not None:
+                self.pager.unbind(queue)
 
     def _rebuild(self) -> None:
         queues = self.queues.values()
         self.anycast = [q for q in queues if q.routing_type is RoutingType.ANYCAST]
         self.multicast = [q for q in queues if q.routing_type is RoutingType.MULTICAST]
 
+    def add_memory(self, size: int) -> None:
+        """A message of `size` bytes is now held in memory for this address."""
+        size += MEMORY_OVERHEAD
+        self.size += size
+        self.message_count += 1
+        limits = self.limits
+        limits.size += size
+        limits.messages += 1
+
+    def remove_memory(self, size: int) -> bool:
+        """A message left memory; True when that took the address from full to not full."""
+        was_full = self.full_policy is not None and self.is_full()
+        size += MEMORY_OVERHEAD
+        self.size -= size
+        self.message_count -= 1
+        limits = self.limits
+        limits.size -= size
+        limits.messages -= 1
+        return was_full and not self.is_full()
+
     def is_full(self) -> bool:
+        """At or over its own max-size-bytes / max-size-messages, or the broker's."""
         limit = self.settings.max_size_bytes
         if limit >= 0 and self.size >= limit:
             return True
         limit = self.settings.max_size_messages
-        return limit >= 0 and self.message_count >= limit
+        if limit >= 0 and self.message_count >= limit:
+            return True
+        return self.limits.is_full()
 
 
 @dataclass(frozen=True)

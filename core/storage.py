@@ -10,6 +10,12 @@ Message journal records:
   ACK_REF        update  a queue acknowledged it (written only while other queues hold it)
   DELIVERY_COUNT update  (queue id, delivery count), replaceable
   (delete)               the last reference went away
+  CURSOR_PAGE    add     a queue's acknowledgements in one page of its address: (queue
+                         id, page); deleted with the page
+  CURSOR_ACK     update  the queue acknowledged the paged message at this byte offset
+  CURSOR_COUNT   update  (offset, delivery count) of a paged message
+  PAGE_TX        add     id = a transaction id: its page records are committed; written
+                         in the transaction, deleted once its pages are gone
 Bindings journal records:
   ADDRESS, QUEUE add     JSON descriptions; deleted when the address or queue is
   ID_BLOCK       update  the end of the block of ids handed out, replaceable
@@ -27,6 +33,10 @@ from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransa
 MESSAGE = 10
 ACK_REF = 11
 DELIVERY_COUNT = 12
+CURSOR_PAGE = 20
+CURSOR_ACK = 21
+CURSOR_COUNT = 22
+PAGE_TX = 23
 ADDRESS = 1
 QUEUE = 2
 ID_BLOCK = 3
@@ -40,6 +50,7 @@ ID_BLOCK_SIZE = 1 << 20
 _MSG_HEAD = struct.Struct(">QBHH")
 _QID = struct.Struct(">Q")
 _COUNT = struct.Struct(">QI")
+_CURSOR_PAGE = struct.Struct(">QQ")
 
 
 def encode_message_record(
@@ -97,12 +108,34 @@ class RecoveredPrepared:
     acks: list[tuple[int, int | None]] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class CursorPage:
+    """A queue's journaled acknowledgements and delivery counts in one page."""
+
+    record_id: int
+    queue_id: int
+    page: int
+    acked: set[int] = field(default_factory=set)  # byte offsets of acknowledged records
+    counts: dict[int, int] = field(default_factory=dict)  # offset -> delivery count
+
+
+@dataclass
+class PageRecovery:
+    """The paging records recovery found, for the paging plugin to apply to its pages."""
+
+    #: (queue id, page) -> what that queue journaled about the page.
+    cursor_pages: dict[tuple[int, int], CursorPage] = field(default_factory=dict)
+    #: Transactions whose paged messages were committed.
+    page_txs: set[int] = field(default_factory=set)
+
+
 @dataclass
 class Recovered:
     addresses: list[dict] = field(default_factory=list)  # with "id"
     queues: list[dict] = field(default_factory=list)  # with "id"
     messages: list[RecoveredMessage] = field(default_factory=list)
     prepared: list[RecoveredPrepared] = field(default_factory=list)
+    pages: PageRecovery = field(default_factory=PageRecovery)
     next_id: int = 1
 
 
@@ -228,6 +261,36 @@ class StorageManager:
             replaceable=True,
         )
 
+    # ------------------------------------------------------------------ paged messages
+
+    def store_cursor_page(self, record_id: int, queue_id: int, page: int) -> None:
+        """Open the record holding a queue's acknowledgements in one page."""
+        self.messages.append_add(
+            record_id, CURSOR_PAGE, _CURSOR_PAGE.pack(queue_id, page), sync=False
+        )
+
+    def cursor_ack(self, record_id: int, offset: int, *, tx_id: int | None = None) -> None:
+        data = _QID.pack(offset)
+        if tx_id is not None:
+            self.messages.append_update_tx(tx_id, record_id, CURSOR_ACK, data)
+        else:
+            self.messages.append_update(record_id, CURSOR_ACK, data, sync=self.sync)
+
+    def cursor_delivery_count(
+        self, record_id: int, offset: int, count: int, on_done: Completion
+    ) -> None:
+        self.messages.append_update(
+            record_id, CURSOR_COUNT, _COUNT.pack(offset, count), sync=self.sync, on_done=on_done
+        )
+
+    def store_page_tx(self, tx_id: int) -> None:
+        """Within `tx_id`: its records in pages count as committed once it commits."""
+        self.messages.append_add_tx(tx_id, tx_id, PAGE_TX, b"")
+
+    def delete_record(self, record_id: int) -> None:
+        """Drop a cursor-page or page-tx record whose pages are gone."""
+        self.messages.append_delete(record_id, sync=False)
+
     # ------------------------------------------------------------------ recovery
 
     def load(self) -> Recovered:
@@ -248,6 +311,7 @@ class StorageManager:
                 out.queues.append({**json.loads(rec.data), "id": rec.id})
         messages = self.messages.load()
         out.messages = _messages_from(messages)
+        out.pages = _pages_from(messages)
         out.prepared = [_prepared_from(tx) for tx in messages.prepared]
         self._next_id = max(id_limit, bindings.max_id, messages.max_id, ID_BLOCK_RECORD) + 1
         self._id_limit = 0
@@ -283,6 +347,25 @@ def _messages_from(result: LoadResult) -> list[RecoveredMessage]:
             if qid in msg.queues:
                 msg.queues[qid] = count
     return [m for m in by_id.values() if m.queues]
+
+
+def _pages_from(result: LoadResult) -> PageRecovery:
+    out = PageRecovery()
+    by_id: dict[int, CursorPage] = {}
+    for rec in result.records:
+        if rec.type == CURSOR_PAGE and not rec.is_update:
+            queue_id, page = _CURSOR_PAGE.unpack(rec.data)
+            by_id[rec.id] = out.cursor_pages[queue_id, page] = CursorPage(rec.id, queue_id, page)
+        elif rec.type == CURSOR_ACK:
+            if (cursor := by_id.get(rec.id)) is not None:
+                cursor.acked.add(_QID.unpack(rec.data)[0])
+        elif rec.type == CURSOR_COUNT:
+            if (cursor := by_id.get(rec.id)) is not None:
+                offset, count = _COUNT.unpack(rec.data)
+                cursor.counts[offset] = count
+        elif rec.type == PAGE_TX:
+            out.page_txs.add(rec.id)
+    return out
 
 
 def _prepared_from(tx: PreparedTransaction) -> RecoveredPrepared:

@@ -31,7 +31,7 @@ from scow.core.config import to_toml
 
 T = TypeVar("T")
 
-DEFAULT_PLUGINS = ("amqp", "memory-journal", "standard-queues", "full-policies")
+DEFAULT_PLUGINS = ("amqp", "memory-journal", "standard-queues", "full-policies", "paging")
 
 
 def wait_for(

@@ -1,7 +1,8 @@
 """Address-full policies DROP, FAIL and BLOCK (PAGE comes with the paging plugin).
 
-An address is full once it holds `max-size-bytes` (or `max-size-messages`); the policy
-then decides what happens to each new message.
+An address is full once it holds `max-size-bytes` (or `max-size-messages`), or the broker
+as a whole holds `global-max-size` (or `global-max-messages`); the policy then decides
+what happens to each new message.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from scow.core.model import AddressInfo
 class Drop:
     """Accept and silently discard messages while full."""
 
-    def __init__(self, address: AddressInfo) -> None:
+    def __init__(self, address: AddressInfo, broker: object = None) -> None:
         self.address = address
 
     def admit(self, message: Message) -> bool | None:

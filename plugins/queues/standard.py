@@ -16,7 +16,7 @@ from scow.core.model import QueueSpec
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
-    from scow.core.interfaces import Consumer
+    from scow.core.interfaces import Consumer, Cursor
 
 
 class StandardQueue:
@@ -37,8 +37,13 @@ class StandardQueue:
         self._rr = 0
         self._seq = 0
         self._dispatching = False
-        #: References handed to consumers and not yet settled.
+        #: Set by the paging plugin while the queue's address has pages.
+        self.cursor: Cursor | None = None
+        #: Bytes of the messages in memory, waiting or delivering.
+        self.memory_bytes = 0
+        #: References handed to consumers and not yet settled, and their bytes.
         self.delivering = 0
+        self.delivering_bytes = 0
         self.messages_added = 0
         self.messages_acknowledged = 0
         self.messages_expired = 0
@@ -57,6 +62,9 @@ class StandardQueue:
             self._filtered = any(c.filter is not None for c in self._consumers)
         self.dispatch()
 
+    def consumers(self) -> list[Consumer]:
+        return self._consumers
+
     def remove_consumer(self, consumer: Consumer) -> None:
         if self._browsers.pop(consumer, None) is None and consumer in self._consumers:
             self._consumers.remove(consumer)
@@ -66,8 +74,10 @@ class StandardQueue:
         return len(self._consumers) + len(self._browsers)
 
     def message_count(self) -> int:
-        """Messages in the queue, including those delivered and not yet settled."""
-        return len(self._messages) + self.delivering
+        """Messages in the queue (memory and pages), including those delivered, unsettled."""
+        cursor = self.cursor
+        paged = cursor.backlog if cursor is not None else 0
+        return len(self._messages) + self.delivering + paged
 
     def ready_count(self) -> int:
         return len(self._messages)
@@ -78,6 +88,7 @@ class StandardQueue:
         self._seq += 1
         ref.seq = self._seq
         self.messages_added += 1
+        self.memory_bytes += len(ref.message.data)
         if not (self._consumers and not self._dispatching and self._offer(ref)):
             self._messages.append(ref)
         for browser in self._browsers:
@@ -97,6 +108,7 @@ class StandardQueue:
             if consumer.credit() > 0 and (consumer.filter is None or consumer.filter(message)):
                 ref.consumer = consumer
                 self.delivering += 1
+                self.delivering_bytes += len(message.data)
                 consumer.deliver(ref)
                 return True
         return False
@@ -110,14 +122,16 @@ class StandardQueue:
             if self._browsers:
                 for browser in list(self._browsers):
                     self._dispatch_browser(browser)
-            if not self._consumers or not self._messages:
-                return
-            if self._filtered:
-                self._dispatch_filtered()
-            else:
-                self._dispatch_fifo()
+            if self._consumers and self._messages:
+                if self._filtered:
+                    self._dispatch_filtered()
+                else:
+                    self._dispatch_fifo()
         finally:
             self._dispatching = False
+        cursor = self.cursor
+        if cursor is not None and cursor.backlog and self._consumers:
+            cursor.fill()
 
     def _dispatch_fifo(self) -> None:
         messages = self._messages
@@ -140,6 +154,7 @@ class StandardQueue:
                     continue
                 ref.consumer = consumer
                 self.delivering += 1
+                self.delivering_bytes += len(ref.message.data)
                 consumer.deliver(ref)
                 if n > 1:
                     break  # round robin: one message per consumer per turn
@@ -176,14 +191,21 @@ class StandardQueue:
 
     def acknowledge(self, ref: MessageRef) -> None:
         ref.consumer = None
+        size = len(ref.message.data)
         self.delivering -= 1
+        self.delivering_bytes -= size
+        self.memory_bytes -= size
         self.messages_acknowledged += 1
+        cursor = self.cursor
+        if cursor is not None and cursor.backlog and self._consumers:
+            cursor.fill()
 
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
         """Return an unsettled ref to its original place and offer it again."""
         if ref.consumer is not None:
             ref.consumer = None
             self.delivering -= 1
+            self.delivering_bytes -= len(ref.message.data)
         messages = self._messages
         index = 0
         for index, waiting in enumerate(messages):  # noqa: B007 - released refs sit near the head
@@ -195,34 +217,42 @@ class StandardQueue:
         self.dispatch()
 
     def remove_delivering(self, ref: MessageRef) -> None:
-        """Forget a delivered ref the broker moved elsewhere (dead-lettered, expired)."""
+        """Forget a ref the broker moved elsewhere (dead-lettered, expired)."""
+        size = len(ref.message.data)
+        self.memory_bytes -= size
         if ref.consumer is not None:
             ref.consumer = None
             self.delivering -= 1
+            self.delivering_bytes -= size
 
     def take(self, predicate: Callable[[MessageRef], bool] | None = None) -> list[MessageRef]:
         """Remove and return waiting refs matching `predicate` (all when None)."""
         if predicate is None:
             taken = list(self._messages)
             self._messages.clear()
-            return taken
-        keep: deque[MessageRef] = deque()
-        taken = []
-        for ref in self._messages:
-            (taken if predicate(ref) else keep).append(ref)
-        self._messages = keep
-        return taken
+        else:
+            keep: deque[MessageRef] = deque()
+            taken = []
+            for ref in self._messages:
+                (taken if predicate(ref) else keep).append(ref)
+            self._messages = keep
+        return taken  # still counted in memory_bytes until remove_delivering or deletion
 
     def browse(self) -> Iterator[MessageRef]:
         return iter(list(self._messages))
 
     def stats(self) -> dict[str, Any]:
+        cursor = self.cursor
         return {
             "name": self.name,
             "address": self.address,
             "routing-type": self.routing_type.value,
             "durable": self.durable,
             "message-count": self.message_count(),
+            "messages-in-memory": len(self._messages) + self.delivering,
+            "memory-bytes": self.memory_bytes,
+            "messages-paged": cursor.backlog if cursor is not None else 0,
+            "paged-bytes": cursor.backlog_bytes if cursor is not None else 0,
             "delivering-count": self.delivering,
             "consumer-count": self.consumer_count(),
             "messages-added": self.messages_added,

@@ -93,6 +93,11 @@ def test_defaults_are_filled(tmp_path: Path) -> None:
         "persistence-enabled": True,
         "journal": "",
         "message-expiry-scan-period": 30000,
+        "global-max-size": -1,
+        "global-max-messages": -1,
+        "max-disk-usage": 90,
+        "min-disk-free": -1,
+        "disk-scan-period": 5000,
         "log-format": "console",
         "log-level": "info",
     }

@@ -1,0 +1,333 @@
+"""A queue's cursor in its address's pages: a position and counters, not a list.
+
+The cursor reads pages off the event loop (a page window at a time), and turns into
+objects only the records it hands to the queue: those routed to its queue, committed and
+not yet acknowledged, while the queue has room under its read limits (Artemis's
+max-read-page-* and prefetch-page-*). When every consumer with credit has a selector
+that nothing in memory matches, it looks further ahead and takes only what they match,
+so a restrictive selector is never starved behind messages it refuses; what it took
+ahead is skipped when the cursor's position gets there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import TYPE_CHECKING, Any
+
+from scow.core.message import Message, PagedRef
+from scow.core.page_frames import iter_frames
+from scow.plugins.paging.record import HEAD
+
+if TYPE_CHECKING:
+    from scow.core.interfaces import Completion, Consumer, Queue
+    from scow.plugins.paging.pager import AddressPager
+
+#: Records a selector look-ahead examines before it lets the loop serve others.
+SCAN_BATCH = 5000
+
+
+class _Window:
+    """Bytes of one page read from the store, starting at byte `start` of the page."""
+
+    __slots__ = ("data", "page", "start")
+
+    def __init__(self, page: int, start: int, data: bytes) -> None:
+        self.page = page
+        self.start = start
+        self.data = data
+
+    def covers(self, page: int, offset: int) -> bool:
+        return page == self.page and self.start <= offset < self.start + len(self.data)
+
+
+class QueueCursor:
+    """One queue's read position in its address's pages."""
+
+    def __init__(self, pager: AddressPager, queue: Queue) -> None:
+        self.pager = pager
+        self.queue = queue
+        self.page = pager.write_page
+        self.offset = pager.write_offset
+        #: Messages for the queue still in pages (not read into memory) and their bytes.
+        self.backlog = 0
+        self.backlog_bytes = 0
+        #: page -> messages of that page the queue has not acknowledged (read or not).
+        self.pending: dict[int, int] = {}
+        #: page -> id of the journal record holding the queue's acknowledgements there.
+        self.records: dict[int, int] = {}
+        #: Recovered: page -> acknowledged offsets, page -> {offset: delivery count}.
+        self.acked: dict[int, set[int]] = {}
+        self.counts: dict[int, dict[int, int]] = {}
+        #: (page, offset) of records a selector look-ahead already took.
+        self.taken: set[tuple[int, int]] = set()
+        self.closed = False
+        self._windows: dict[str, _Window] = {}
+        self._reading = False
+        self._filling = False
+        self._scan = (self.page, self.offset)
+        self._scan_key: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<QueueCursor {self.queue.name!r} at {self.page}:{self.offset}, {self.backlog}>"
+
+    # ------------------------------------------------------------------ state
+
+    def caught_up(self, page: int, offset: int) -> bool:
+        """True when nothing is left in pages for the queue and the head is at (page, offset)."""
+        return self.backlog == 0 and self.page == page and self.offset == offset
+
+    def has_room(self) -> bool:
+        """The queue has consumers and its memory is under every read limit."""
+        queue = self.queue
+        if not queue.consumers():
+            return False
+        settings = self.pager.address.settings
+        memory = queue.memory_bytes
+        ready = queue.ready_count()
+        prefetch_bytes = settings.prefetch_page_bytes
+        if settings.max_read_page_bytes < 0 and prefetch_bytes < 0:
+            prefetch_bytes = settings.page_size_bytes  # never read a backlog in unbounded
+        if 0 <= settings.max_read_page_bytes <= memory:
+            return False
+        if 0 <= settings.max_read_page_messages <= ready + queue.delivering:
+            return False
+        if 0 <= prefetch_bytes <= memory - queue.delivering_bytes:
+            return False
+        return not 0 <= settings.prefetch_page_messages <= ready
+
+    # ------------------------------------------------------------------ reading
+
+    def fill(self) -> None:
+        if self._filling or self._reading or self.closed or not self.backlog:
+            return
+        self._filling = True
+        try:
+            self._fill()
+        finally:
+            self._filling = False
+
+    def _fill(self) -> None:
+        pager = self.pager
+        while self.backlog:
+            if not self.has_room():
+                self._scan_ahead()
+                return
+            page, offset = self.page, self.offset
+            end = pager.visible_end(page)
+            if offset >= end:
+                if not self._page_done(page, offset):
+                    return  # waiting for writes to become visible
+                self._next_page()
+                continue
+            window = self._window("main", page, offset)
+            if window is None:
+                return  # a read is on its way; it calls fill again
+            self._take(window, end)
+
+    def _page_done(self, page: int, offset: int) -> bool:
+        info = self.pager.pages.get(page)
+        return page < self.pager.write_page and (info is None or offset >= info.size)
+
+    def _next_page(self) -> None:
+        pager = self.pager
+        self.acked.pop(self.page, None)
+        self.counts.pop(self.page, None)
+        page = self.page + 1
+        while page < pager.write_page and page not in pager.pages:
+            page += 1
+        self.page, self.offset = page, 0
+
+    def _window(self, slot: str, page: int, offset: int) -> _Window | None:
+        """The bytes of `page` from `offset`, or None while they are being read."""
+        window = self._windows.get(slot)
+        end = self.pager.visible_end(page)
+        if window is not None and window.covers(page, offset):
+            if window.start + len(window.data) >= end or self._reading:
+                return window
+        if self._reading:
+            return None
+        self._reading = True
+
+        def done(data: bytes) -> None:
+            self._reading = False
+            if not self.closed:
+                self._windows[slot] = _Window(page, offset, data)
+                self.fill()
+
+        self.pager.manager.read(self.pager.store, page, offset, done)
+        return None
+
+    def _records(self, window: _Window, page: int, offset: int, end: int) -> Any:
+        """(offset, next offset, header, payload start, payload end) of records to take."""
+        buf = window.data
+        base = window.start
+        queue_id = self.queue.id
+        committed = self.pager.committed_txs
+        acked = self.acked.get(page)
+        taken = self.taken
+        for start, pstart, pend in iter_frames(buf, offset - base):
+            at = base + start
+            if at >= end:
+                return
+            head = HEAD.unpack_from(buf, pstart)
+            n = head[5]
+            ids_at = pstart + HEAD.size
+            if n == 1:
+                routed = int.from_bytes(buf[ids_at : ids_at + 8], "big") == queue_id
+            else:
+                routed = queue_id in _ids(buf, ids_at, n)
+            skip = (
+                not routed
+                or (head[2] and head[2] not in committed)
+                or (acked is not None and at in acked)
+            )
+            if not skip and taken and (page, at) in taken:
+                taken.discard((page, at))
+                skip = True
+            yield at, base + pend, head, None if skip else ids_at + 8 * n, pend
+
+    def _take(self, window: _Window, end: int) -> None:
+        page = self.page
+        for at, next_offset, head, data_at, data_end in self._records(
+            window, page, self.offset, end
+        ):
+            self.offset = next_offset
+            if data_at is None:
+                continue
+            self._deliver(page, at, head, window.data[data_at:data_end])
+            if not self.has_room():
+                return
+
+    def _deliver(self, page: int, at: int, head: tuple, data: bytes) -> None:
+        self._deliver_message(page, at, self._message(head, data))
+
+    def _message(self, head: tuple, data: bytes) -> Message:
+        message_id, expiration, _tx, flags, priority, _n = head
+        return Message(
+            message_id,
+            data,
+            self.pager.address.name,
+            self.pager.manager.message_format(),
+            durable=bool(flags & 1),
+            priority=priority,
+            expiration=expiration,
+        )
+
+    def _scan_ahead(self) -> None:
+        """Take, from further on, what consumers whose selectors refuse memory would match."""
+        consumers: list[Consumer] = [c for c in self.queue.consumers() if c.credit() > 0]
+        if not consumers or any(c.filter is None for c in consumers):
+            return
+        key = tuple(id(c) for c in self.queue.consumers())
+        if key != self._scan_key:  # new selectors: look again from the position
+            self._scan_key = key
+            self._scan = (self.page, self.offset)
+        page, offset = max(self._scan, (self.page, self.offset))
+        budget = SCAN_BATCH
+        pager = self.pager
+        try:
+            while consumers:
+                end = pager.visible_end(page)
+                if offset >= end:
+                    if not self._page_done(page, offset):
+                        return
+                    page += 1
+                    while page < pager.write_page and page not in pager.pages:
+                        page += 1
+                    offset = 0
+                    continue
+                window = self._window("scan", page, offset)
+                if window is None:
+                    return
+                for at, next_offset, head, data_at, data_end in self._records(
+                    window, page, offset, end
+                ):
+                    offset = next_offset
+                    budget -= 1
+                    if data_at is not None:
+                        message = self._message(head, window.data[data_at:data_end])
+                        if any(c.filter(message) for c in consumers):  # type: ignore[misc]
+                            self.taken.add((page, at))
+                            self._deliver_message(page, at, message)
+                            consumers = [c for c in consumers if c.credit() > 0]
+                            if not consumers:
+                                return
+                    if budget <= 0:
+                        asyncio.get_running_loop().call_soon(self.fill)
+                        return
+        finally:
+            self._scan = (page, offset)
+
+    def _deliver_message(self, page: int, at: int, message: Message) -> None:
+        counts = self.counts.get(page)
+        ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
+        message.refcount = 1
+        self.backlog -= 1
+        self.backlog_bytes -= len(message.data)
+        self.pager.address.add_memory(len(message.data))
+        self.queue.enqueue(ref)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _record_id(self, page: int) -> int:
+        record_id = self.records.get(page)
+        if record_id is None:
+            broker = self.pager.broker
+            record_id = self.records[page] = broker.next_id()
+            broker.storage.store_cursor_page(record_id, self.queue.id, page)
+        return record_id
+
+    def _journaled(self, ref: PagedRef) -> bool:
+        return ref.message.durable and self.queue.durable and self.pager.broker.persistent
+
+    def journal_ack(self, ref: PagedRef, tx_id: int | None) -> bool:  # type: ignore[override]
+        if self.closed or not self._journaled(ref):
+            return False
+        self.pager.broker.storage.cursor_ack(self._record_id(ref.page), ref.offset, tx_id=tx_id)
+        return True
+
+    def settle(self, ref: PagedRef) -> None:  # type: ignore[override]
+        if self.closed:
+            return
+        page = ref.page
+        left = self.pending.get(page, 0) - 1
+        if left > 0:
+            self.pending[page] = left
+        else:
+            self.pending.pop(page, None)
+            self.pager.settled(page)
+
+    def store_delivery_count(self, ref: PagedRef, on_done: Completion) -> bool:  # type: ignore[override]
+        if self.closed or not self._journaled(ref):
+            return False
+        storage = self.pager.broker.storage
+        storage.cursor_delivery_count(
+            self._record_id(ref.page), ref.offset, ref.delivery_count, on_done
+        )
+        return True
+
+    def close(self) -> None:
+        """The queue is gone: drop its records and what it held of every page."""
+        self.closed = True
+        storage = self.pager.broker.storage
+        if self.pager.broker.persistent:
+            for record_id in self.records.values():
+                storage.delete_record(record_id)
+        self.records.clear()
+        self.pending.clear()
+        self._windows.clear()
+        self.backlog = self.backlog_bytes = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "page": self.page,
+            "offset": self.offset,
+            "messages-paged": self.backlog,
+            "paged-bytes": self.backlog_bytes,
+            "pages-pending": len(self.pending),
+        }
+
+
+def _ids(buf: bytes, at: int, n: int) -> tuple[int, ...]:
+    return struct.unpack_from(f">{n}Q", buf, at)

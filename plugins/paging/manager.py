@@ -1,0 +1,260 @@
+"""The broker's paging: settings, the page writer and reader threads, and every pager.
+
+Built on first use (the first address whose PAGE policy is created, or the paging
+service at startup) and kept as `broker.page_manager`. At startup, `recover` rebuilds
+each address's pages and cursors from the page files and the journal's cursor records:
+counters are derived from the data, never stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from scow.core.interfaces import Completion, PageStore
+from scow.core.page_frames import iter_frames
+from scow.plugins.paging.pager import AddressPager, PageInfo
+from scow.plugins.paging.record import HEAD, queue_ids
+from scow.plugins.paging.writer import PageWriter
+
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+    from scow.core.descriptors import PageStoreBackend
+    from scow.core.message import MessageFormat
+    from scow.core.model import AddressInfo
+    from scow.core.storage import PageRecovery
+
+log = structlog.get_logger("scow.paging")
+
+
+def _run_all(completions: list[Completion]) -> None:
+    for completion in completions:
+        completion()
+
+
+@dataclass
+class _Scan:
+    """What one address's page files hold for its durable queues (built off the loop)."""
+
+    pages: dict[int, PageInfo] = field(default_factory=dict)
+    #: queue id -> (messages, bytes, {page: messages})
+    queues: dict[int, list[Any]] = field(default_factory=dict)
+
+
+class PagingManager:
+    """Paging for one broker."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        config = broker.config
+        self.settings: Mapping[str, Any] = config.section("paging")
+        name = str(self.settings["store"])
+        backend = broker.page_stores.get(name)
+        if backend is None:
+            raise ValueError(
+                f"[paging] store = {name!r}: no enabled plugin provides it "
+                f"(available: {', '.join(sorted(broker.page_stores)) or 'none'})"
+            )
+        self.backend: PageStoreBackend = backend
+        section = backend.config_section
+        self.store_settings = config.section(section) if section else {}
+        data_dir = Path(str(config.section("broker")["data-dir"]))
+        self.directory = data_dir / str(self.settings["paging-directory"])
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.writer = PageWriter(
+            lambda batch: loop.call_soon_threadsafe(_run_all, batch),
+            int(self.settings["page-sync-timeout"]),  # type: ignore[call-overload]
+        )
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="scow-page-reader")
+        self.pagers: dict[str, AddressPager] = {}
+
+    @classmethod
+    def of(cls, broker: Broker) -> PagingManager:
+        manager = broker.page_manager
+        if manager is None:
+            manager = broker.page_manager = cls(broker)
+        return manager  # type: ignore[no-any-return]
+
+    def pager(self, address: AddressInfo) -> AddressPager:
+        pager = self.pagers.get(address.name)
+        if pager is None or pager.address is not address:
+            pager = self.pagers[address.name] = AddressPager(self, address)
+        return pager
+
+    def message_format(self) -> MessageFormat:
+        fmt = self.broker.message_format
+        assert fmt is not None, "no protocol plugin gave the broker a message format"
+        return fmt
+
+    def open_store(self, address: str) -> PageStore:
+        return self.backend.factory(self.directory, address, self.store_settings)
+
+    # ------------------------------------------------------------------ IO
+
+    def read(
+        self, store: PageStore, page: int, offset: int, done: Callable[[bytes], None]
+    ) -> None:
+        """Read off the loop; `done(data)` runs on the loop."""
+        future = self.reader.submit(store.read, page, offset)
+        future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f.result()))
+
+    def delete_page(self, pager: AddressPager, page: int, info: PageInfo) -> None:
+        """Delete the page file, then (once it is gone) the journal records about it."""
+        records = [c.records.pop(page) for c in pager.cursors.values() if page in c.records]
+
+        def forget() -> None:
+            if not self.broker.persistent:
+                return
+            storage = self.broker.storage
+            for record_id in records:
+                storage.delete_record(record_id)
+            for tx_id in info.txs:
+                if not any(tx_id in p.txs for pg in self.pagers.values() for p in pg.pages.values()):
+                    storage.delete_record(tx_id)
+                    pager.committed_txs.discard(tx_id)
+
+        self.writer.delete(pager.store, page, forget)
+
+    def stop(self) -> None:
+        self.writer.stop()
+        self.reader.shutdown(wait=True)
+        for pager in self.pagers.values():
+            pager.close()
+
+    # ------------------------------------------------------------------ recovery
+
+    async def recover(self) -> None:
+        """Rebuild pages and cursors of every address that has page files."""
+        broker = self.broker
+        recovery = broker.page_recovery
+        names = await self.loop.run_in_executor(
+            None, self.backend.discover, self.directory, self.store_settings
+        )
+        for name in names:
+            address = broker.addresses.get(name)
+            if address is None or address.pager is None:
+                log.warning(
+                    "page files of an address that does not page now are left in place",
+                    address=name,
+                    directory=str(self.directory),
+                )
+                continue
+            pager: AddressPager = address.pager  # type: ignore[assignment]
+            durable = {q.id: q for q in address.queues.values() if q.durable}
+            acked = _acked_by_queue(recovery, durable)
+            committed = recovery.page_txs if recovery is not None else set()
+            scan = await self.loop.run_in_executor(
+                None, _scan_store, pager.store, durable.keys(), acked, committed
+            )
+            self._apply(pager, scan, recovery)
+        if recovery is not None:
+            self._forget_orphans(recovery)
+
+    def _apply(self, pager: AddressPager, scan: _Scan, recovery: PageRecovery | None) -> None:
+        pager.pages = scan.pages
+        pager.paged_bytes = sum(info.size for info in scan.pages.values())
+        pager.write_page = max(scan.pages, default=0) + 1
+        pager.write_offset = 0
+        if recovery is not None:
+            pager.committed_txs |= recovery.page_txs
+        for cursor in pager.cursors.values():
+            messages, size, pending = scan.queues.get(cursor.queue.id, (0, 0, {}))
+            cursor.backlog, cursor.backlog_bytes, cursor.pending = messages, size, pending
+            cursor.page = min(pending, default=pager.write_page)
+            cursor.offset = 0
+            if recovery is not None:
+                for (queue_id, page), record in recovery.cursor_pages.items():
+                    if queue_id == cursor.queue.id and page in scan.pages:
+                        cursor.records[page] = record.record_id
+                        cursor.acked[page] = record.acked
+                        cursor.counts[page] = record.counts
+        if any(c.backlog for c in pager.cursors.values()):
+            pager.paging = True
+            log.info(
+                "address pages recovered",
+                address=pager.address.name,
+                pages=len(scan.pages),
+                messages={c.queue.name: c.backlog for c in pager.cursors.values()},
+            )
+        for page in list(scan.pages):
+            pager._maybe_delete(page)
+
+    def _forget_orphans(self, recovery: PageRecovery) -> None:
+        """Journal records about pages or transactions that no longer exist."""
+        if not self.broker.persistent:
+            return
+        live: set[tuple[int, int]] = set()
+        txs: set[int] = set()
+        for pager in self.pagers.values():
+            for cursor in pager.cursors.values():
+                live |= {(cursor.queue.id, page) for page in cursor.records}
+            for info in pager.pages.values():
+                txs |= info.txs
+        storage = self.broker.storage
+        for key, record in recovery.cursor_pages.items():
+            if key not in live:
+                storage.delete_record(record.record_id)
+        for tx_id in recovery.page_txs - txs:
+            storage.delete_record(tx_id)
+        recovery.cursor_pages.clear()
+        recovery.page_txs.clear()
+
+
+def _acked_by_queue(
+    recovery: PageRecovery | None, durable: Mapping[int, Any]
+) -> dict[tuple[int, int], set[int]]:
+    if recovery is None:
+        return {}
+    return {
+        key: record.acked for key, record in recovery.cursor_pages.items() if key[0] in durable
+    }
+
+
+def _scan_store(
+    store: PageStore,
+    queue_ids_durable: Any,
+    acked: Mapping[tuple[int, int], set[int]],
+    committed: set[int],
+) -> _Scan:
+    """Count, per durable queue and page, the committed durable messages not acknowledged.
+
+    Non-durable messages do not survive a restart, and a transaction's records count only
+    if it committed; nothing of a message is kept but counters.
+    """
+    wanted = set(queue_ids_durable)
+    scan = _Scan()
+    queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}])
+    for page in store.page_numbers():
+        buf = store.read(page)
+        info = scan.pages[page] = PageInfo(page)
+        end = 0
+        for start, pstart, pend in iter_frames(buf):
+            end = pend
+            info.records += 1
+            message_id, _exp, tx_id, flags, _prio, n = HEAD.unpack_from(buf, pstart)
+            if tx_id:
+                info.txs.add(tx_id)
+            if not flags & 1 or (tx_id and tx_id not in committed):
+                continue
+            size = pend - (pstart + HEAD.size + 8 * n)
+            for queue_id in queue_ids(buf, pstart):
+                if queue_id not in wanted:
+                    continue
+                done = acked.get((queue_id, page))
+                if done is not None and start in done:
+                    continue
+                figures = queues[queue_id]
+                figures[0] += 1
+                figures[1] += size
+                figures[2][page] = figures[2].get(page, 0) + 1
+        info.size = info.visible = end
+    scan.queues = dict(queues)
+    return scan

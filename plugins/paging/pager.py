@@ -1,0 +1,310 @@
+"""An address's pages: the PAGE full policy and where its messages go while it pages.
+
+While the address is full (its own limits or the broker's), every new message is written
+once to the address's current page, with the ids of the queues it was routed to. Each
+bound queue reads it back through its own `QueueCursor`. A queue whose cursor has nothing
+left in pages and whose memory has room takes the message straight into memory as well
+(the same record; no read from disk), so one slow subscription does not make the others
+read from disk. The address leaves page mode once every cursor has caught up with what
+was written and the address is under its limits again.
+
+Records become visible to cursors in the order they were written, once written (and,
+for a transaction, once committed). A page is deleted once it is closed and no cursor
+has a message of it left to acknowledge.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from scow.core.message import Message, PagedRef
+from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus
+from scow.core.page_frames import HEADER_SIZE
+from scow.plugins.paging import record
+from scow.plugins.paging.cursor import QueueCursor
+
+if TYPE_CHECKING:
+    from scow.core.interfaces import Completion, PageStore, Queue
+    from scow.plugins.paging.manager import PagingManager
+
+log = structlog.get_logger("scow.paging")
+
+
+@dataclass(slots=True)
+class PageInfo:
+    """What the loop knows of one page: no per-message state."""
+
+    number: int
+    records: int = 0
+    #: Bytes written (framed), and bytes cursors may read (written, synced, committed).
+    size: int = 0
+    visible: int = 0
+    #: Transactions with records in this page.
+    txs: set[int] = field(default_factory=set)
+
+
+class AddressPager:
+    """The PAGE full policy of one address, and its pages."""
+
+    def __init__(self, manager: PagingManager, address: AddressInfo) -> None:
+        self.manager = manager
+        self.address = address
+        self.broker = manager.broker
+        self.paging = False
+        self._store: PageStore | None = None
+        self.cursors: dict[str, QueueCursor] = {}
+        self.pages: dict[int, PageInfo] = {}
+        #: The head: the page being written and its size.
+        self.write_page = 1
+        self.write_offset = 0
+        #: Writes not yet visible, in order: [page, end offset, ready].
+        self._unseen: deque[list[Any]] = deque()
+        self._open_txs: dict[int, list[list[Any]]] = {}
+        #: Transactions whose records are committed (recovered ones included).
+        self.committed_txs: set[int] = set()
+        #: Framed bytes in the pages still stored.
+        self.paged_bytes = 0
+        self.messages_paged = 0
+        self.messages_dropped = 0
+        self.messages_refused = 0
+        address.pager = self
+        for queue in address.queues.values():
+            self.bind(queue)
+
+    # ------------------------------------------------------------------ full policy
+
+    def admit(self, message: Message) -> bool | None:
+        return True  # page limits are checked in `page`
+
+    def blocks_producers(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ store
+
+    @property
+    def store(self) -> PageStore:
+        if self._store is None:
+            self._store = self.manager.open_store(self.address.name)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    # ------------------------------------------------------------------ queues
+
+    def bind(self, queue: Queue) -> None:
+        cursor = QueueCursor(self, queue)
+        self.cursors[queue.name] = cursor
+        queue.cursor = cursor
+
+    def unbind(self, queue: Queue) -> None:
+        cursor = self.cursors.pop(queue.name, None)
+        if cursor is None:
+            return
+        pages = list(cursor.pending)
+        cursor.close()
+        for page in pages:
+            self._maybe_delete(page)
+        self.check()
+
+    # ------------------------------------------------------------------ writing
+
+    def page(
+        self,
+        message: Message,
+        queues: list[Queue],
+        on_stored: Completion | None,
+        tx_id: int | None,
+    ) -> RouteStatus:
+        if not self.paging:
+            self._start()
+        limit = self._page_limit()
+        if limit is not None:
+            policy = self.address.settings.page_full_policy
+            if policy == "DROP":
+                self.messages_dropped += 1
+                return RouteStatus.DROPPED
+            self.messages_refused += 1
+            raise ResourceLimitExceeded(
+                f"address '{self.address.name}' reached its {limit}; page-full-policy is FAIL"
+            )
+        message.id = message.id or self.broker.next_id()
+        size = len(message.data)
+        data = record.encode(
+            message.id,
+            message.expiration,
+            tx_id or 0,
+            message.durable,
+            message.priority,
+            [q.id for q in queues],
+            message.data,
+        )
+        if self.write_offset >= self.address.settings.page_size_bytes:
+            self._roll()
+        page, offset = self.write_page, self.write_offset
+        info = self.pages.get(page)
+        if info is None:
+            info = self.pages[page] = PageInfo(page)
+        end = offset + HEADER_SIZE + len(data)
+        info.records += 1
+        info.size = end
+        self.paged_bytes += end - offset
+        self.write_offset = end
+        self.messages_paged += 1
+        direct: list[PagedRef] = []
+        for queue in queues:
+            cursor: QueueCursor = queue.cursor  # type: ignore[assignment]
+            cursor.pending[page] = cursor.pending.get(page, 0) + 1
+            if cursor.caught_up(page, offset) and cursor.has_room():
+                cursor.offset = end  # it reads this record from memory, not from disk
+                direct.append(PagedRef(message, queue, cursor, page, offset))
+            else:
+                cursor.backlog += 1
+                cursor.backlog_bytes += size
+        sync = message.durable and any(q.durable for q in queues)
+        write = [page, end, False]
+        self._unseen.append(write)
+        if tx_id is not None:
+            info.txs.add(tx_id)
+            self._open_txs.setdefault(tx_id, []).append(write)
+            self.manager.writer.submit(self.store, page, data, sync, on_stored)
+            if direct:  # visible at commit, like every record of the transaction
+                self._open_txs[tx_id].append(["refs", direct, message])
+            return RouteStatus.PENDING
+        self.manager.writer.submit(self.store, page, data, sync, lambda: self._written(write))
+        if direct:
+            self._enqueue_direct(message, direct)
+        if sync and on_stored is not None:
+            self._on_visible(write, on_stored)
+            return RouteStatus.PENDING
+        return RouteStatus.ROUTED
+
+    def _enqueue_direct(self, message: Message, refs: list[PagedRef]) -> None:
+        message.refcount = len(refs)
+        self.address.add_memory(len(message.data))
+        for ref in refs:
+            ref.queue.enqueue(ref)
+
+    def _on_visible(self, write: list[Any], then: Completion) -> None:
+        write.append(then)
+
+    def _written(self, write: list[Any]) -> None:
+        write[2] = True
+        self._advance()
+
+    def commit_tx(self, tx_id: int) -> None:
+        self.committed_txs.add(tx_id)
+        for entry in self._open_txs.pop(tx_id, []):
+            if entry[0] == "refs":
+                self._enqueue_direct(entry[2], entry[1])
+            else:
+                entry[2] = True
+        self._advance()
+
+    def _advance(self) -> None:
+        """Make written records visible, in write order; wake cursors waiting for them."""
+        unseen = self._unseen
+        moved = False
+        while unseen and unseen[0][2]:
+            write = unseen.popleft()
+            info = self.pages.get(write[0])
+            if info is not None:
+                info.visible = write[1]
+            moved = True
+            for then in write[3:]:
+                then()
+        if moved:
+            for cursor in list(self.cursors.values()):
+                if cursor.backlog:
+                    cursor.fill()
+
+    def visible_end(self, page: int) -> int:
+        info = self.pages.get(page)
+        return info.visible if info is not None else 0
+
+    def _roll(self) -> None:
+        """Close the head page and open the next; cursors at the head move with it."""
+        old, end = self.write_page, self.write_offset
+        self.write_page += 1
+        self.write_offset = 0
+        for cursor in self.cursors.values():
+            if cursor.page == old and cursor.offset == end:
+                cursor.page, cursor.offset = self.write_page, 0
+        self._maybe_delete(old)
+
+    def _page_limit(self) -> str | None:
+        """The page limit this address has reached, named for the producer, or None."""
+        settings = self.address.settings
+        if settings.page_full_policy is None:
+            return None
+        if settings.page_limit_bytes >= 0:
+            if self.paged_bytes >= settings.page_limit_bytes:
+                return (
+                    f"page-limit-bytes {settings.page_limit_bytes} "
+                    f"({self.paged_bytes} bytes paged)"
+                )
+        if settings.page_limit_messages >= 0:
+            paged = max((c.backlog for c in self.cursors.values()), default=0)
+            if paged >= settings.page_limit_messages:
+                return f"page-limit-messages {settings.page_limit_messages} ({paged} paged)"
+        return None
+
+    # ------------------------------------------------------------------ page mode
+
+    def _start(self) -> None:
+        self.paging = True
+        log.info("address started paging", address=self.address.name, page=self.write_page)
+
+    def check(self) -> None:
+        """Leave page mode once every cursor caught up and the address has room."""
+        if not self.paging or self._unseen or self.address.is_full():
+            return
+        head = (self.write_page, self.write_offset)
+        if all(c.backlog == 0 and (c.page, c.offset) == head for c in self.cursors.values()):
+            self.paging = False
+            log.info("address stopped paging", address=self.address.name)
+            for page in list(self.pages):
+                self._maybe_delete(page)
+
+    # ------------------------------------------------------------------ acknowledgements
+
+    def settled(self, page: int) -> None:
+        """A cursor has no message of `page` left: delete the page if no one has."""
+        self._maybe_delete(page)
+
+    def _maybe_delete(self, page: int) -> None:
+        info = self.pages.get(page)
+        if info is None:
+            return
+        if page == self.write_page and self.paging:
+            return  # still being written
+        if info.visible < info.size:
+            return  # writes of it are still on their way
+        if any(page in c.pending for c in self.cursors.values()):
+            return
+        del self.pages[page]
+        self.paged_bytes -= info.size
+        if page == self.write_page:  # never append to a deleted page
+            self._roll()
+        self.manager.delete_page(self, page, info)
+
+    # ------------------------------------------------------------------ figures
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "paging": self.paging,
+            "page-count": len(self.pages),
+            "paged-bytes": self.paged_bytes,
+            "messages-paged": sum(info.records for info in self.pages.values()),
+            "page-full": self._page_limit() is not None,
+            "messages-written-to-pages": self.messages_paged,
+            "messages-dropped-page-full": self.messages_dropped,
+            "messages-refused-page-full": self.messages_refused,
+            "cursors": {name: c.stats() for name, c in self.cursors.items()},
+        }

@@ -1,0 +1,123 @@
+"""The page writer: one thread appends every address's page records and syncs them.
+
+Producers' records reach it through `submit`; it takes everything queued in one go,
+appends each store's records with one write per page, syncs the stores that hold a
+durable record (once each: group commit, waiting `page-sync-timeout` first so that one
+sync covers more producers), and hands the completions back to the event loop in one
+call. Deletions go through the same thread, so they are ordered after the writes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from scow.core.interfaces import Completion, PageStore
+
+log = structlog.get_logger("scow.paging")
+
+
+class PageWriter:
+    """A thread writing page records in batches; `dispatch` runs completions on the loop."""
+
+    def __init__(self, dispatch: Callable[[list[Completion]], None], sync_timeout_ns: int):
+        self._dispatch = dispatch
+        self._sync_delay = sync_timeout_ns / 1e9
+        self._cond = threading.Condition()
+        # (store, page, record, sync, on_done) or (store, page, None, False, None) to delete
+        self._queue: list[tuple[PageStore, int, bytes | None, bool, Completion | None]] = []
+        self._stopping = False
+        self.syncs = 0
+        self.writes = 0
+        self._thread = threading.Thread(target=self._run, name="scow-page-writer", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, store: PageStore, page: int, record: bytes, sync: bool, on_done: Completion | None
+    ) -> None:
+        with self._cond:
+            self._queue.append((store, page, record, sync, on_done))
+            self._cond.notify()
+
+    def delete(self, store: PageStore, page: int, on_done: Completion | None = None) -> None:
+        with self._cond:
+            self._queue.append((store, page, None, False, on_done))
+            self._cond.notify()
+
+    def flush(self) -> None:
+        """Block until everything submitted so far is written (and synced if asked)."""
+        done = threading.Event()
+        with self._cond:
+            self._queue.append((None, 0, None, False, done.set))  # type: ignore[arg-type]
+            self._cond.notify()
+        done.wait()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue and self._stopping:
+                    return
+                if self._sync_delay and any(item[3] for item in self._queue):
+                    # let more durable records join this sync (group commit)
+                    self._cond.wait(self._sync_delay)
+                batch, self._queue = self._queue, []
+            try:
+                self._write(batch)
+            except OSError:
+                log.exception("page write failed")
+                raise
+
+    def _write(self, batch: list[Any]) -> None:
+        completions: list[Completion] = []
+        to_sync: dict[int, PageStore] = {}
+        pending: list[bytes] = []
+        current: tuple[Any, int] | None = None
+
+        def flush_pending() -> None:
+            if pending and current is not None:
+                current[0].append(current[1], pending)
+                self.writes += 1
+                pending.clear()
+
+        for store, page, record, sync, on_done in batch:
+            if store is None:  # a flush marker: its waiter is on another thread, not the loop
+                flush_pending()
+                current = None
+                self._sync(to_sync)
+                on_done()
+                continue
+            if record is None:
+                flush_pending()
+                current = None
+                store.delete(page)
+                store.sync()
+            else:
+                if current != (store, page):
+                    flush_pending()
+                    current = (store, page)
+                pending.append(record)
+                if sync:
+                    to_sync[id(store)] = store
+            if on_done is not None:
+                completions.append(on_done)
+        flush_pending()
+        self._sync(to_sync)
+        if completions:
+            self._dispatch(completions)
+
+    def _sync(self, stores: dict[int, PageStore]) -> None:
+        for store in stores.values():
+            store.sync()
+            self.syncs += 1
+        stores.clear()
