@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 ADDRESS_SETTINGS_SECTION = "address-settings"
-DEFAULT_PLUGINS: tuple[str, ...] = ("amqp", "file-journal", "standard-queues", "full-policies")
+DEFAULT_PLUGINS: tuple[str, ...] = ("amqp", "file-journal", "standard-queues", "full-policies", "paging")
 
 _KINDS = ("plain", "size", "duration-ms", "host-port-list")
 

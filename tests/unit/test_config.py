@@ -329,16 +329,23 @@ def test_parse_host_port() -> None:
 
 def _plugin_sections() -> list[ConfigSection]:
     from scow.plugins.file_journal.plugin import SECTION as JOURNAL
+    from scow.plugins.paging import PAGING_SECTION
     from scow.protocols.amqp.plugin import SECTION as REAL_AMQP
 
-    return [REAL_AMQP, JOURNAL]
+    return [REAL_AMQP, JOURNAL, PAGING_SECTION]
 
 
 def test_packaged_default_config_loads() -> None:
     path = default_config_path()
     assert path.is_file()
     config = load_config(path, _plugin_sections())
-    assert config.enabled_plugins == ("amqp", "file-journal", "standard-queues", "full-policies")
+    assert config.enabled_plugins == (
+        "amqp",
+        "file-journal",
+        "standard-queues",
+        "full-policies",
+        "paging",
+    )
     assert config.section("broker")["data-dir"] == "./data"
     assert config.section("amqp")["listen"] == ["localhost:5672"]
     s = config.address_settings.get("orders")

@@ -52,7 +52,8 @@ def test_drop_policy_accepts_but_discards_once_full(scow_broker):
 
 def test_block_policy_withholds_credit_until_consumers_make_room(scow_broker):
     broker = scow_broker(
-        address_settings={"full.#": {"max-size-bytes": 5000, "address-full-policy": "BLOCK"}},
+        # each message counts its ~1050 bytes plus MEMORY_OVERHEAD: 5 fill the address
+        address_settings={"full.#": {"max-size-bytes": 6500, "address-full-policy": "BLOCK"}},
         sections={"amqp": {"producer-credit": 4}},
     )
     conn = BlockingConnection(broker.url, timeout=10)
