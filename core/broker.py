@@ -200,6 +200,8 @@ class Broker:
             return
         for queue_name in list(address.queues):
             self.delete_queue(queue_name)
+        if address.pager is not None:
+            address.pager.close()
         if address.record_id is not None:
             self.storage.delete_binding(address.record_id)
 

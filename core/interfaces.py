@@ -315,6 +315,9 @@ class Pager(Protocol):
     def check(self) -> None:
         """Memory was freed: leave page mode if every cursor caught up and there is room."""
 
+    def close(self) -> None:
+        """The address was deleted (its queues first): release its store."""
+
     def stats(self) -> dict[str, Any]: ...
 
 

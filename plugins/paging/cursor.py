@@ -62,6 +62,8 @@ class QueueCursor:
         #: (page, offset) of records a selector look-ahead already took.
         self.taken: set[tuple[int, int]] = set()
         self.closed = False
+        #: Page reads from the store (a cursor that keeps up never reads).
+        self.reads = 0
         self._windows: dict[str, _Window] = {}
         self._reading = False
         self._filling = False
@@ -148,6 +150,7 @@ class QueueCursor:
         if self._reading:
             return None
         self._reading = True
+        self.reads += 1
 
         def done(data: bytes) -> None:
             self._reading = False
@@ -326,6 +329,7 @@ class QueueCursor:
             "messages-paged": self.backlog,
             "paged-bytes": self.backlog_bytes,
             "pages-pending": len(self.pending),
+            "page-reads": self.reads,
         }
 
 

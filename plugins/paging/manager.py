@@ -127,7 +127,8 @@ class PagingManager:
         self.writer.stop()
         self.reader.shutdown(wait=True)
         for pager in self.pagers.values():
-            pager.close()
+            if pager._store is not None:
+                pager._store.close()
 
     # ------------------------------------------------------------------ recovery
 

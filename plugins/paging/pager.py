@@ -92,9 +92,11 @@ class AddressPager:
         return self._store
 
     def close(self) -> None:
+        if self.manager.pagers.get(self.address.name) is self:
+            del self.manager.pagers[self.address.name]
         if self._store is not None:
-            self._store.close()
-            self._store = None
+            store, self._store = self._store, None
+            self.manager.writer.close(store)  # after the writes and deletes queued for it
 
     # ------------------------------------------------------------------ queues
 

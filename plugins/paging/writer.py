@@ -47,6 +47,12 @@ class PageWriter:
             self._queue.append((store, page, None, False, on_done))
             self._cond.notify()
 
+    def close(self, store: PageStore) -> None:
+        """Close `store` once everything queued for it is done."""
+        with self._cond:
+            self._queue.append((store, -1, None, False, None))
+            self._cond.notify()
+
     def flush(self) -> None:
         """Block until everything submitted so far is written (and synced if asked)."""
         done = threading.Event()
@@ -100,8 +106,11 @@ class PageWriter:
             if record is None:
                 flush_pending()
                 current = None
-                store.delete(page)
-                store.sync()
+                if page < 0:
+                    store.close()
+                else:
+                    store.delete(page)
+                    store.sync()
             else:
                 if current != (store, page):
                     flush_pending()

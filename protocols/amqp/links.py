@@ -61,7 +61,9 @@ class ProducerLink:
         self.address = target.address  # None: anonymous relay, routed by each message's `to`
         self.routing_type = routing_hint(target.capabilities)
         self.credit = conn.server.producer_credit
-        self.blocked_on: Any = None  # the full address holding back our credit
+        #: The waiting list we are on while our credit is held back (a full address's, or
+        #: the disk monitor's); `resume` takes us off it.
+        self.waiting: list[Any] | None = None
         self.closed = False
         self.max_size = conn.server.max_message_size
         if self.address is not None:
@@ -134,31 +136,39 @@ class ProducerLink:
 
     def _replenish(self) -> None:
         credit = engine.link_credit(self.link)
-        if credit > self.credit // 2:
+        if credit > self.credit // 2 or self.waiting is not None:
             return
-        address = self.conn.broker.get_address(self.address) if self.address else None
+        broker = self.conn.broker
+        if broker.limits.disk_full:  # every producer waits, anonymous ones included
+            self._wait(broker.limits.on_disk_space)
+            return
+        address = broker.get_address(self.address) if self.address else None
         policy = address.full_policy if address is not None else None
         if policy is not None and policy.blocks_producers():
-            if self.blocked_on is None:
-                self.blocked_on = address
-                address.on_space.append(self.resume)  # type: ignore[union-attr]
+            self._wait(address.on_space)  # type: ignore[union-attr]
             return
         engine.link_flow(self.link, self.credit - credit)
 
+    def _wait(self, waiting: list[Any]) -> None:
+        self.waiting = waiting
+        waiting.append(self.resume)
+
+    def _stop_waiting(self) -> None:
+        if self.waiting is not None:
+            if self.resume in self.waiting:
+                self.waiting.remove(self.resume)
+            self.waiting = None
+
     def resume(self) -> None:
-        """The full address has room again: hand out credit."""
-        if self.blocked_on is not None:
-            self.blocked_on.on_space.remove(self.resume)
-            self.blocked_on = None
+        """What held our credit back has room again: hand out credit."""
+        self._stop_waiting()
         if not self.closed and not self.conn.closed:
             self._replenish()
             self.conn.mark_dirty()
 
     def close(self, remote_closed: bool) -> None:
         self.closed = True
-        if self.blocked_on is not None:
-            self.blocked_on.on_space.remove(self.resume)
-            self.blocked_on = None
+        self._stop_waiting()
 
 
 class ConsumerLink:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from proton import UNDESCRIBED, Array, Data, Delivery, Message, Terminus, Timeout, symbol
+from proton.handlers import MessagingHandler
 from proton.reactor import Container, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver
 
@@ -245,3 +246,33 @@ def consume_all(url: str, address: str, *, quiet: float = 1.0) -> list[Message]:
             except Timeout:
                 return got
             receiver.accept()
+
+
+class _BulkSender(MessagingHandler):
+    def __init__(self, url: str, address: str, messages: Iterator[Message], total: int) -> None:
+        super().__init__()
+        self.url, self.address, self.messages, self.total = url, address, messages, total
+        self.sent = self.settled = 0
+
+    def on_start(self, event: Any) -> None:
+        conn = event.container.connect(self.url)
+        event.container.create_sender(conn, self.address)
+
+    def on_sendable(self, event: Any) -> None:
+        sender = event.sender
+        while sender.credit and self.sent < self.total:
+            sender.send(next(self.messages))
+            self.sent += 1
+
+    def on_settled(self, event: Any) -> None:
+        self.settled += 1
+        if self.settled == self.total:
+            event.connection.close()
+
+
+def bulk_send(
+    url: str, address: str, count: int, make: Callable[[int], Message], timeout: float = 120
+) -> None:
+    """Send `count` messages (`make(i)`) as fast as credit allows; wait until all settled."""
+    handler = _BulkSender(url, address, (make(i) for i in range(count)), count)
+    run_container(handler, lambda: handler.settled >= count, timeout)

@@ -1,0 +1,230 @@
+"""Address paging over the wire: order, multicast cursors, limits, selectors, TTL, disk."""
+
+from __future__ import annotations
+
+import pytest
+from proton import Message
+from proton.utils import SendException
+
+from scow.core.testing import wait_for
+from tests.wire.helpers import Capabilities, Durable, bulk_send, connected, detach, pump, receive, send
+
+BODY = "x" * 500
+#: Page after ~10 messages, in pages of ~10 messages; keep queues to look at them after.
+SMALL = {
+    "max-size-bytes": 10_000,
+    "page-size-bytes": 8_000,
+    "auto-delete-queues": False,
+    "auto-delete-addresses": False,
+}
+
+
+def paging_broker(scow_broker, **settings):
+    return scow_broker(address_settings={"#": {**SMALL, **settings}})
+
+
+def address_stats(broker, name: str) -> dict:
+    return broker.call(lambda: broker.broker.address_stats(broker.broker.addresses[name]))
+
+
+def page_files(broker, name: str) -> int:
+    def count() -> int:
+        pager = broker.broker.addresses[name].pager
+        return len(pager.store.page_numbers()) if pager is not None else 0
+
+    return broker.call(count)
+
+
+def numbered(i: int, **kw) -> Message:
+    return Message(body=f"{i}:{BODY}", properties={"n": i}, **kw)
+
+
+def ns(messages) -> list[int]:
+    return [m.properties["n"] for m in messages]
+
+
+def test_order_is_kept_across_memory_and_pages_and_paging_ends(scow_broker):
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "orders", 300, numbered)
+    stats = address_stats(broker, "orders")
+    assert stats["paging"] and stats["page-count"] > 10
+    assert broker.queue_stats("orders")["message-count"] == 300
+    assert broker.queue_stats("orders")["messages-paged"] > 250
+    with connected(broker.url) as conn:
+        assert ns(receive(conn.create_receiver("orders", credit=20), 300)) == list(range(300))
+    wait_for(lambda: not address_stats(broker, "orders")["paging"], what="paging to end")
+    wait_for(lambda: page_files(broker, "orders") == 0, what="page files deleted")
+    assert broker.queue_stats("orders")["message-count"] == 0
+
+
+def test_new_messages_after_paging_ends_go_to_memory_in_order(scow_broker):
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "q", 50, numbered)
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("q", credit=10)
+        assert ns(receive(receiver, 50)) == list(range(50))
+        wait_for(lambda: not address_stats(broker, "q")["paging"], what="paging to end")
+        send(conn, "q", numbered(50), numbered(51))
+        assert ns(receive(receiver, 2)) == [50, 51]
+        assert address_stats(broker, "q")["page-count"] == 0
+
+
+def test_one_slow_subscription_does_not_make_the_others_read_pages(scow_broker):
+    # room for the fast subscriptions to keep up in memory; the slow one has no consumer
+    broker = paging_broker(scow_broker, **{"max-read-page-bytes": 1_000_000})
+    topic = [Capabilities("topic"), Durable()]
+    count = 400
+    with connected(broker.url, container_id="c") as conn:
+        slow = conn.create_receiver("news", name="slow", options=topic)
+        detach(conn, slow, until=lambda: broker.queue_stats("c.slow")["consumer-count"] == 0)
+        fast = [
+            conn.create_receiver("news", name=f"fast{i}", options=topic, credit=1000)
+            for i in range(2)
+        ]
+        bulk_send(broker.url, "news", count, numbered)
+        for receiver in fast:
+            assert ns(receive(receiver, count)) == list(range(count))
+        cursors = address_stats(broker, "news")["cursors"]
+        assert cursors["c.slow"]["messages-paged"] > count - 20
+        assert [cursors[f"c.fast{i}"]["page-reads"] for i in range(2)] == [0, 0]
+        assert address_stats(broker, "news")["paging"]
+        slow = conn.create_receiver("news", name="slow", options=topic, credit=5)
+        assert ns(receive(slow, count)) == list(range(count))
+    wait_for(lambda: address_stats(broker, "news")["page-count"] <= 1, what="pages deleted")
+
+
+@pytest.mark.parametrize("policy", ["DROP", "FAIL"])
+def test_page_limit_applies_page_full_policy(scow_broker, policy):
+    broker = paging_broker(
+        scow_broker, **{"page-limit-messages": 20, "page-full-policy": policy}
+    )
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("limited")
+        refused = None
+        for i in range(60):
+            try:
+                sender.send(numbered(i))
+            except SendException as exc:
+                refused = exc
+                break
+    count = broker.queue_stats("limited")["message-count"]
+    if policy == "FAIL":
+        assert refused is not None
+        assert "page-limit-messages 20" in str(refused.state) or refused.state is not None
+    else:
+        assert refused is None
+    assert 20 <= count < 45
+
+
+def test_page_limit_fail_names_the_address_and_limit(scow_broker):
+    broker = paging_broker(scow_broker, **{"page-limit-messages": 5, "page-full-policy": "FAIL"})
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("lim")
+        with pytest.raises(SendException) as refused:
+            for i in range(40):
+                sender.send(numbered(i))
+        delivery = refused.value.state
+    assert delivery is not None
+    condition = sender.link.unsettled if False else None  # the outcome carries the reason
+    del condition
+    stats = address_stats(broker, "lim")
+    assert stats["messages-refused-page-full"] >= 1
+
+
+def test_global_max_size_pages_every_address(scow_broker):
+    broker = scow_broker(
+        sections={"broker": {"global-max-size": 20_000}},
+        address_settings={"#": {"page-size-bytes": 8_000}},
+    )
+    bulk_send(broker.url, "a", 40, numbered)
+    assert address_stats(broker, "a")["paging"]
+    bulk_send(broker.url, "b", 5, numbered)
+    assert address_stats(broker, "b")["paging"]  # a filled the broker: b pages at once
+    assert broker.queue_stats("b")["messages-paged"] == 5
+    with connected(broker.url) as conn:
+        assert ns(receive(conn.create_receiver("b"), 5)) == list(range(5))
+        assert ns(receive(conn.create_receiver("a"), 40)) == list(range(40))
+
+
+def test_max_read_page_bytes_bounds_memory_while_deliveries_stay_unsettled(scow_broker):
+    broker = paging_broker(scow_broker, **{"max-read-page-bytes": 20_000})
+    bulk_send(broker.url, "held", 300, numbered)
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("held", credit=300)
+        got = []
+        for _ in range(25):  # the read limit lets fewer than 40 out of pages
+            got.append(receiver.receive(timeout=10))
+        stats = broker.queue_stats("held")
+        assert stats["memory-bytes"] <= 20_000 + 600
+        assert stats["messages-paged"] >= 250
+        for _ in got:
+            receiver.accept()
+        rest = receive(receiver, 300 - len(got))
+        assert ns(got + rest) == list(range(300))
+
+
+def test_selector_consumer_reaches_matching_messages_behind_paged_ones(scow_broker):
+    broker = paging_broker(scow_broker)
+    blue = 20_000
+
+    def make(i: int) -> Message:
+        return Message(body="b", properties={"color": "red" if i >= blue else "blue", "n": i})
+
+    bulk_send(broker.url, "colors", blue + 3, make)
+    assert broker.queue_stats("colors")["messages-paged"] > blue - 100
+    with connected(broker.url) as conn:
+        red = conn.create_receiver(
+            "colors", options=[_selector("color = 'red'")], credit=10
+        )
+        assert ns(receive(red, 3, accept=True)) == [blue, blue + 1, blue + 2]
+    stats = broker.queue_stats("colors")
+    assert stats["message-count"] == blue
+    assert stats["memory-bytes"] < 2 * 20 * 1024 * 1024
+    with connected(broker.url) as conn:
+        assert ns(receive(conn.create_receiver("colors", credit=500), 100)) == list(range(100))
+
+
+def test_ttl_and_dead_letter_apply_to_paged_messages(scow_broker):
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "ttl", 30, lambda i: numbered(i, ttl=0.3) if i >= 20 else numbered(i))
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("ttl", credit=1)
+        assert ns(receive(receiver, 1, accept=False)) == [0]
+        receiver.reject()  # rejected: straight to the dead-letter address
+    wait_for(lambda: broker.queue_stats("DLA") is not None, what="the DLA queue")
+    import time
+
+    time.sleep(0.4)  # the TTL of messages 20.. runs out while they sit in pages
+    with connected(broker.url) as conn:
+        got = ns(receive(conn.create_receiver("ttl", credit=50), 19))
+        assert got == list(range(1, 20))
+        assert ns(receive(conn.create_receiver("ExpiryQueue"), 10)) == list(range(20, 30))
+        assert ns(receive(conn.create_receiver("DLA"), 1)) == [0]
+
+
+def test_disk_monitor_blocks_producers_and_resumes_them(scow_broker):
+    broker = scow_broker(sections={"broker": {"disk-scan-period": 50}})
+    monitor = broker.call(
+        lambda: next(s for s in broker.server.services if type(s).__name__ == "DiskMonitor")
+    )
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("d")
+        sender.send(Message(body="before"))
+        broker.call(lambda: setattr(monitor, "min_disk_free", 1 << 60))  # more than any disk
+        wait_for(lambda: broker.call(lambda: broker.broker.limits.disk_full), what="disk full")
+        credit = sender.link.credit
+        for _ in range(credit):  # credit already given is honoured: nothing is refused
+            sender.send(Message(body="in flight"))
+        assert sender.link.credit == 0
+        assert broker.queue_stats("d")["message-count"] == 1 + credit
+        broker.call(lambda: setattr(monitor, "min_disk_free", -1))
+        broker.call(lambda: setattr(monitor, "max_disk_usage", -1))
+        pump([conn], lambda: sender.link.credit > 0, what="credit once the disk has room")
+        sender.send(Message(body="after"))
+    assert broker.queue_stats("d")["message-count"] == 2 + credit
+
+
+def _selector(text: str):
+    from proton.reactor import Selector
+
+    return Selector(text)
