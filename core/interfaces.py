@@ -193,6 +193,15 @@ class Cursor(Protocol):
     def store_delivery_count(self, ref: MessageRef, on_done: Callable[[], None]) -> bool:
         """Journal `ref`'s new delivery count; True when `on_done` will run once it is."""
 
+    def browse(self, browser: Consumer) -> None:
+        """Show `browser` the paged messages past what it saw, as its credit allows."""
+
+    def browsed(self, browser: Consumer, ref: MessageRef) -> bool:
+        """True if `browser` was shown `ref` from the pages already."""
+
+    def forget(self, consumer: Consumer) -> None:
+        """`consumer` left the queue."""
+
     def stats(self) -> dict[str, Any]: ...
 
 

@@ -21,6 +21,7 @@ from scow.plugins.paging.record import HEAD
 
 if TYPE_CHECKING:
     from scow.core.interfaces import Completion, Consumer, Queue
+    from scow.core.message import MessageRef
     from scow.plugins.paging.pager import AddressPager
 
 #: Records a selector look-ahead examines before it lets the loop serve others.
@@ -69,6 +70,8 @@ class QueueCursor:
         self._filling = False
         self._scan = (self.page, self.offset)
         self._scan_key: tuple[int, ...] = ()
+        #: browser -> (page, offset) it has seen the pages up to
+        self._browsing: dict[Consumer, tuple[int, int]] = {}
 
     def __repr__(self) -> str:
         return f"<QueueCursor {self.queue.name!r} at {self.page}:{self.offset}, {self.backlog}>"
@@ -156,12 +159,14 @@ class QueueCursor:
             self._reading = False
             if not self.closed:
                 self._windows[slot] = _Window(page, offset, data)
-                self.fill()
+                self.queue.dispatch()  # fills consumers and browsers, whoever asked
 
         self.pager.manager.read(self.pager.store, page, offset, done)
         return None
 
-    def _records(self, window: _Window, page: int, offset: int, end: int) -> Any:
+    def _records(
+        self, window: _Window, page: int, offset: int, end: int, keep_taken: bool = False
+    ) -> Any:
         """(offset, next offset, header, payload start, payload end) of records to take."""
         buf = window.data
         base = window.start
@@ -186,7 +191,8 @@ class QueueCursor:
                 or (acked is not None and at in acked)
             )
             if not skip and taken and (page, at) in taken:
-                taken.discard((page, at))
+                if not keep_taken:
+                    taken.discard((page, at))
                 skip = True
             yield at, base + pend, head, None if skip else ids_at + 8 * n, pend
 
@@ -270,6 +276,53 @@ class QueueCursor:
         self.backlog_bytes -= len(message.data)
         self.pager.address.add_memory(len(message.data))
         self.queue.enqueue(ref)
+
+    # ------------------------------------------------------------------ browsers
+
+    def browse(self, browser: Consumer) -> None:
+        """Show a browser paged messages from past the cursor (or where it stopped)."""
+        if self._reading or self.closed:
+            return
+        pager = self.pager
+        page, offset = max(self._browsing.get(browser, (0, 0)), (self.page, self.offset))
+        slot = f"browse-{id(browser)}"
+        try:
+            while browser.credit() > 0:
+                end = pager.visible_end(page)
+                if offset >= end:
+                    if not self._page_done(page, offset):
+                        return
+                    page += 1
+                    while page < pager.write_page and page not in pager.pages:
+                        page += 1
+                    offset = 0
+                    continue
+                window = self._window(slot, page, offset)
+                if window is None:
+                    return
+                for at, next_offset, head, data_at, data_end in self._records(
+                    window, page, offset, end, keep_taken=True
+                ):
+                    offset = next_offset
+                    if data_at is None:
+                        continue
+                    message = self._message(head, window.data[data_at:data_end])
+                    if browser.filter is None or browser.filter(message):
+                        browser.deliver(PagedRef(message, self.queue, self, page, at))
+                        if browser.credit() <= 0:
+                            return
+        finally:
+            self._browsing[browser] = (page, offset)
+
+    def browsed(self, browser: Consumer, ref: MessageRef) -> bool:
+        if ref.__class__ is not PagedRef:
+            return False
+        seen = self._browsing.get(browser)
+        return seen is not None and (ref.page, ref.offset) < seen  # type: ignore[attr-defined]
+
+    def forget(self, consumer: Consumer) -> None:
+        self._browsing.pop(consumer, None)
+        self._windows.pop(f"browse-{id(consumer)}", None)
 
     # ------------------------------------------------------------------ outcomes
 

@@ -66,6 +66,8 @@ class StandardQueue:
         return self._consumers
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        if self.cursor is not None:
+            self.cursor.forget(consumer)
         if self._browsers.pop(consumer, None) is None and consumer in self._consumers:
             self._consumers.remove(consumer)
             self._filtered = any(c.filter is not None for c in self._consumers)
@@ -180,12 +182,17 @@ class StandardQueue:
             if ref.seq <= seen:
                 break
             unseen.append(ref)
+        cursor = self.cursor
         for ref in reversed(unseen):
             if browser.credit() <= 0:
                 return
             self._browsers[browser] = ref.seq
+            if cursor is not None and cursor.browsed(browser, ref):
+                continue  # it saw this one in the pages already
             if browser.filter is None or browser.filter(ref.message):
                 browser.deliver(ref)
+        if cursor is not None and cursor.backlog:
+            cursor.browse(browser)  # then what is still in pages
 
     # ------------------------------------------------------------------ outcomes
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from proton import Delivery, Message
+from proton import Delivery, Message, Timeout
+from proton.reactor import Copy
 from proton.utils import SendException
 
 from scow.core.testing import wait_for
@@ -222,3 +223,19 @@ def _selector(text: str):
     from proton.reactor import Selector
 
     return Selector(text)
+
+
+def test_browser_sees_paged_messages_once_and_leaves_them(scow_broker):
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "catalog", 120, numbered)
+    assert broker.queue_stats("catalog")["messages-paged"] > 100
+    with connected(broker.url) as conn:
+        browser = conn.create_receiver("catalog", credit=7, name="browser", options=Copy())
+        seen = [browser.receive(timeout=10).properties["n"] for _ in range(120)]
+        assert seen == list(range(120))
+        # a consumer now reads the pages into memory: the browser is not shown them again
+        consumer = conn.create_receiver("catalog", credit=5)
+        assert ns(receive(consumer, 10, accept=False)) == list(range(10))
+        with pytest.raises(Timeout):
+            browser.receive(timeout=0.5)
+    assert broker.queue_stats("catalog")["message-count"] == 120
