@@ -174,6 +174,7 @@ class QueueCursor:
         committed = self.pager.committed_txs
         acked = self.acked.get(page)
         taken = self.taken
+        recovered = page < self.pager.first_page  # written before this start: durable only
         for start, pstart, pend in iter_frames(buf, offset - base):
             at = base + start
             if at >= end:
@@ -188,6 +189,7 @@ class QueueCursor:
             skip = (
                 not routed
                 or (head[2] and head[2] not in committed)
+                or (recovered and not head[3] & 1)
                 or (acked is not None and at in acked)
             )
             if not skip and taken and (page, at) in taken:
@@ -205,7 +207,7 @@ class QueueCursor:
             if data_at is None:
                 continue
             self._deliver(page, at, head, window.data[data_at:data_end])
-            if not self.has_room():
+            if not self.backlog or not self.has_room():
                 return
 
     def _deliver(self, page: int, at: int, head: tuple, data: bytes) -> None:

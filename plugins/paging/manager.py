@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.interfaces import Completion, PageStore
-from scow.core.page_frames import iter_frames
 from scow.plugins.paging.pager import AddressPager, PageInfo
-from scow.plugins.paging.record import HEAD, queue_ids
+from scow.plugins.paging.scan import durable_records
 from scow.plugins.paging.writer import PageWriter
 
 if TYPE_CHECKING:
@@ -162,7 +161,7 @@ class PagingManager:
     def _apply(self, pager: AddressPager, scan: _Scan, recovery: PageRecovery | None) -> None:
         pager.pages = scan.pages
         pager.paged_bytes = sum(info.size for info in scan.pages.values())
-        pager.write_page = max(scan.pages, default=0) + 1
+        pager.write_page = pager.first_page = max(scan.pages, default=0) + 1
         pager.write_offset = 0
         if recovery is not None:
             pager.committed_txs |= recovery.page_txs
@@ -230,32 +229,14 @@ def _scan_store(
     Non-durable messages do not survive a restart, and a transaction's records count only
     if it committed; nothing of a message is kept but counters.
     """
-    wanted = set(queue_ids_durable)
     scan = _Scan()
     queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}])
-    for page in store.page_numbers():
-        buf = store.read(page)
-        info = scan.pages[page] = PageInfo(page)
-        end = 0
-        for start, pstart, pend in iter_frames(buf):
-            end = pend
-            info.records += 1
-            message_id, _exp, tx_id, flags, _prio, n = HEAD.unpack_from(buf, pstart)
-            if tx_id:
-                info.txs.add(tx_id)
-            if not flags & 1 or (tx_id and tx_id not in committed):
-                continue
-            size = pend - (pstart + HEAD.size + 8 * n)
-            for queue_id in queue_ids(buf, pstart):
-                if queue_id not in wanted:
-                    continue
-                done = acked.get((queue_id, page))
-                if done is not None and start in done:
-                    continue
-                figures = queues[queue_id]
-                figures[0] += 1
-                figures[1] += size
-                figures[2][page] = figures[2].get(page, 0) + 1
-        info.size = info.visible = end
+    for rec in durable_records(store, set(queue_ids_durable), acked, committed, scan.pages):
+        size = len(rec.data)
+        for queue_id in rec.queue_ids:
+            figures = queues[queue_id]
+            figures[0] += 1
+            figures[1] += size
+            figures[2][rec.page] = figures[2].get(rec.page, 0) + 1
     scan.queues = dict(queues)
     return scan

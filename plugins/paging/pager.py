@@ -58,6 +58,8 @@ class AddressPager:
         self._store: PageStore | None = None
         self.cursors: dict[str, QueueCursor] = {}
         self.pages: dict[int, PageInfo] = {}
+        #: Pages below this one were written before the broker started (recovered).
+        self.first_page = 1
         #: The head: the page being written and its size.
         self.write_page = 1
         self.write_offset = 0

@@ -1,0 +1,65 @@
+"""Reading whole page stores off-line: what recovery, `scow data` and export need.
+
+`durable_records` walks an address's pages and yields the durable, committed messages
+with the queues that have not acknowledged them; nothing else of a page is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from scow.core.interfaces import PageStore
+from scow.core.page_frames import iter_frames
+from scow.plugins.paging.pager import PageInfo
+from scow.plugins.paging.record import HEAD
+
+
+@dataclass(slots=True)
+class PagedRecord:
+    page: int
+    offset: int
+    message_id: int
+    expiration: int
+    priority: int
+    #: The routed queues (of those asked for) that still hold it.
+    queue_ids: list[int]
+    data: memoryview
+
+
+def durable_records(
+    store: PageStore,
+    queue_ids: set[int],
+    acked: Mapping[tuple[int, int], set[int]],
+    committed: set[int],
+    pages: dict[int, PageInfo] | None = None,
+) -> Iterator[PagedRecord]:
+    """Durable committed records routed to any of `queue_ids` and not acknowledged there.
+
+    `acked` maps (queue id, page) to acknowledged offsets; when `pages` is given, it is
+    filled with each page's record count, size and transactions.
+    """
+    for page in store.page_numbers():
+        buf = memoryview(store.read(page))
+        info = PageInfo(page)
+        for start, pstart, pend in iter_frames(buf):
+            info.records += 1
+            info.size = info.visible = pend
+            message_id, expiration, tx_id, flags, priority, n = HEAD.unpack_from(buf, pstart)
+            if tx_id:
+                info.txs.add(tx_id)
+            if not flags & 1 or (tx_id and tx_id not in committed):
+                continue
+            ids_at = pstart + HEAD.size
+            holders = []
+            for i in range(n):
+                queue_id = int.from_bytes(buf[ids_at + 8 * i : ids_at + 8 * i + 8], "big")
+                if queue_id in queue_ids:
+                    done = acked.get((queue_id, page))
+                    if done is None or start not in done:
+                        holders.append(queue_id)
+            if holders:
+                data = buf[ids_at + 8 * n : pend]
+                yield PagedRecord(page, start, message_id, expiration, priority, holders, data)
+        if pages is not None:
+            pages[page] = info
