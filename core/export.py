@@ -10,10 +10,13 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
    "arguments": {...}}
   {"type": "message", "id": int, "address": str, "expiration": int (ms, 0 = never),
    "priority": int, "queues": {"<queue name>": <delivery count>, ...},
-   "data": "<base64 of the encoded message, exactly as the producer sent it>"}
+   "data": "<base64 of the encoded message, exactly as the producer sent it>",
+   "paged": true (only for messages that were in their address's pages)}
   {"type": "end", "addresses": n, "queues": n, "messages": n}
 
-Addresses come before queues, queues before messages, messages in their journal order.
+Addresses come before queues, queues before messages: the journal's in journal order,
+then the paged ones in page order. An import puts paged messages back into pages when
+the importer can (the paging plugin's tools), otherwise into the journal.
 Ids are not portable: an import gives everything new ids. The trailing "end" line lets an
 import tell a complete file from a truncated one. Prepared (undecided) transactions are
 not exported.
@@ -24,10 +27,11 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from scow.core.storage import Recovered, StorageManager
+from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 
 FORMAT = "scow-export"
 VERSION = 1
@@ -37,7 +41,9 @@ class ExportError(Exception):
     """The file is not an export this version can read, or it is incomplete."""
 
 
-def export_lines(recovered: Recovered) -> Iterator[dict[str, Any]]:
+def export_lines(
+    recovered: Recovered, paged: Iterable[RecoveredMessage] = ()
+) -> Iterator[dict[str, Any]]:
     yield {"format": FORMAT, "version": VERSION, "created": int(time.time() * 1000)}
     for address in recovered.addresses:
         yield {"type": "address", **{k: v for k, v in address.items() if k != "id"}}
@@ -46,12 +52,12 @@ def export_lines(recovered: Recovered) -> Iterator[dict[str, Any]]:
         names[queue["id"]] = queue["name"]
         yield {"type": "queue", **{k: v for k, v in queue.items() if k != "id"}}
     exported = 0
-    for message in recovered.messages:
+    for message in itertools.chain(recovered.messages, paged):
         queues = {names[qid]: count for qid, count in message.queues.items() if qid in names}
         if not queues:
             continue
         exported += 1
-        yield {
+        line = {
             "type": "message",
             "id": message.id,
             "address": message.address,
@@ -60,6 +66,9 @@ def export_lines(recovered: Recovered) -> Iterator[dict[str, Any]]:
             "queues": queues,
             "data": base64.b64encode(message.data).decode("ascii"),
         }
+        if message.paged:
+            line["paged"] = True
+        yield line
     yield {
         "type": "end",
         "addresses": len(recovered.addresses),
@@ -68,17 +77,30 @@ def export_lines(recovered: Recovered) -> Iterator[dict[str, Any]]:
     }
 
 
-def export(storage: StorageManager, out: IO[str]) -> dict[str, int]:
-    """Write everything `storage` holds to `out`; returns the counts written."""
+def export(
+    storage: StorageManager,
+    out: IO[str],
+    paged: Callable[[Recovered], Iterable[RecoveredMessage]] | None = None,
+) -> dict[str, int]:
+    """Write everything `storage` holds (and `paged(recovered)`) to `out`; returns counts."""
     end: dict[str, Any] = {}
-    for line in export_lines(storage.load()):
+    recovered = storage.load()
+    for line in export_lines(recovered, paged(recovered) if paged else ()):
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         end = line
     return {k: v for k, v in end.items() if k != "type"}
 
 
-def import_(storage: StorageManager, source: IO[str]) -> dict[str, int]:
-    """Load an export into `storage`, which must be empty; returns the counts read."""
+def import_(
+    storage: StorageManager,
+    source: IO[str],
+    paged: Callable[[RecoveredMessage], None] | None = None,
+) -> dict[str, int]:
+    """Load an export into `storage`, which must be empty; returns the counts read.
+
+    Paged messages go to `paged` when given (it writes them into pages), else to the
+    journal like the others.
+    """
     existing = storage.load()
     if existing.queues or existing.addresses or existing.messages:
         raise ExportError("the target data dir is not empty: import needs a fresh one")
@@ -102,7 +124,7 @@ def import_(storage: StorageManager, source: IO[str]) -> dict[str, int]:
             storage.store_queue(record_id, line)
             counts["queues"] += 1
         elif kind == "message":
-            _import_message(storage, line, queue_ids, number)
+            _import_message(storage, line, queue_ids, number, paged)
             counts["messages"] += 1
         elif kind == "end":
             complete = line == counts
@@ -117,13 +139,23 @@ def import_(storage: StorageManager, source: IO[str]) -> dict[str, int]:
 
 
 def _import_message(
-    storage: StorageManager, line: dict[str, Any], queue_ids: dict[str, int], number: int
+    storage: StorageManager,
+    line: dict[str, Any],
+    queue_ids: dict[str, int],
+    number: int,
+    paged: Callable[[RecoveredMessage], None] | None,
 ) -> None:
     try:
         qids = {queue_ids[name]: count for name, count in line["queues"].items()}
     except KeyError as exc:
         raise ExportError(f"line {number}: message names unknown queue {exc}") from None
     message_id = storage.next_id()
+    if line.get("paged") and paged is not None:
+        data = base64.b64decode(line["data"])
+        address, expiration = line["address"], line["expiration"]
+        priority = line.get("priority", 4)
+        paged(RecoveredMessage(message_id, address, expiration, priority, data, qids, True))
+        return
     storage.store_message(
         message_id,
         line["address"],

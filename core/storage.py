@@ -96,6 +96,8 @@ class RecoveredMessage:
     data: bytes
     #: queue id -> delivery count, for every queue still holding the message.
     queues: dict[int, int] = field(default_factory=dict)
+    #: Stored in its address's pages, not in the journal.
+    paged: bool = False
 
 
 @dataclass(slots=True)

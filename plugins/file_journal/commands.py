@@ -12,6 +12,10 @@ from scow.core.export import ExportError, export, import_
 from scow.core.storage import (
     ACK_REF,
     ADDRESS,
+    CURSOR_ACK,
+    CURSOR_COUNT,
+    CURSOR_PAGE,
+    PAGE_TX,
     DELIVERY_COUNT,
     ID_BLOCK,
     MESSAGE,
@@ -21,6 +25,7 @@ from scow.core.storage import (
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.plugins.file_journal.tools import compact_offline, iter_records, measure_sync_rate
+from scow.plugins.paging import tools as page_tools
 
 RECORD_TYPES = {
     MESSAGE: "MESSAGE",
@@ -29,6 +34,10 @@ RECORD_TYPES = {
     ADDRESS: "ADDRESS",
     QUEUE: "QUEUE",
     ID_BLOCK: "ID_BLOCK",
+    CURSOR_PAGE: "CURSOR_PAGE",
+    CURSOR_ACK: "CURSOR_ACK",
+    CURSOR_COUNT: "CURSOR_COUNT",
+    PAGE_TX: "PAGE_TX",
 }
 
 
@@ -54,12 +63,14 @@ def cmd_print(args: argparse.Namespace) -> int:
                 f"{rec.file}@{rec.offset} {rec.kind} id={rec.record_id} type={rtype} "
                 f"tx={rec.tx_id} len={rec.data_length} epoch={rec.epoch} {state}"
             )
+    storage = _storage(args.data_dir)
+    try:
+        recovered = storage.load()
+    finally:
+        storage.stop()
+    for line in page_tools.describe(args.data_dir, recovered):
+        print(line)
     if args.bodies:
-        storage = _storage(args.data_dir)
-        try:
-            recovered = storage.load()
-        finally:
-            storage.stop()
         print("# live messages")
         for message in recovered.messages:
             print(f"message {message.id} to {message.address!r} queues={message.queues}")
@@ -71,7 +82,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     storage = _storage(args.data_dir)
     try:
         with open(args.output, "w", encoding="utf-8") as out:
-            counts = export(storage, out)
+            counts = export(storage, out, lambda r: page_tools.paged_messages(args.data_dir, r))
     finally:
         storage.stop()
     print(f"exported {counts} to {args.output}")
@@ -80,13 +91,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     storage = _storage(args.data_dir)
+    pages = page_tools.PageImporter(args.data_dir, storage)
     try:
         with open(args.input, encoding="utf-8") as source:
-            counts = import_(storage, source)
-    except ExportError as exc:
+            counts = import_(storage, source, pages.add)
+    except (ExportError, ValueError) as exc:
         print(f"scow: {args.input}: {exc}", file=sys.stderr)
         return 2
     finally:
+        pages.close()
         storage.stop()
     print(f"imported {counts} into {args.data_dir}")
     return 0
