@@ -94,9 +94,9 @@ class Server:
         global-max-size only warns (it bounds what it can).
         """
         broker_cfg = self.config.section("broker")
-        explicit_global = broker_cfg["global-max-size"] != -1 or broker_cfg[
-            "global-max-messages"
-        ] != -1
+        explicit_global = (
+            broker_cfg["global-max-size"] != -1 or broker_cfg["global-max-messages"] != -1
+        )
         for pattern in ["#", *self.config.address_settings.patterns()]:
             settings = self.config.address_settings.get(pattern)
             policy = settings.address_full_policy

@@ -92,10 +92,10 @@ class Broker:
         #: held (invisible, not redelivered) until commit_prepared or rollback_prepared.
         self.prepared: dict[int, Transaction] = {}
         broker_cfg = config.section("broker")
-        max_size = int(broker_cfg.get("global-max-size", -1))  # type: ignore[call-overload]
+        max_size = int(broker_cfg.get("global-max-size", -1))
         self.limits = MemoryLimits(
             derived_global_max_size() if max_size < 0 else max_size,
-            int(broker_cfg.get("global-max-messages", -1)),  # type: ignore[call-overload]
+            int(broker_cfg.get("global-max-messages", -1)),
         )
         #: What recovery found of the paging plugin's journal records, for it to take.
         self.page_recovery: PageRecovery | None = None
@@ -636,7 +636,7 @@ class Broker:
                 self._dead_letter(ref)
                 return
             if ref.__class__ is PagedRef:
-                if ref.cursor.store_delivery_count(ref, lambda: self._put_back(ref, delivered)):  # type: ignore[attr-defined]
+                if ref.cursor.store_delivery_count(ref, lambda: self._put_back(ref, delivered)):
                     return
             elif ref.message.stored_refs and queue.durable:
                 # offered again only once its new count is on disk
@@ -678,7 +678,7 @@ class Broker:
     def _journal_ack(self, ref: MessageRef, tx_id: int | None) -> bool:
         """Journal that `ref`'s queue is done with the message; True if anything was written."""
         if ref.__class__ is PagedRef:
-            return ref.cursor.journal_ack(ref, tx_id)  # type: ignore[attr-defined,no-any-return]
+            return ref.cursor.journal_ack(ref, tx_id)
         message = ref.message
         if not (message.stored_refs and ref.queue.durable):
             return False
@@ -690,7 +690,7 @@ class Broker:
         message = ref.message
         message.refcount -= 1
         if ref.__class__ is PagedRef:
-            ref.cursor.settle(ref)  # type: ignore[attr-defined]
+            ref.cursor.settle(ref)
         if message.refcount == 0:
             address = self.addresses.get(message.address)
             if address is not None:
@@ -875,7 +875,6 @@ class Broker:
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
         }
-
 
     def address_stats(self, address: AddressInfo) -> dict[str, Any]:
         """One address: memory held, paging state and figures, whether producers block."""

@@ -44,7 +44,13 @@ __all__ = [
 ]
 
 ADDRESS_SETTINGS_SECTION = "address-settings"
-DEFAULT_PLUGINS: tuple[str, ...] = ("amqp", "file-journal", "standard-queues", "full-policies", "paging")
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "amqp",
+    "file-journal",
+    "standard-queues",
+    "full-policies",
+    "paging",
+)
 
 _KINDS = ("plain", "size", "duration-ms", "host-port-list")
 

@@ -25,9 +25,9 @@ not exported.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import time
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 

@@ -205,7 +205,6 @@ class Cursor(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
-
 class Consumer(Protocol):
     """Something that takes messages from a queue: a protocol's sending link."""
 
@@ -328,7 +327,6 @@ class Pager(Protocol):
         """The address was deleted (its queues first): release its store."""
 
     def stats(self) -> dict[str, Any]: ...
-
 
 
 class FullPolicy(Protocol):

@@ -15,10 +15,10 @@ from scow.core.storage import (
     CURSOR_ACK,
     CURSOR_COUNT,
     CURSOR_PAGE,
-    PAGE_TX,
     DELIVERY_COUNT,
     ID_BLOCK,
     MESSAGE,
+    PAGE_TX,
     QUEUE,
     StorageManager,
 )

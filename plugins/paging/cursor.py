@@ -147,9 +147,12 @@ class QueueCursor:
         """The bytes of `page` from `offset`, or None while they are being read."""
         window = self._windows.get(slot)
         end = self.pager.visible_end(page)
-        if window is not None and window.covers(page, offset):
-            if window.start + len(window.data) >= end or self._reading:
-                return window
+        if (
+            window is not None
+            and window.covers(page, offset)
+            and (window.start + len(window.data) >= end or self._reading)
+        ):
+            return window  # while another read is on its way, take what this one has
         if self._reading:
             return None
         self._reading = True

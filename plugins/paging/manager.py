@@ -98,9 +98,7 @@ class PagingManager:
 
     # ------------------------------------------------------------------ IO
 
-    def read(
-        self, store: PageStore, page: int, offset: int, done: Callable[[bytes], None]
-    ) -> None:
+    def read(self, store: PageStore, page: int, offset: int, done: Callable[[bytes], None]) -> None:
         """Read off the loop; `done(data)` runs on the loop."""
         future = self.reader.submit(store.read, page, offset)
         future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f.result()))
@@ -116,7 +114,9 @@ class PagingManager:
             for record_id in records:
                 storage.delete_record(record_id)
             for tx_id in info.txs:
-                if not any(tx_id in p.txs for pg in self.pagers.values() for p in pg.pages.values()):
+                if not any(
+                    tx_id in p.txs for pg in self.pagers.values() for p in pg.pages.values()
+                ):
                     storage.delete_record(tx_id)
                     pager.committed_txs.discard(tx_id)
 
@@ -213,9 +213,7 @@ def _acked_by_queue(
 ) -> dict[tuple[int, int], set[int]]:
     if recovery is None:
         return {}
-    return {
-        key: record.acked for key, record in recovery.cursor_pages.items() if key[0] in durable
-    }
+    return {key: record.acked for key, record in recovery.cursor_pages.items() if key[0] in durable}
 
 
 def _scan_store(

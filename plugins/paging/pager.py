@@ -247,12 +247,8 @@ class AddressPager:
         settings = self.address.settings
         if settings.page_full_policy is None:
             return None
-        if settings.page_limit_bytes >= 0:
-            if self.paged_bytes >= settings.page_limit_bytes:
-                return (
-                    f"page-limit-bytes {settings.page_limit_bytes} "
-                    f"({self.paged_bytes} bytes paged)"
-                )
+        if 0 <= settings.page_limit_bytes <= self.paged_bytes:
+            return f"page-limit-bytes {settings.page_limit_bytes} ({self.paged_bytes} bytes paged)"
         if settings.page_limit_messages >= 0:
             paged = max((c.backlog for c in self.cursors.values()), default=0)
             if paged >= settings.page_limit_messages:

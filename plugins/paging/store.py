@@ -43,9 +43,7 @@ class FilePageStore:
         marker = self.folder / ADDRESS_FILE
         if not marker.exists():
             marker.write_text(address, encoding="utf-8")
-        self._pages = sorted(
-            int(p.stem) for p in self.folder.glob("*.page") if p.stem.isdigit()
-        )
+        self._pages = sorted(int(p.stem) for p in self.folder.glob("*.page") if p.stem.isdigit())
         self._fd: int | None = None
         self._fd_page = 0
         self._dirty = False

@@ -8,7 +8,16 @@ from proton.reactor import Copy
 from proton.utils import SendException
 
 from scow.core.testing import wait_for
-from tests.wire.helpers import Capabilities, Durable, bulk_send, connected, detach, pump, receive, send
+from tests.wire.helpers import (
+    Capabilities,
+    Durable,
+    bulk_send,
+    connected,
+    detach,
+    pump,
+    receive,
+    send,
+)
 
 BODY = "x" * 500
 #: Page after ~10 messages, in pages of ~10 messages; keep queues to look at them after.
@@ -96,9 +105,7 @@ def test_one_slow_subscription_does_not_make_the_others_read_pages(scow_broker):
 
 @pytest.mark.parametrize("policy", ["DROP", "FAIL"])
 def test_page_limit_applies_page_full_policy(scow_broker, policy):
-    broker = paging_broker(
-        scow_broker, **{"page-limit-messages": 20, "page-full-policy": policy}
-    )
+    broker = paging_broker(scow_broker, **{"page-limit-messages": 20, "page-full-policy": policy})
     with connected(broker.url) as conn:
         sender = conn.create_sender("limited")
         refused = None
@@ -168,9 +175,7 @@ def test_selector_consumer_reaches_matching_messages_behind_paged_ones(scow_brok
     bulk_send(broker.url, "colors", blue + 3, make)
     assert broker.queue_stats("colors")["messages-paged"] > blue - 100
     with connected(broker.url) as conn:
-        red = conn.create_receiver(
-            "colors", options=[_selector("color = 'red'")], credit=10
-        )
+        red = conn.create_receiver("colors", options=[_selector("color = 'red'")], credit=10)
         assert ns(receive(red, 3, accept=True)) == [blue, blue + 1, blue + 2]
     stats = broker.queue_stats("colors")
     assert stats["message-count"] == blue
