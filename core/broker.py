@@ -773,6 +773,8 @@ class Broker:
             for ref in queue.take(lambda r: 0 < r.message.expiration <= now):
                 self.expire(ref)
                 count += 1
+            if queue.cursor is not None and queue.cursor.backlog:
+                queue.cursor.expire_scan(now)  # enqueues what expired in pages: the next scan
         return count
 
     # ------------------------------------------------------------------ recovery

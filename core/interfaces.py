@@ -202,6 +202,9 @@ class Cursor(Protocol):
     def forget(self, consumer: Consumer) -> None:
         """`consumer` left the queue."""
 
+    def expire_scan(self, now: int) -> None:
+        """Read expired messages out of the pages into the queue, where expiry takes them."""
+
     def stats(self) -> dict[str, Any]: ...
 
 

@@ -70,6 +70,8 @@ class QueueCursor:
         self._filling = False
         self._scan = (self.page, self.offset)
         self._scan_key: tuple[int, ...] = ()
+        #: page -> when its next message expires, as far as expire_scan has seen
+        self._next_expiry: dict[int, int] = {}
         #: browser -> (page, offset) it has seen the pages up to
         self._browsing: dict[Consumer, tuple[int, int]] = {}
 
@@ -328,6 +330,41 @@ class QueueCursor:
     def forget(self, consumer: Consumer) -> None:
         self._browsing.pop(consumer, None)
         self._windows.pop(f"browse-{id(consumer)}", None)
+
+    # ------------------------------------------------------------------ expiry
+
+    def expire_scan(self, now: int) -> None:
+        """Take expired messages out of pages that hold some, into the queue.
+
+        Only pages whose earliest expiration has passed are read, and each at most once
+        until its next expiration is due; the queue's expiry then moves what was taken.
+        """
+        if self._reading or self.closed:
+            return
+        pager = self.pager
+        for page in sorted(p for p in self.pending if p >= self.page):
+            info = pager.pages.get(page)
+            if info is None or not 0 < info.expires <= now:
+                continue
+            if self._next_expiry.get(page, 0) > now:
+                continue
+            offset = self.offset if page == self.page else 0
+            window = self._window("expiry", page, offset)
+            if window is None:
+                return  # read on its way; the next scan goes on
+            upcoming = 0
+            for at, _next, head, data_at, data_end in self._records(
+                window, page, offset, pager.visible_end(page), keep_taken=True
+            ):
+                expiration = head[1]
+                if data_at is None or not expiration or (page, at) in self.taken:
+                    continue
+                if expiration <= now:
+                    self.taken.add((page, at))
+                    self._deliver(page, at, head, window.data[data_at:data_end])
+                elif not upcoming or expiration < upcoming:
+                    upcoming = expiration
+            self._next_expiry[page] = upcoming or 1 << 62
 
     # ------------------------------------------------------------------ outcomes
 

@@ -45,6 +45,12 @@ class PageInfo:
     visible: int = 0
     #: Transactions with records in this page.
     txs: set[int] = field(default_factory=set)
+    #: The earliest expiration of a message in it (0: none expires).
+    expires: int = 0
+
+    def note_expiration(self, expiration: int) -> None:
+        if expiration and (not self.expires or expiration < self.expires):
+            self.expires = expiration
 
 
 class AddressPager:
@@ -158,6 +164,7 @@ class AddressPager:
         end = offset + HEADER_SIZE + len(data)
         info.records += 1
         info.size = end
+        info.note_expiration(message.expiration)
         self.paged_bytes += end - offset
         self.write_offset = end
         self.messages_paged += 1

@@ -46,6 +46,7 @@ def durable_records(
             info.records += 1
             info.size = info.visible = pend
             message_id, expiration, tx_id, flags, priority, n = HEAD.unpack_from(buf, pstart)
+            info.note_expiration(expiration)
             if tx_id:
                 info.txs.add(tx_id)
             if not flags & 1 or (tx_id and tx_id not in committed):

@@ -244,3 +244,19 @@ def test_browser_sees_paged_messages_once_and_leaves_them(scow_broker):
         with pytest.raises(Timeout):
             browser.receive(timeout=0.5)
     assert broker.queue_stats("catalog")["message-count"] == 120
+
+
+def test_paged_messages_expire_without_a_consumer(scow_broker):
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "stale", 60, lambda i: numbered(i, ttl=0.2) if i % 2 else numbered(i))
+    assert broker.queue_stats("stale")["messages-paged"] > 40
+    wait_for(
+        lambda: broker.queue_stats("stale")["messages-expired"] == 30,
+        what="the expiry scan to move the 30 expired messages out of the pages",
+    )
+    assert broker.queue_stats("stale")["message-count"] == 30
+    with connected(broker.url) as conn:
+        assert ns(receive(conn.create_receiver("ExpiryQueue", credit=50), 30)) == list(
+            range(1, 60, 2)
+        )
+        assert ns(receive(conn.create_receiver("stale", credit=50), 30)) == list(range(0, 60, 2))
