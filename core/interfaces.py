@@ -146,7 +146,8 @@ class PageStore(Protocol):
     def append(self, page: int, records: Sequence[bytes]) -> int:
         """Append `records` to `page` (created when new); returns the page's size in bytes.
 
-        Appended records may be read at once but are durable only after `sync`.
+        Appended records may be read at once but are durable only after `sync`. An empty
+        record is refused with ValueError (its frame would read as unwritten space).
         """
 
     def sync(self) -> None:

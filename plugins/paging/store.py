@@ -63,6 +63,8 @@ class FilePageStore:
         return list(self._pages)
 
     def append(self, page: int, records: Sequence[bytes]) -> int:
+        if not all(records):
+            raise ValueError(f"{self.folder}: page {page}: an empty record cannot be stored")
         if self._pages and page < self._pages[-1]:
             raise ValueError(
                 f"{self.folder}: cannot append to page {page}; page {self._pages[-1]} is open"
