@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.message import Message, MessageFormat, MessageRef, PagedRef
+from scow.core.message import MEMORY_OVERHEAD, Message, MessageFormat, MessageRef, PagedRef
 from scow.core.model import (
     AddressInfo,
     InvalidField,
@@ -323,8 +323,16 @@ class Broker:
         routed = self._route(data, address, fmt, routing_type)
         if isinstance(routed, RouteStatus):
             return routed
-        message, queues = routed
-        return self._accept(message, queues, address, on_stored)
+        message, queues, full = routed
+        pager = address.pager
+        if pager is not None and (full or pager.paging):
+            return pager.page(message, queues, on_stored, None)
+        refs = self._store(message, queues, address, on_stored, None)  # _accept, inlined
+        for ref in refs:
+            ref.queue.enqueue(ref)
+        if message.stored_refs and on_stored is not None:
+            return RouteStatus.PENDING
+        return RouteStatus.ROUTED
 
     def _accept(
         self,
@@ -332,10 +340,11 @@ class Broker:
         queues: list[Any],
         address: AddressInfo,
         on_stored: Completion | None,
+        full: bool,
     ) -> RouteStatus:
         """Put a routed message in its queues' memory, or in the address's pages."""
         pager = address.pager
-        if pager is not None and (pager.paging or address.is_full()):
+        if pager is not None and (full or pager.paging):
             return pager.page(message, queues, on_stored, None)
         refs = self._store(message, queues, address, on_stored, None)
         for ref in refs:
@@ -350,13 +359,15 @@ class Broker:
         address: AddressInfo,
         fmt: MessageFormat,
         routing_type: RoutingType | None,
-    ) -> RouteStatus | tuple[Message, list[Any]]:
-        """The message and the queues it goes to, or why it goes nowhere."""
+    ) -> RouteStatus | tuple[Message, list[Any], bool]:
+        """The message, the queues it goes to and whether the address is full; or why it
+        goes nowhere."""
         durable, priority, ttl = fmt.inspect(data)
         settings = address.settings
         message = Message(0, data, address.name, fmt, durable=durable, priority=priority)
         message.expiration = _expiration(ttl, settings)
-        if address.full_policy is not None and address.is_full():
+        full = address.full_policy is not None and address.is_full()
+        if full:
             verdict = address.full_policy.admit(message)
             if verdict is None:
                 raise ResourceLimitExceeded(
@@ -375,7 +386,7 @@ class Broker:
                 return RouteStatus.NO_ROUTE
         message.id = self.next_id()
         self.messages_routed += 1
-        return message, queues
+        return message, queues, full
 
     def _route_targets(
         self, address: AddressInfo, routing_type: RoutingType | None, message: Message
@@ -425,7 +436,12 @@ class Broker:
         """Account for `message` and journal it if durable; returns refs to enqueue."""
         refs = [MessageRef(message, q) for q in queues]
         message.refcount = len(refs)
-        address.add_memory(len(message.data))
+        size = len(message.data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
+        address.size += size
+        address.message_count += 1
+        limits = self.limits
+        limits.size += size
+        limits.messages += 1
         if message.durable and self.persistent:
             durable_ids = [q.id for q in queues if q.durable]
             if durable_ids:
@@ -454,7 +470,7 @@ class Broker:
         acknowledgements take effect once it is on disk, then `on_done` runs. Raises
         BrokerError (and changes nothing) if a message can no longer be routed.
         """
-        routed: list[tuple[Message, list[Any], AddressInfo]] = []
+        routed: list[tuple[Message, list[Any], bool, AddressInfo]] = []
         for data, address_name, fmt, routing_type in tx.sends:
             address = self.address_for(address_name, routing_type)
             result = self._route(data, address, fmt, routing_type)
@@ -463,15 +479,15 @@ class Broker:
         refs: list[MessageRef] = []
         pagers: list[Any] = []
         barrier = _Barrier()
-        for message, queues, address in routed:
+        for message, queues, full, address in routed:
             pager = address.pager
-            if pager is not None and (pager.paging or address.is_full()):
+            if pager is not None and (full or pager.paging):
                 pager.page(message, queues, barrier.add(), tx.id)
                 if pager not in pagers:
                     pagers.append(pager)
             else:
                 refs += self._store(message, queues, address, None, tx.id)
-        journaled = any(m.stored_refs for m, _, _ in routed)
+        journaled = any(m.stored_refs for m, _, _, _ in routed)
         if pagers and self.persistent:
             self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
             journaled = True
@@ -694,15 +710,24 @@ class Broker:
         if message.refcount == 0:
             address = self.addresses.get(message.address)
             if address is not None:
+                size = (
+                    len(message.data) + MEMORY_OVERHEAD
+                )  # the reverse of add_memory, inlined: per message
+                address.size -= size
+                address.message_count -= 1
                 limits = self.limits
-                globally_full = limits.is_full()
-                if address.remove_memory(len(message.data)):
+                limits.size -= size
+                limits.messages -= 1
+                if limits.size < limits.max_size <= limits.size + size or (
+                    limits.messages + 1 == limits.max_messages  # both: it just stopped being full
+                ):
+                    self._resume_producers()  # the broker as a whole has room again
+                if address.on_space and not address.is_full():
                     for resume in list(address.on_space):
                         resume()
-                if globally_full and not limits.is_full():
-                    self._resume_producers()
-                if address.pager is not None:
-                    address.pager.check()
+                pager = address.pager
+                if pager is not None and pager.paging:
+                    pager.check()
 
     def _resume_producers(self) -> None:
         """The broker's memory has room again: every address's blocked producers resume."""
@@ -751,7 +776,8 @@ class Broker:
                     durable=message.durable,
                     priority=message.priority,
                 )
-                self._accept(copy, queues, self.addresses[target], None)
+                target_address = self.addresses[target]
+                self._accept(copy, queues, target_address, None, target_address.is_full())
             else:
                 log.warning("no queue on dead-letter/expiry address", address=target)
         self._dereference(ref)

@@ -159,26 +159,16 @@ class AddressInfo:
         limits.size += size
         limits.messages += 1
 
-    def remove_memory(self, size: int) -> bool:
-        """A message left memory; True when that took the address from full to not full."""
-        was_full = self.full_policy is not None and self.is_full()
-        size += MEMORY_OVERHEAD
-        self.size -= size
-        self.message_count -= 1
-        limits = self.limits
-        limits.size -= size
-        limits.messages -= 1
-        return was_full and not self.is_full()
-
     def is_full(self) -> bool:
         """At or over its own max-size-bytes / max-size-messages, or the broker's."""
-        limit = self.settings.max_size_bytes
-        if limit >= 0 and self.size >= limit:
-            return True
-        limit = self.settings.max_size_messages
-        if limit >= 0 and self.message_count >= limit:
-            return True
-        return self.limits.is_full()
+        settings = self.settings
+        limits = self.limits
+        return (
+            0 <= settings.max_size_bytes <= self.size
+            or 0 <= settings.max_size_messages <= self.message_count
+            or 0 <= limits.max_size <= limits.size
+            or 0 <= limits.max_messages <= limits.messages
+        )
 
 
 @dataclass(frozen=True)
