@@ -554,7 +554,8 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
     ctx = multiprocessing.get_context("fork")
     go, abort = ctx.Event(), ctx.Event()
     roles = []
-    for role in ("consumer", "producer"):  # consumers first: attached before anything is sent
+    wanted = {"pairs": ("consumer", "producer"), "send": ("producer",), "receive": ("consumer",)}
+    for role in wanted[options.get("mode", "pairs")]:  # consumers first: attached first
         ready = ctx.Event()
         receiver, sender = ctx.Pipe(duplex=False)
         proc = ctx.Process(
@@ -571,7 +572,7 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
             if not proc.is_alive() or receiver.poll() or time.monotonic() > deadline:
                 break
         if not ready.is_set():
-            break  # no producer without its consumers: it would only fill the queue
+            break  # no producer without its consumers (in pairs mode): it would fill the queue
     go.set()
     errors: list[str] = []
     reports: dict[str, dict[str, Any]] = {}
@@ -605,7 +606,11 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
             proc.join()
     if errors:
         raise PerfError("; ".join(dict.fromkeys(errors)))
-    return summarize(reports["producer"]["workers"], reports["consumer"]["workers"], options)
+    return summarize(
+        reports.get("producer", {}).get("workers", []),
+        reports.get("consumer", {}).get("workers", []),
+        options,
+    )
 
 
 def summarize(
@@ -622,7 +627,9 @@ def summarize(
     for c in consumers:
         latencies.frombytes(c["latencies"])
 
-    def rate(reports: list[dict[str, Any]]) -> float:
+    def rate(reports: list[dict[str, Any]]) -> float | None:
+        if not reports:
+            return None  # that side did not run (--mode send or receive)
         start = min(r["from_ns"] for r in reports)
         end = max(r["to_ns"] for r in reports)
         return count / ((end - start) / 1e9) if end > start else math.nan
@@ -641,11 +648,19 @@ def summarize(
         "outcomes": {k: v for k, v in outcomes.items() if v},
         "received": sum(c["received"] for c in consumers),
         "unstamped": sum(c["unstamped"] for c in consumers),
-        "send_rate": round(rate(producers), 1),
-        "receive_rate": round(rate(consumers), 1),
+        "mode": options.get("mode", "pairs"),
+        "send_rate": _round(rate(producers)),
+        "receive_rate": _round(rate(consumers)),
         "elapsed_s": round((end - start) / 1e9, 3),
-        "latency_ms": {k: round(v, 3) for k, v in percentiles(latencies).items()},
+        # stamps from another run mean nothing: latency only when this run sent them
+        "latency_ms": {k: round(v, 3) for k, v in percentiles(latencies).items()}
+        if producers and consumers
+        else None,
     }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def format_summary(result: dict[str, Any]) -> str:
@@ -657,16 +672,21 @@ def format_summary(result: dict[str, Any]) -> str:
     lat = result["latency_ms"]
     outcomes = ", ".join(f"{v} {k}" for k, v in result["outcomes"].items())
     lines = [
-        f"scow perf client: {result['pairs']} pair(s), {result['size']} B bodies, {mode}{pace}",
+        f"scow perf client: {result['pairs']} pair(s), {result['size']} B bodies, {mode}{pace}"
+        + ("" if result["mode"] == "pairs" else f", {result['mode']} only"),
         f"  messages      {result['count']} measured, {result['warmup']} warm-up",
         f"  sent          {result['sent']} ({outcomes or 'pre-settled'})",
         f"  received      {result['received']}",
-        f"  send rate     {result['send_rate']:>10.0f} msg/s",
-        f"  receive rate  {result['receive_rate']:>10.0f} msg/s",
-        "  latency (ms)  "
-        + "  ".join(f"{name} {lat[name]:.3f}" for name in ("p50", "p90", "p99", "p99.9", "max")),
-        f"  elapsed       {result['elapsed_s']:.3f} s",
     ]
+    for label, key in (("send rate", "send_rate"), ("receive rate", "receive_rate")):
+        if result[key] is not None:
+            lines.append(f"  {label:<12}  {result[key]:>10.0f} msg/s")
+    if lat is not None:
+        lines.append(
+            "  latency (ms)  "
+            + "  ".join(f"{n} {lat[n]:.3f}" for n in ("p50", "p90", "p99", "p99.9", "max"))
+        )
+    lines.append(f"  elapsed       {result['elapsed_s']:.3f} s")
     if result["unstamped"]:
         lines.append(f"  unstamped     {result['unstamped']} messages had no readable send time")
     return "\n".join(lines)
@@ -983,14 +1003,22 @@ def cmd_client(args: argparse.Namespace) -> int:
         "credit": args.credit,
         "max_pending": args.max_pending,
         "timeout": args.timeout,
+        "mode": args.mode,
     }
+    if args.mode == "receive" and args.rate:
+        print(
+            "scow perf client: --rate paces sending; --mode receive sends nothing", file=sys.stderr
+        )
+        return 2
     try:
         result = run_client(args.url, options)
     except PerfError as exc:
         print(f"scow perf client: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result) if args.json else format_summary(result))
-    return 0 if result["received"] >= result["count"] + result["warmup"] else 1
+    expected = result["count"] + result["warmup"]
+    done = result["sent"] if args.mode == "send" else result["received"]
+    return 0 if done >= expected else 1
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
@@ -1038,6 +1066,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         type=_non_negative,
         default=10_000,
         help="unsettled messages a producer may have in flight (0: credit alone limits)",
+    )
+    client.add_argument(
+        "--mode",
+        choices=("pairs", "send", "receive"),
+        default="pairs",
+        help="pairs (default); send: producers only (fill a queue); receive: consumers only",
     )
     client.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
     client.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -152,3 +152,14 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_send_mode_fills_a_queue_and_receive_mode_empties_it(scow_broker):
+    broker = scow_broker()
+    url = f"{broker.url}/filled"
+    sent = summary(run_client(url, "--mode", "send", "--count", "500", "--json"))
+    assert sent["mode"] == "send" and sent["sent"] == 500 and sent["receive_rate"] is None
+    assert broker.queue_stats("filled")["message-count"] == 500
+    got = summary(run_client(url, "--mode", "receive", "--count", "500", "--json"))
+    assert got["received"] == 500 and got["latency_ms"] is None
+    assert broker.queue_stats("filled") is None  # emptied, then auto-deleted with its consumer
