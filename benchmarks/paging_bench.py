@@ -108,8 +108,17 @@ class Broker:
 
 def client(url: str, *args: str, timeout: float = 3600) -> dict[str, Any]:
     done = subprocess.run(
-        [*scow_command(), "perf", "client", "--url", url, "--json", "--timeout", str(timeout)]
-        + list(args),
+        [
+            *scow_command(),
+            "perf",
+            "client",
+            "--url",
+            url,
+            "--json",
+            "--timeout",
+            str(timeout),
+            *args,
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -259,7 +268,7 @@ def main() -> int:
             print(f"  send rate {b['send_rate']:,.0f} msg/s; "
                   f"page files {b['paged_bytes_per_message']:.0f} B per message")  # fmt: skip
             print(f"  consumed from pages {b['consume_rate_from_pages']:,.0f} msg/s; in memory "
-                  f"(1 pair, median of {b['in_memory_rates']}) -> ratio {b['ratio']:.2f}")  # fmt: skip
+                  f"(1 pair, runs {b['in_memory_rates']}): ratio {b['ratio']:.2f}")  # fmt: skip
         if args.only in (None, "produce"):
             print(f"produce rate, {args.produce_count:,} x {args.size} B, 1 producer:")
             for name, rate in produce_rates(args, root).items():
