@@ -81,8 +81,19 @@ class QueueCursor:
     # ------------------------------------------------------------------ state
 
     def caught_up(self, page: int, offset: int) -> bool:
-        """True when nothing is left in pages for the queue and the head is at (page, offset)."""
-        return self.backlog == 0 and self.page == page and self.offset == offset
+        """True when nothing is left in pages for the queue; it moves to (page, offset).
+
+        With nothing of its own left, what lies between its position and the head is for
+        other queues (or refused by its filter): it need not read it.
+        """
+        if self.backlog:
+            return False
+        if (self.page, self.offset) != (page, offset):
+            self.page, self.offset = page, offset
+            self.taken.clear()
+            self.acked.clear()
+            self.counts.clear()
+        return True
 
     def has_room(self) -> bool:
         """The queue has consumers and its memory is under every read limit."""

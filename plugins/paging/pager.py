@@ -272,8 +272,8 @@ class AddressPager:
         """Leave page mode once every cursor caught up and the address has room."""
         if not self.paging or self._unseen or self.address.is_full():
             return
-        head = (self.write_page, self.write_offset)
-        if all(c.backlog == 0 and (c.page, c.offset) == head for c in self.cursors.values()):
+        page, offset = self.write_page, self.write_offset
+        if all(c.caught_up(page, offset) for c in list(self.cursors.values())):
             self.paging = False
             log.info("address stopped paging", address=self.address.name)
             for page in list(self.pages):

@@ -260,3 +260,18 @@ def test_paged_messages_expire_without_a_consumer(scow_broker):
             range(1, 60, 2)
         )
         assert ns(receive(conn.create_receiver("stale", credit=50), 30)) == list(range(0, 60, 2))
+
+
+def test_a_subscription_whose_filter_refuses_everything_does_not_keep_the_address_paging(
+    scow_broker,
+):
+    broker = paging_broker(scow_broker)
+    topic = [Capabilities("topic"), Durable()]
+    with connected(broker.url, container_id="c") as conn:
+        none = conn.create_receiver("mixed", name="none", options=[*topic, _selector("n < 0")])
+        detach(conn, none, until=lambda: broker.queue_stats("c.none")["consumer-count"] == 0)
+        everything = conn.create_receiver("mixed", name="all", options=topic, credit=10)
+        bulk_send(broker.url, "mixed", 100, numbered)
+        assert address_stats(broker, "mixed")["paging"]
+        assert ns(receive(everything, 100)) == list(range(100))
+        wait_for(lambda: not address_stats(broker, "mixed")["paging"], what="paging to end")
