@@ -10,7 +10,8 @@ port, drives it with `scow perf client --mode send|receive|pairs`, and prints:
    in-memory rate of 1 producer + 1 consumer on a broker that never pages (same run);
 3. produce rates into a paging address (max-size-bytes 0) and into memory, durable and
    non-durable (--produce-count each);
-4. --crash-count durable messages paged, SIGKILL, restart: seconds until it serves.
+4. memory per message held in memory: RSS growth over --held-count 100 B messages;
+5. --crash-count durable messages paged, SIGKILL, restart: seconds until it serves.
 
     .venv/bin/python benchmarks/paging_bench.py            # the full figures (~15 min)
     .venv/bin/python benchmarks/paging_bench.py --quick    # every count / 100
@@ -242,6 +243,23 @@ def crash_restart(args: argparse.Namespace, root: Path) -> dict[str, float]:
     return {"sent": sent["sent"], "restart_s": seconds, "first_receive_ok": got["received"]}
 
 
+def memory_per_message(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """RSS growth per message queued in memory (never paged), beyond its body."""
+    broker = Broker(root / "per-message", broker='global-max-size = "8GiB"')
+    broker.start()
+    try:
+        idle = broker.rss()
+        client(
+            f"{broker.url}/held", "--mode", "send", "--count", str(args.held_count),
+            "--size", "100",
+        )  # fmt: skip
+        time.sleep(1)  # let the last dispositions settle before reading RSS
+        grown = broker.rss() - idle
+    finally:
+        broker.stop()
+    return {"bytes_per_message": grown / args.held_count, "body": 100}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=10_000_000)
@@ -249,11 +267,12 @@ def main() -> int:
     parser.add_argument("--memory-count", type=int, default=200_000)
     parser.add_argument("--produce-count", type=int, default=200_000)
     parser.add_argument("--crash-count", type=int, default=1_000_000)
+    parser.add_argument("--held-count", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="every count divided by 100")
-    parser.add_argument("--only", choices=("backlog", "produce", "crash"))
+    parser.add_argument("--only", choices=("backlog", "produce", "crash", "memory"))
     args = parser.parse_args()
     if args.quick:
-        for name in ("count", "memory_count", "produce_count", "crash_count"):
+        for name in ("count", "memory_count", "produce_count", "crash_count", "held_count"):
             setattr(args, name, max(1000, getattr(args, name) // 100))
     print(platform_line())
     print(f"# {' '.join(sys.argv)}")
@@ -273,6 +292,10 @@ def main() -> int:
             print(f"produce rate, {args.produce_count:,} x {args.size} B, 1 producer:")
             for name, rate in produce_rates(args, root).items():
                 print(f"  {name:<24} {rate:>10,.0f} msg/s")
+        if args.only in (None, "memory"):
+            m = memory_per_message(args, root)
+            print(f"{args.held_count:,} x 100 B queued in memory: RSS grows "
+                  f"{m['bytes_per_message']:.0f} B per message (body included)")  # fmt: skip
         if args.only in (None, "crash"):
             c = crash_restart(args, root)
             print(f"{c['sent']:,} durable paged messages, SIGKILL, restart: serving after "
