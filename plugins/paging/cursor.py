@@ -148,13 +148,17 @@ class QueueCursor:
         return page < self.pager.write_page and (info is None or offset >= info.size)
 
     def _next_page(self) -> None:
-        pager = self.pager
         self.acked.pop(self.page, None)
         self.counts.pop(self.page, None)
-        page = self.page + 1
+        self.page, self.offset = self._following(self.page), 0
+
+    def _following(self, page: int) -> int:
+        """The next page still stored after `page` (or the head page)."""
+        pager = self.pager
+        page += 1
         while page < pager.write_page and page not in pager.pages:
             page += 1
-        self.page, self.offset = page, 0
+        return page
 
     def _window(self, slot: str, page: int, offset: int) -> _Window | None:
         """The bytes of `page` from `offset`, or None while they are being read."""
@@ -259,10 +263,7 @@ class QueueCursor:
                 if offset >= end:
                     if not self._page_done(page, offset):
                         return
-                    page += 1
-                    while page < pager.write_page and page not in pager.pages:
-                        page += 1
-                    offset = 0
+                    page, offset = self._following(page), 0
                     continue
                 window = self._window("scan", page, offset)
                 if window is None:
@@ -310,10 +311,7 @@ class QueueCursor:
                 if offset >= end:
                     if not self._page_done(page, offset):
                         return
-                    page += 1
-                    while page < pager.write_page and page not in pager.pages:
-                        page += 1
-                    offset = 0
+                    page, offset = self._following(page), 0
                     continue
                 window = self._window(slot, page, offset)
                 if window is None:

@@ -35,14 +35,3 @@ def encode(
     head = HEAD.pack(message_id, expiration, tx_id, DURABLE if durable else 0, priority, n)
     ids = _QID.pack(queue_ids[0]) if n == 1 else struct.pack(f">{n}Q", *queue_ids)
     return b"".join((head, ids, data))
-
-
-def queue_ids(buf: bytes | memoryview, start: int) -> tuple[int, ...]:
-    """The queue ids of the record whose payload starts at `start` in `buf`."""
-    n = HEAD.unpack_from(buf, start)[5]
-    return struct.unpack_from(f">{n}Q", buf, start + HEAD.size)
-
-
-def data_start(buf: bytes | memoryview, start: int) -> int:
-    """Where the message bytes of the record at `start` begin."""
-    return start + HEAD.size + 8 * HEAD.unpack_from(buf, start)[5]

@@ -123,13 +123,6 @@ class FilePageStore:
             self._pages.remove(page)
         self._dir_dirty = True
 
-    def bytes_on_disk(self) -> int:
-        return sum(
-            _page_file(self.folder, p).stat().st_size
-            for p in self._pages
-            if _page_file(self.folder, p).exists()
-        )
-
     def close(self) -> None:
         self._close_fd()
 
