@@ -149,7 +149,8 @@ _SPECS: tuple[_Spec, ...] = (
     _Spec("page-size-bytes", "size", DEFAULT_PAGE_SIZE_BYTES,
           "Size of each page file written while the address is paging.", minimum=1),
     _Spec("page-max-cache-size", "int", 5,
-          "Page files kept in memory to speed up reading while paging.", minimum=0),
+          "Accepted for compatibility and not used (as in Artemis since 2.24): each queue "
+          "holds only the part of a page it is reading.", minimum=0),
     _Spec("address-full-policy", "choice", "PAGE",
           "What happens when the address is full: PAGE to disk, DROP, FAIL the producer or "
           "BLOCK it.", choices=ADDRESS_FULL_POLICIES),
