@@ -69,6 +69,7 @@ class PagingManager:
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.writer = PageWriter(
+            loop,
             lambda batch: loop.call_soon_threadsafe(_run_all, batch),
             int(self.settings["page-sync-timeout"]),  # type: ignore[call-overload]
         )

@@ -72,6 +72,7 @@ class AddressPager:
         #: Writes not yet visible, in order: [page, end offset, ready].
         self._unseen: deque[list[Any]] = deque()
         self._open_txs: dict[int, list[list[Any]]] = {}
+        self._advancing = False
         #: Transactions whose records are committed (recovered ones included).
         self.committed_txs: set[int] = set()
         #: Framed bytes in the pages still stored.
@@ -207,7 +208,9 @@ class AddressPager:
 
     def _written(self, write: list[Any]) -> None:
         write[2] = True
-        self._advance()
+        if not self._advancing:  # once per batch of completions, not once per record
+            self._advancing = True
+            self.manager.loop.call_soon(self._advance)
 
     def commit_tx(self, tx_id: int) -> None:
         self.committed_txs.add(tx_id)
@@ -220,6 +223,7 @@ class AddressPager:
 
     def _advance(self) -> None:
         """Make written records visible, in write order; wake cursors waiting for them."""
+        self._advancing = False
         unseen = self._unseen
         moved = False
         while unseen and unseen[0][2]:
@@ -232,8 +236,8 @@ class AddressPager:
                 then()
         if moved:
             for cursor in list(self.cursors.values()):
-                if cursor.backlog:
-                    cursor.fill()
+                if cursor.backlog and cursor.queue.consumer_count():
+                    cursor.queue.dispatch()  # consumers fill, browsers browse
 
     def visible_end(self, page: int) -> int:
         info = self.pages.get(page)

@@ -9,6 +9,7 @@ call. Deletions go through the same thread, so they are ordered after the writes
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,12 +24,22 @@ log = structlog.get_logger("scow.paging")
 class PageWriter:
     """A thread writing page records in batches; `dispatch` runs completions on the loop."""
 
-    def __init__(self, dispatch: Callable[[list[Completion]], None], sync_timeout_ns: int):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        dispatch: Callable[[list[Completion]], None],
+        sync_timeout_ns: int,
+    ):
+        self._loop = loop
         self._dispatch = dispatch
         self._sync_delay = sync_timeout_ns / 1e9
         self._cond = threading.Condition()
-        # (store, page, record, sync, on_done) or (store, page, None, False, None) to delete
+        # (store, page, record, sync, on_done); record None: delete the page (close the
+        # store when page is -1)
         self._queue: list[tuple[PageStore, int, bytes | None, bool, Completion | None]] = []
+        #: Items the loop submitted since its last hand-over: one lock per loop turn, not
+        #: one per message.
+        self._submitted: list[tuple[PageStore, int, bytes | None, bool, Completion | None]] = []
         self._stopping = False
         self.syncs = 0
         self.writes = 0
@@ -38,30 +49,30 @@ class PageWriter:
     def submit(
         self, store: PageStore, page: int, record: bytes, sync: bool, on_done: Completion | None
     ) -> None:
-        with self._cond:
-            self._queue.append((store, page, record, sync, on_done))
-            self._cond.notify()
+        """Queue a record (on the loop); the writer gets it at the end of this loop turn."""
+        if not self._submitted:
+            self._loop.call_soon(self._hand_over)
+        self._submitted.append((store, page, record, sync, on_done))
 
     def delete(self, store: PageStore, page: int, on_done: Completion | None = None) -> None:
-        with self._cond:
-            self._queue.append((store, page, None, False, on_done))
-            self._cond.notify()
+        if not self._submitted:
+            self._loop.call_soon(self._hand_over)
+        self._submitted.append((store, page, None, False, on_done))
 
     def close(self, store: PageStore) -> None:
         """Close `store` once everything queued for it is done."""
-        with self._cond:
-            self._queue.append((store, -1, None, False, None))
-            self._cond.notify()
+        if not self._submitted:
+            self._loop.call_soon(self._hand_over)
+        self._submitted.append((store, -1, None, False, None))
 
-    def flush(self) -> None:
-        """Block until everything submitted so far is written (and synced if asked)."""
-        done = threading.Event()
+    def _hand_over(self) -> None:
+        items, self._submitted = self._submitted, []
         with self._cond:
-            self._queue.append((None, 0, None, False, done.set))  # type: ignore[arg-type]
+            self._queue += items
             self._cond.notify()
-        done.wait()
 
     def stop(self) -> None:
+        self._hand_over()
         with self._cond:
             self._stopping = True
             self._cond.notify()
@@ -97,12 +108,6 @@ class PageWriter:
                 pending.clear()
 
         for store, page, record, sync, on_done in batch:
-            if store is None:  # a flush marker: its waiter is on another thread, not the loop
-                flush_pending()
-                current = None
-                self._sync(to_sync)
-                on_done()
-                continue
             if record is None:
                 flush_pending()
                 current = None
