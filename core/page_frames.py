@@ -27,8 +27,14 @@ def frame_all(records: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def iter_frames(buf: bytes | memoryview, offset: int = 0) -> Iterator[tuple[int, int, int]]:
-    """(frame start, payload start, payload end) of each valid frame from `offset`."""
+def iter_frames(
+    buf: bytes | memoryview, offset: int = 0, *, verified: bool = False
+) -> Iterator[tuple[int, int, int]]:
+    """(frame start, payload start, payload end) of each valid frame from `offset`.
+
+    `verified`: the bytes come from `PageStore.read`, which returns valid frames only,
+    so the CRCs need not be computed again.
+    """
     view = memoryview(buf)
     size = len(view)
     unpack = _HEADER.unpack_from
@@ -37,7 +43,7 @@ def iter_frames(buf: bytes | memoryview, offset: int = 0) -> Iterator[tuple[int,
         length, crc = unpack(view, offset)
         start = offset + HEADER_SIZE
         end = start + length
-        if length == 0 or end > size or crc32(view[start:end]) != crc:
+        if length == 0 or end > size or (not verified and crc32(view[start:end]) != crc):
             return
         yield offset, start, end
         offset = end

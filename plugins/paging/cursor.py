@@ -97,22 +97,30 @@ class QueueCursor:
 
     def has_room(self) -> bool:
         """The queue has consumers and its memory is under every read limit."""
+        messages, size = self._allowance()
+        return messages > 0 and size > 0
+
+    def _allowance(self) -> tuple[int, int]:
+        """How many more messages, and bytes, the queue may read from pages right now."""
         queue = self.queue
         if not queue.consumers():
-            return False
+            return 0, 0
         settings = self.pager.address.settings
         memory = queue.memory_bytes
         ready = queue.ready_count()
         prefetch_bytes = settings.prefetch_page_bytes
         if settings.max_read_page_bytes < 0 and prefetch_bytes < 0:
             prefetch_bytes = settings.page_size_bytes  # never read a backlog in unbounded
-        if 0 <= settings.max_read_page_bytes <= memory:
-            return False
-        if 0 <= settings.max_read_page_messages <= ready + queue.delivering:
-            return False
-        if 0 <= prefetch_bytes <= memory - queue.delivering_bytes:
-            return False
-        return not 0 <= settings.prefetch_page_messages <= ready
+        messages = size = 1 << 62
+        if settings.max_read_page_bytes >= 0:
+            size = settings.max_read_page_bytes - memory
+        if prefetch_bytes >= 0:
+            size = min(size, prefetch_bytes - (memory - queue.delivering_bytes))
+        if settings.max_read_page_messages >= 0:
+            messages = settings.max_read_page_messages - ready - queue.delivering
+        if settings.prefetch_page_messages >= 0:
+            messages = min(messages, settings.prefetch_page_messages - ready)
+        return messages, size
 
     # ------------------------------------------------------------------ reading
 
@@ -195,7 +203,7 @@ class QueueCursor:
         acked = self.acked.get(page)
         taken = self.taken
         recovered = page < self.pager.first_page  # written before this start: durable only
-        for start, pstart, pend in iter_frames(buf, offset - base):
+        for start, pstart, pend in iter_frames(buf, offset - base, verified=True):
             at = base + start
             if at >= end:
                 return
@@ -220,6 +228,7 @@ class QueueCursor:
 
     def _take(self, window: _Window, end: int) -> None:
         page = self.page
+        messages, size = self._allowance()  # counted down, asked again only when spent
         for at, next_offset, head, data_at, data_end in self._records(
             window, page, self.offset, end
         ):
@@ -227,8 +236,14 @@ class QueueCursor:
             if data_at is None:
                 continue
             self._deliver(page, at, head, window.data[data_at:data_end])
-            if not self.backlog or not self.has_room():
+            if not self.backlog:
                 return
+            messages -= 1
+            size -= data_end - data_at
+            if messages <= 0 or size <= 0:
+                messages, size = self._allowance()
+                if messages <= 0 or size <= 0:
+                    return
 
     def _deliver(self, page: int, at: int, head: tuple, data: bytes) -> None:
         self._deliver_message(page, at, self._message(head, data))
