@@ -122,6 +122,27 @@ class QueueCursor:
             messages = min(messages, settings.prefetch_page_messages - ready)
         return messages, size
 
+    def _room_for_a_batch(self) -> bool:
+        """Room for a quarter of the read limits: refilling one message per acknowledgement
+        would cost a read pass per message."""
+        messages, size = self._allowance()
+        settings = self.pager.address.settings
+        limits = [
+            limit
+            for limit in (settings.max_read_page_bytes, settings.prefetch_page_bytes)
+            if limit > 0
+        ]
+        count_limits = [
+            limit
+            for limit in (settings.max_read_page_messages, settings.prefetch_page_messages)
+            if limit > 0
+        ]
+        if size <= 0 or messages <= 0:
+            return False
+        if limits and size < min(limits) // 4:
+            return False
+        return not (count_limits and messages < min(count_limits) // 4)
+
     # ------------------------------------------------------------------ reading
 
     def fill(self) -> None:
@@ -135,6 +156,9 @@ class QueueCursor:
 
     def _fill(self) -> None:
         pager = self.pager
+        if self.queue.ready_count() and not self._room_for_a_batch():
+            self._scan_ahead()  # selectors refusing what is ready still look further on
+            return  # the others have messages ready: refill once a batch fits
         while self.backlog:
             if not self.has_room():
                 self._scan_ahead()
