@@ -2,7 +2,11 @@
 
 A frame is `>II` (payload length, zlib.crc32 of the payload) and the payload. Reading
 stops at the first frame that is incomplete, zero (unwritten) or fails its CRC, so a torn
-or corrupt tail is never taken for data.
+or corrupt tail is never taken for data. That is also why a record cannot be empty: its
+frame would read as zero fill.
+
+This is on the paging read path (every paged message passes through it), so it yields
+positions rather than payloads: callers slice only what they need.
 """
 
 from __future__ import annotations
@@ -10,19 +14,47 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
+from typing import Final
 
 _HEADER = struct.Struct(">II")
-HEADER_SIZE = _HEADER.size
+HEADER_SIZE: Final = _HEADER.size
+#: The largest payload a frame's 32-bit length can describe.
+MAX_RECORD_SIZE: Final = 0xFFFF_FFFF
+
+
+def _unframeable(index: int, record: bytes) -> ValueError:
+    if not record:
+        return ValueError(
+            f"record {index} is empty; a frame holds 1 to {MAX_RECORD_SIZE} bytes "
+            "(an empty one would read as unwritten space)"
+        )
+    return ValueError(
+        f"record {index} has {len(record)} bytes; a frame holds 1 to {MAX_RECORD_SIZE} bytes"
+    )
 
 
 def frame(record: bytes) -> bytes:
-    return _HEADER.pack(len(record), zlib.crc32(record)) + record
+    """`record` with its frame header in front; ValueError if it is empty or too large."""
+    if not record:
+        raise _unframeable(0, record)
+    try:
+        return _HEADER.pack(len(record), zlib.crc32(record)) + record
+    except struct.error:
+        raise _unframeable(0, record) from None
 
 
 def frame_all(records: Sequence[bytes]) -> bytes:
-    parts = []
-    for record in records:
-        parts.append(_HEADER.pack(len(record), zlib.crc32(record)))
+    """Every record framed, in one buffer, so a store can write a batch with one call."""
+    pack = _HEADER.pack
+    crc32 = zlib.crc32
+    parts: list[bytes] = []
+    for index, record in enumerate(records):
+        if not record:
+            raise _unframeable(index, record)
+        try:
+            parts.append(pack(len(record), crc32(record)))
+        except struct.error:
+            raise _unframeable(index, record) from None
         parts.append(record)
     return b"".join(parts)
 
@@ -32,9 +64,12 @@ def iter_frames(
 ) -> Iterator[tuple[int, int, int]]:
     """(frame start, payload start, payload end) of each valid frame from `offset`.
 
+    Stops silently at the first frame that is incomplete, zero or fails its CRC.
     `verified`: the bytes come from `PageStore.read`, which returns valid frames only,
     so the CRCs need not be computed again.
     """
+    if offset < 0:
+        raise ValueError(f"frame offset {offset} is negative; offsets count from 0")
     view = memoryview(buf)
     size = len(view)
     unpack = _HEADER.unpack_from
@@ -50,8 +85,18 @@ def iter_frames(
 
 
 def valid_length(buf: bytes | memoryview, offset: int = 0) -> int:
-    """The byte offset just past the last valid frame from `offset`."""
-    end = offset
-    for _start, _pstart, pend in iter_frames(buf, offset):
-        end = pend
-    return end
+    """The byte offset just past the last valid frame from `offset` (`offset` if none)."""
+    # iter_frames' loop inlined: every PageStore.read calls this over a whole page
+    if offset < 0:
+        raise ValueError(f"frame offset {offset} is negative; offsets count from 0")
+    view = memoryview(buf)
+    size = len(view)
+    unpack = _HEADER.unpack_from
+    crc32 = zlib.crc32
+    while offset + HEADER_SIZE <= size:
+        length, crc = unpack(view, offset)
+        end = offset + HEADER_SIZE + length
+        if length == 0 or end > size or crc32(view[offset + HEADER_SIZE : end]) != crc:
+            break
+        offset = end
+    return offset

@@ -1,12 +1,15 @@
 """The file page store: a folder per address, page files that grow by appends.
 
-`<paging-directory>/<safe address>-<hash>/` holds `address.txt` (the address) and
-`%09d.page` files of framed records. Opening a store cuts a torn or corrupt tail off its
-last page, so appends continue after the last valid record.
+`<paging-directory>/<safe address>-<hash>/` holds `address.txt` (the address, UTF-8) and
+`%09d.page` files of framed records (`scow.core.page_frames`). The hash keeps apart
+addresses whose safe forms are equal ("a/b" and "a:b"). Opening a store cuts a torn or
+corrupt tail off its last page, so appends continue right after the last valid record;
+earlier pages are left as they are, since reads stop at their first bad frame anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -22,120 +25,304 @@ log = structlog.get_logger("scow.paging")
 
 ADDRESS_FILE = "address.txt"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_PAGE_NAME = re.compile(r"([0-9]+)\.page")
+#: Characters of the safe form kept in a folder name: with the hash, well under NAME_MAX.
+_SAFE_PREFIX = 100
+# fdatasync is enough (it flushes the size too) where the OS has it
+_fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 def folder_name(address: str) -> str:
-    digest = hashlib.sha1(address.encode()).hexdigest()[:8]
-    return f"{_UNSAFE.sub('_', address)[:100]}-{digest}"
+    """The folder of `address`'s pages: a filesystem-safe form plus 8 hex chars of its sha1."""
+    digest = hashlib.sha1(address.encode("utf-8")).hexdigest()[:8]
+    return f"{_UNSAFE.sub('_', address)[:_SAFE_PREFIX]}-{digest}"
 
 
-def _page_file(folder: Path, page: int) -> Path:
-    return folder / f"{page:09d}.page"
+def _os_error(exc: OSError, path: Path | str, doing: str) -> OSError:
+    """`exc` again, saying which file and what for (os.write and fsync errors name neither)."""
+    return OSError(exc.errno, f"{path}: {doing}: {exc.strerror}")
+
+
+def _fsync_path(path: Path) -> None:
+    """Flush a directory's entries (a new or removed file in it) to disk."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _os_error(exc, path, "syncing the directory") from exc
 
 
 class FilePageStore:
-    """The pages of one address as files."""
+    """The pages of one address as files; one thread writes, any thread may read."""
 
     def __init__(self, directory: Path, address: str) -> None:
         self.address = address
-        self.folder = directory / folder_name(address)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        marker = self.folder / ADDRESS_FILE
-        if not marker.exists():
-            marker.write_text(address, encoding="utf-8")
-        self._pages = sorted(int(p.stem) for p in self.folder.glob("*.page") if p.stem.isdigit())
-        self._fd: int | None = None
-        self._fd_page = 0
-        self._dirty = False
-        self._dir_dirty = True
+        self.folder = Path(directory) / folder_name(address)
+        self._fd: int | None = None  # write fd of the highest page
+        self._fd_page = -1
+        self._size = 0  # bytes in the page behind _fd
+        self._unsynced = False  # written to _fd since its last fdatasync
+        self._folder_unsynced = False  # a page file was created or removed since the last sync
+        #: Set when a failed append could not be undone: appending after its torn bytes
+        #: would write records that no read could reach.
+        self._broken: str | None = None
+        self._open_folder()
+        self._pages = self._list_pages()
         if self._pages:
-            self._repair(self._pages[-1])
+            self._cut_torn_tail(self._pages[-1])
 
-    def _repair(self, page: int) -> None:
-        path = _page_file(self.folder, page)
+    def _open_folder(self) -> None:
+        marker = self.folder / ADDRESS_FILE
+        created: list[Path] = []  # folders this store makes, whose parents then need a sync
+        parent = self.folder
+        while not parent.exists():
+            created.append(parent)
+            parent = parent.parent
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            stored = marker.read_text(encoding="utf-8") if marker.exists() else None
+        except OSError as exc:
+            raise _os_error(exc, marker, "opening the page store") from exc
+        if stored is None:
+            self._write_marker(marker)
+            for new in reversed(created):
+                _fsync_path(new.parent)
+        elif stored != self.address:
+            raise FileExistsError(
+                f"{marker}: holds the pages of address {stored!r}, not of {self.address!r}"
+            )
+
+    def _write_marker(self, marker: Path) -> None:
+        # written aside and renamed, so discover() never reads a torn address
+        tmp = marker.with_name(ADDRESS_FILE + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(self.address.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, marker)
+        except OSError as exc:
+            raise _os_error(exc, marker, "writing the address") from exc
+        _fsync_path(self.folder)
+
+    def _list_pages(self) -> list[int]:
+        try:
+            with os.scandir(self.folder) as entries:
+                return sorted(
+                    int(match[1])
+                    for entry in entries
+                    if (match := _PAGE_NAME.fullmatch(entry.name)) and entry.is_file()
+                )
+        except OSError as exc:
+            raise _os_error(exc, self.folder, "listing pages") from exc
+
+    def _cut_torn_tail(self, page: int) -> None:
+        path = self._path(page)
         data = path.read_bytes()
         valid = valid_length(data)
         if valid < len(data):
             os.truncate(path, valid)
-            log.warning("torn page tail cut", file=str(path), bytes_cut=len(data) - valid)
+            log.warning(
+                "torn page tail cut",
+                address=self.address,
+                file=str(path),
+                bytes_cut=len(data) - valid,
+                bytes_kept=valid,
+            )
+
+    def _path(self, page: int) -> Path:
+        return self.folder / f"{page:09d}.page"
+
+    # ------------------------------------------------------------------ PageStore
 
     def page_numbers(self) -> list[int]:
+        """Every page stored, in ascending order."""
         return list(self._pages)
 
     def append(self, page: int, records: Sequence[bytes]) -> int:
-        if not all(records):
-            raise ValueError(f"{self.folder}: page {page}: an empty record cannot be stored")
+        """Append `records` to `page` with one write; returns the page's size in bytes."""
+        if self._broken is not None:
+            raise OSError(self._broken)
+        opening = page != self._fd_page  # -1 while no page is open
+        if opening:
+            self._check_appendable(page)
+        try:
+            data = frame_all(records)
+        except ValueError as exc:
+            raise ValueError(f"page store of {self.address!r}, page {page}: {exc}") from None
+        if opening:
+            self._open_page(page)
+        fd = self._fd
+        assert fd is not None
+        try:
+            written = os.write(fd, data)
+            while written < len(data):  # a short write: rare on a regular file, but allowed
+                written += os.write(fd, memoryview(data)[written:])
+        except OSError as exc:
+            self._undo_torn_write(fd, page)
+            raise _os_error(exc, self._path(page), f"appending {len(data)} bytes") from exc
+        self._size += len(data)
+        self._unsynced = True
+        return self._size
+
+    def _check_appendable(self, page: int) -> None:
+        if page < 0:
+            raise ValueError(
+                f"page store of {self.address!r}: page {page} is negative; pages count from 0"
+            )
         if self._pages and page < self._pages[-1]:
             raise ValueError(
-                f"{self.folder}: cannot append to page {page}; page {self._pages[-1]} is open"
+                f"page store of {self.address!r}: cannot append to page {page}; "
+                f"only page {self._pages[-1]} (the highest) or a higher one takes appends"
             )
-        if self._fd is None or self._fd_page != page:
-            self._close_fd()
-            path = _page_file(self.folder, page)
-            try:
-                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            except OSError as exc:
-                raise OSError(exc.errno, f"{path}: {exc.strerror}") from exc
-            self._fd_page = page
-            if not self._pages or self._pages[-1] != page:
-                self._pages.append(page)
-                self._dir_dirty = True
-        os.write(self._fd, frame_all(records))
-        self._dirty = True
-        return os.fstat(self._fd).st_size
+
+    def _open_page(self, page: int) -> None:
+        self._close_fd()
+        path = self._path(page)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise _os_error(exc, path, "opening the page for appends") from exc
+        self._fd = fd
+        self._fd_page = page
+        self._size = os.fstat(fd).st_size
+        if not self._pages or self._pages[-1] != page:
+            self._pages.append(page)
+            self._folder_unsynced = True
+
+    def _undo_torn_write(self, fd: int, page: int) -> None:
+        """Cut what a failed append wrote, so later appends follow the last whole record."""
+        try:
+            os.ftruncate(fd, self._size)
+        except OSError as exc:
+            self._broken = (
+                f"{self._path(page)}: an append failed and its partial frame could not be cut "
+                f"({exc.strerror}); reopen the store to cut it"
+            )
 
     def _close_fd(self) -> None:
-        if self._fd is not None:
-            if self._dirty:
-                os.fdatasync(self._fd)
-                self._dirty = False
-            os.close(self._fd)
-            self._fd = None
+        fd, page, self._fd, self._fd_page = self._fd, self._fd_page, None, -1
+        if fd is None:
+            return
+        try:
+            if self._unsynced:
+                self._unsynced = False
+                _fdatasync(fd)
+        except OSError as exc:
+            raise _os_error(exc, self._path(page), "syncing before closing") from exc
+        finally:
+            os.close(fd)
 
     def sync(self) -> None:
-        if self._fd is not None and self._dirty:
-            os.fdatasync(self._fd)
-            self._dirty = False
-        if self._dir_dirty:
-            fd = os.open(self.folder, os.O_RDONLY)
+        """fdatasync the page written since the last sync, and the folder if it changed."""
+        if self._unsynced and self._fd is not None:
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self._dir_dirty = False
+                _fdatasync(self._fd)
+            except OSError as exc:
+                raise _os_error(exc, self._path(self._fd_page), "syncing") from exc
+            self._unsynced = False
+        if self._folder_unsynced:
+            _fsync_path(self.folder)
+            self._folder_unsynced = False
 
     def read(self, page: int, offset: int = 0) -> bytes:
+        """The page's valid frames from `offset`; a half-written append is left out."""
+        if offset < 0:
+            raise ValueError(f"page store of {self.address!r}: read offset {offset} is negative")
+        path = self._path(page)
         try:
-            with open(_page_file(self.folder, page), "rb") as f:
-                f.seek(offset)
-                data = f.read()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return b""
-        return data[: valid_length(data)]
+        except OSError as exc:
+            raise _os_error(exc, path, "opening the page to read") from exc
+        try:
+            want = os.fstat(fd).st_size - offset
+            if want <= 0:
+                return b""
+            data = os.pread(fd, want, offset)
+            if 0 < len(data) < want:  # one pread returns at most ~2 GiB on Linux
+                parts = [data]
+                got = len(data)
+                while got < want and (more := os.pread(fd, want - got, offset + got)):
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
+        except OSError as exc:
+            raise _os_error(exc, path, f"reading from byte {offset}") from exc
+        finally:
+            os.close(fd)
+        end = valid_length(data)
+        return data if end == len(data) else data[:end]
 
     def delete(self, page: int) -> None:
+        """Remove a page file; a missing one is fine. The folder and address.txt stay."""
         if page == self._fd_page and self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-            self._dirty = False
-        _page_file(self.folder, page).unlink(missing_ok=True)
+            self._unsynced = False  # its writes go with it
+            self._close_fd()
+        path = self._path(page)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _os_error(exc, path, "deleting the page") from exc
+        else:
+            self._folder_unsynced = True
         if page in self._pages:
             self._pages.remove(page)
-        self._dir_dirty = True
 
     def close(self) -> None:
-        self._close_fd()
+        """Sync what is unsynced and close the write fd; idempotent."""
+        try:
+            self.sync()
+        finally:
+            self._close_fd()
+
+    # ------------------------------------------------------------------ statistics
+
+    def bytes_on_disk(self) -> int:
+        """Total size of the page files (pages deleted meanwhile count as 0)."""
+        total = 0
+        for page in list(self._pages):  # the writer thread may change the list meanwhile
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(self._path(page)).st_size
+        return total
 
 
 def open_store(directory: Path, address: str, settings: Mapping[str, Any]) -> FilePageStore:
+    """The `file` backend's factory; the file store takes no settings."""
     return FilePageStore(directory, address)
 
 
 def discover(directory: Path, settings: Mapping[str, Any]) -> list[str]:
-    if not directory.is_dir():
+    """Addresses with a store under `directory`, read from each folder's address.txt, sorted.
+
+    A folder whose address.txt is missing or names another folder is skipped (with a
+    warning when it holds pages), since opening that address would not find it.
+    """
+    try:
+        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except FileNotFoundError:
         return []
-    return sorted(
-        (d / ADDRESS_FILE).read_text(encoding="utf-8")
-        for d in directory.iterdir()
-        if (d / ADDRESS_FILE).is_file()
-    )
+    addresses = []
+    for entry in entries:
+        if not entry.is_dir():
+            continue
+        folder = Path(entry.path)
+        try:
+            address: str | None = (folder / ADDRESS_FILE).read_text(encoding="utf-8")
+        except (FileNotFoundError, UnicodeDecodeError):
+            address = None
+        if address is not None and folder_name(address) == entry.name:
+            addresses.append(address)
+        elif any(_PAGE_NAME.fullmatch(name) for name in os.listdir(folder)):
+            log.warning(
+                "page folder skipped: its address.txt is missing or names another folder",
+                folder=str(folder),
+                address=address,
+            )
+    return sorted(addresses)
