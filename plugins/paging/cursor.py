@@ -184,6 +184,17 @@ class QueueCursor:
         self.counts.pop(self.page, None)
         self.page, self.offset = self._following(self.page), 0
 
+    def _readable(self, page: int, offset: int) -> tuple[int, int, int] | None:
+        """(page, offset, visible end) of the next bytes to read from (page, offset) on,
+        past finished pages; None while they are still being written."""
+        while True:
+            end = self.pager.visible_end(page)
+            if offset < end:
+                return page, offset, end
+            if not self._page_done(page, offset):
+                return None
+            page, offset = self._following(page), 0
+
     def _following(self, page: int) -> int:
         """The next page still stored after `page` (or the head page)."""
         pager = self.pager
@@ -295,15 +306,12 @@ class QueueCursor:
             self._scan = (self.page, self.offset)
         page, offset = max(self._scan, (self.page, self.offset))
         budget = SCAN_BATCH
-        pager = self.pager
         try:
             while consumers:
-                end = pager.visible_end(page)
-                if offset >= end:
-                    if not self._page_done(page, offset):
-                        return
-                    page, offset = self._following(page), 0
-                    continue
+                readable = self._readable(page, offset)
+                if readable is None:
+                    return
+                page, offset, end = readable
                 window = self._window("scan", page, offset)
                 if window is None:
                     return
@@ -341,17 +349,14 @@ class QueueCursor:
         """Show a browser paged messages from past the cursor (or where it stopped)."""
         if self._reading or self.closed:
             return
-        pager = self.pager
         page, offset = max(self._browsing.get(browser, (0, 0)), (self.page, self.offset))
         slot = f"browse-{id(browser)}"
         try:
             while browser.credit() > 0:
-                end = pager.visible_end(page)
-                if offset >= end:
-                    if not self._page_done(page, offset):
-                        return
-                    page, offset = self._following(page), 0
-                    continue
+                readable = self._readable(page, offset)
+                if readable is None:
+                    return
+                page, offset, end = readable
                 window = self._window(slot, page, offset)
                 if window is None:
                     return
