@@ -5,6 +5,10 @@ its producers and its consumers in two processes so that it can use two cores; e
 producer sends one pre-encoded message whose first 8 body bytes it overwrites with the
 send time (CLOCK_MONOTONIC, shared by the processes of one machine), and each consumer
 reads that stamp back for the end-to-end latency.
+
+`--mode send` runs the producers alone (to fill a queue) and `--mode receive` the
+consumers alone (to drain one): a backlog is then measured apart from the rate it was
+built at. Latency needs both ends of one run, so those modes report none.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _MAX_FRAME = 1 << 17
 _PERCENTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("p99.9", 0.999))
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _SEND_BATCH = 2000  # messages handed to proton between two socket writes
+_CLOSE_WAIT = 5.0  # seconds a finished run waits for the peer to answer its close
 
 
 class PerfError(Exception):
@@ -336,10 +341,24 @@ class _Consumer:
         self.window = options["credit"]
         engine.client_open(wire.connection, f"scow-perf-consumer-{os.getpid()}-{index}")
         session = engine.new_session(wire.connection)
-        self.link = engine.new_receiver(session, f"perf-consumer-{index}", address, self.window)
+        # --mode receive: the messages wait already, so the credit that asks for them goes
+        # out when the run starts (the first consume() tops the window up) and the clock
+        # starts with it; timed from the first arrival, a first read that brings them all
+        # would leave no time to divide by
+        self.draining = options["mode"] == "receive"
+        credit = 0 if self.draining else self.window
+        self.link = engine.new_receiver(session, f"perf-consumer-{index}", address, credit)
+        if self.draining and options["presettled"]:
+            # proton writes the attach when the transport is next processed, so the mode
+            # set now still goes out with it; in pairs mode --presettled is the producers'
+            engine.set_sender_settle_mode_settled(self.link)
         self.received = 0
         self.unstamped = 0
-        self.latencies: array.array[int] = array.array("q")
+        # stamps from another run make no latency: a zero-length deque takes the loop's
+        # appends at the same cost and keeps none (10 M messages would be 80 MB)
+        self.latencies: array.array[int] | deque[int] = (
+            deque(maxlen=0) if options["mode"] == "receive" else array.array("q")
+        )
         self.buf_size = max(_IO_SIZE, options["size"] + 4096)
         self.buf, self.view = engine.new_buffer(self.buf_size)
         self.layout = (-1, 0, 0)  # size, stamp offset and data-section marker of the last read
@@ -357,6 +376,11 @@ class _Consumer:
     def check(self) -> None:
         if not self.done:
             _check_link(self.wire, self.link, f"consumer from {self.address!r}")
+
+    def begin(self, now_ns: int) -> None:
+        """The run starts now: a draining consumer's clock starts with its first credit."""
+        if self.draining and not self.warmup:
+            self.measure_from_ns = now_ns
 
     def consume(self, now_ns: int) -> None:
         """Read, stamp and settle every complete delivery; top the credit up."""
@@ -419,7 +443,9 @@ class _Consumer:
         return {
             "received": self.received,
             "unstamped": self.unstamped,
-            "latencies": self.latencies.tobytes(),
+            "latencies": self.latencies.tobytes()
+            if isinstance(self.latencies, array.array)
+            else b"",
             "from_ns": self.measure_from_ns,
             "to_ns": self.end_ns,
         }
@@ -500,7 +526,7 @@ def _drive(
                     pause = worker.pump(now)
                     if pause is not None:
                         wait = min(wait, pause)
-            else:
+            elif going:  # in pairs mode nothing comes before; in receive mode no credit
                 worker.consume(now)
             was = wire.want_write
             wire.write()
@@ -519,6 +545,9 @@ def _drive(
             raise _Aborted
     going = True
     started = time.monotonic_ns()
+    if not producing:
+        for worker in workers:
+            worker.begin(started)
     timeout = 0.0
     last_tick = 0.0
     while not all(worker.done for worker in workers):
@@ -540,22 +569,77 @@ def _drive(
         if not worker.measure_from_ns:  # no warm-up and nothing before the first message
             worker.measure_from_ns = started
         engine.close_connection(worker.wire.connection)
-        worker.wire.write()
+    _close_gracefully(selector, workers)
     report = [worker.report() for worker in workers]
     for worker in workers:
         worker.wire.close()
     return {"role": role, "workers": report}
 
 
+def _close_gracefully(selector: selectors.BaseSelector, workers: list[Any]) -> None:
+    """Write what is left, then wait (at most _CLOSE_WAIT s) for each peer's close.
+
+    Closing the socket at once loses data: with the peer's frames unread, close() resets
+    the connection and the kernel drops what it had not sent yet, so pre-settled messages
+    of `--mode send` were counted sent and never arrived (hundreds of 4 KiB ones). The
+    peer's close comes after it has processed every frame we sent before ours. `eof` is
+    no guide here: proton ends its output as soon as our close is written.
+    """
+    deadline = time.monotonic() + _CLOSE_WAIT
+    closing = list(workers)
+    while closing:
+        for worker in closing:
+            wire = worker.wire
+            was = wire.want_write
+            wire.write()
+            if wire.want_write != was:
+                selector.modify(wire.sock, _READ | _WRITE if wire.want_write else _READ, worker)
+        closing = [w for w in closing if w.wire.want_write or not _peer_closed(w.wire)]
+        if not closing or time.monotonic() > deadline:
+            return
+        for key, _mask in selector.select(0.05):
+            key.data.wire.read()
+
+
+def _peer_closed(wire: Wire) -> bool:
+    """The peer sent its close, or its input can bring nothing more (end of stream, error)."""
+    return bool(
+        engine.connection_state(wire.connection) & engine.REMOTE_CLOSED
+        or engine.transport_capacity(wire.transport) < 0
+    )
+
+
+_ROLES = {"pairs": ("consumer", "producer"), "send": ("producer",), "receive": ("consumer",)}
+
+
+def mode_conflict(options: dict[str, Any]) -> str | None:
+    """Why these options cannot go together, or None.
+
+    --rate and --durable shape what is sent: with `--mode receive` nothing is, and silently
+    ignoring them would label a receive rate with settings it never had.
+    """
+    mode = options["mode"]
+    if mode not in _ROLES:
+        return f"--mode {mode!r}: expected one of {', '.join(_ROLES)}"
+    if mode == "receive":
+        for name, key in (("--rate", "rate"), ("--durable", "durable")):
+            if options[key]:
+                return f"{name} applies to sending; --mode receive sends nothing (drop {name})"
+    return None
+
+
 def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Run the producer and consumer processes against `url`; the summary as a dict."""
+    """Run the producer and/or consumer processes against `url`; the summary as a dict."""
+    options = {"mode": "pairs", **options}
+    conflict = mode_conflict(options)
+    if conflict:
+        raise PerfError(conflict)
     host, port, address = parse_url(url)
     make_message(options["size"], durable=options["durable"])  # fail early on a bad size
     ctx = multiprocessing.get_context("fork")
     go, abort = ctx.Event(), ctx.Event()
     roles = []
-    wanted = {"pairs": ("consumer", "producer"), "send": ("producer",), "receive": ("consumer",)}
-    for role in wanted[options.get("mode", "pairs")]:  # consumers first: attached first
+    for role in _ROLES[options["mode"]]:  # consumers first: attached before anything is sent
         ready = ctx.Event()
         receiver, sender = ctx.Pipe(duplex=False)
         proc = ctx.Process(
@@ -572,7 +656,7 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
             if not proc.is_alive() or receiver.poll() or time.monotonic() > deadline:
                 break
         if not ready.is_set():
-            break  # no producer without its consumers (in pairs mode): it would fill the queue
+            break  # in pairs mode no producer without its consumers: it would fill the queue
     go.set()
     errors: list[str] = []
     reports: dict[str, dict[str, Any]] = {}
@@ -616,7 +700,11 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
 def summarize(
     producers: list[dict[str, Any]], consumers: list[dict[str, Any]], options: dict[str, Any]
 ) -> dict[str, Any]:
-    """The run's figures from the per-connection reports of both processes."""
+    """The run's figures from the per-connection reports of both processes.
+
+    A side that did not run (`--mode send` or `receive`) reports no list, and its keys
+    are None rather than 0: "received 0" would read as a failure to receive.
+    """
     pairs = options["pairs"]
     count = options["count"] * pairs
     outcomes: dict[str, int] = {}
@@ -629,10 +717,13 @@ def summarize(
 
     def rate(reports: list[dict[str, Any]]) -> float | None:
         if not reports:
-            return None  # that side did not run (--mode send or receive)
+            return None
         start = min(r["from_ns"] for r in reports)
         end = max(r["to_ns"] for r in reports)
-        return count / ((end - start) / 1e9) if end > start else math.nan
+        return round(count / ((end - start) / 1e9), 1) if end > start else math.nan
+
+    def total(reports: list[dict[str, Any]], key: str) -> int | None:
+        return sum(r[key] for r in reports) if reports else None
 
     start = min(r["from_ns"] for r in producers + consumers)
     end = max(r["to_ns"] for r in producers + consumers)
@@ -644,13 +735,13 @@ def summarize(
         "rate_target": options["rate"] or None,
         "count": count,
         "warmup": options["warmup"] * pairs,
-        "sent": sum(p["sent"] for p in producers),
-        "outcomes": {k: v for k, v in outcomes.items() if v},
-        "received": sum(c["received"] for c in consumers),
-        "unstamped": sum(c["unstamped"] for c in consumers),
-        "mode": options.get("mode", "pairs"),
-        "send_rate": _round(rate(producers)),
-        "receive_rate": _round(rate(consumers)),
+        "sent": total(producers, "sent"),
+        "outcomes": {k: v for k, v in outcomes.items() if v} if producers else None,
+        "received": total(consumers, "received"),
+        "unstamped": total(consumers, "unstamped"),
+        "mode": options["mode"],
+        "send_rate": rate(producers),
+        "receive_rate": rate(consumers),
         "elapsed_s": round((end - start) / 1e9, 3),
         # stamps from another run mean nothing: latency only when this run sent them
         "latency_ms": {k: round(v, 3) for k, v in percentiles(latencies).items()}
@@ -659,28 +750,27 @@ def summarize(
     }
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
 def format_summary(result: dict[str, Any]) -> str:
-    """The summary as the readable block `scow perf client` prints."""
+    """The summary as the readable block `scow perf client` prints; absent figures left out."""
     mode = "pre-settled" if result["presettled"] else "at-least-once"
     if result["durable"]:
         mode += ", durable"
     pace = f", paced at {result['rate_target']:.0f} msg/s" if result["rate_target"] else ""
-    lat = result["latency_ms"]
-    outcomes = ", ".join(f"{v} {k}" for k, v in result["outcomes"].items())
+    who = {"pairs": "pair(s)", "send": "producer(s) only", "receive": "consumer(s) only"}
     lines = [
-        f"scow perf client: {result['pairs']} pair(s), {result['size']} B bodies, {mode}{pace}"
-        + ("" if result["mode"] == "pairs" else f", {result['mode']} only"),
+        f"scow perf client: {result['pairs']} {who[result['mode']]}, "
+        f"{result['size']} B bodies, {mode}{pace}",
         f"  messages      {result['count']} measured, {result['warmup']} warm-up",
-        f"  sent          {result['sent']} ({outcomes or 'pre-settled'})",
-        f"  received      {result['received']}",
     ]
+    if result["sent"] is not None:
+        outcomes = ", ".join(f"{v} {k}" for k, v in result["outcomes"].items())
+        lines.append(f"  sent          {result['sent']} ({outcomes or 'pre-settled'})")
+    if result["received"] is not None:
+        lines.append(f"  received      {result['received']}")
     for label, key in (("send rate", "send_rate"), ("receive rate", "receive_rate")):
         if result[key] is not None:
             lines.append(f"  {label:<12}  {result[key]:>10.0f} msg/s")
+    lat = result["latency_ms"]
     if lat is not None:
         lines.append(
             "  latency (ms)  "
@@ -1005,20 +1095,32 @@ def cmd_client(args: argparse.Namespace) -> int:
         "timeout": args.timeout,
         "mode": args.mode,
     }
-    if args.mode == "receive" and args.rate:
-        print(
-            "scow perf client: --rate paces sending; --mode receive sends nothing", file=sys.stderr
-        )
-        return 2
+    conflict = mode_conflict(options)
+    if conflict:
+        print(f"scow perf client: {conflict}", file=sys.stderr)
+        return 2  # a usage error, as argparse exits with
     try:
         result = run_client(args.url, options)
     except PerfError as exc:
         print(f"scow perf client: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result) if args.json else format_summary(result))
+    return 0 if completed(result) else 1
+
+
+def completed(result: dict[str, Any]) -> bool:
+    """Whether the run did all it set out to: every message received, or sent and accepted.
+
+    A send-only run has no consumer to count on, so at-least-once it counts the accepted
+    outcomes (a rejected message was sent but is not on the queue); pre-settled there are
+    no outcomes and sending is all it can know.
+    """
     expected = result["count"] + result["warmup"]
-    done = result["sent"] if args.mode == "send" else result["received"]
-    return 0 if done >= expected else 1
+    if result["mode"] != "send":
+        return bool(result["received"] >= expected)
+    if result["presettled"]:
+        return bool(result["sent"] >= expected)
+    return bool(result["outcomes"].get("accepted", 0) >= expected)
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
@@ -1048,14 +1150,30 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     sub = command_group(subparsers, "perf", "load generators and measurements")
 
     client = sub.add_parser(
-        "client", help="producer/consumer pairs: send and receive rates, end-to-end latency"
+        "client",
+        help="producer/consumer pairs: send and receive rates, end-to-end latency; "
+        "or producers only (--mode send) or consumers only (--mode receive)",
     )
     client.add_argument("--url", required=True, help="amqp://HOST:PORT/ADDRESS")
-    client.add_argument("--count", type=_positive, default=100_000, help="messages per pair")
+    client.add_argument(
+        "--count",
+        type=_positive,
+        default=100_000,
+        help="messages per pair (with --mode send or receive: per producer or consumer)",
+    )
     client.add_argument("--size", type=int, default=100, help="body bytes, at least 8")
-    client.add_argument("--pairs", type=_positive, default=1, help="producer/consumer pairs")
+    client.add_argument(
+        "--pairs",
+        type=_positive,
+        default=1,
+        help="producer/consumer pairs (with --mode send or receive: producers or consumers)",
+    )
     client.add_argument("--durable", action="store_true", help="send durable messages")
-    client.add_argument("--presettled", action="store_true", help="at-most-once: send pre-settled")
+    client.add_argument(
+        "--presettled",
+        action="store_true",
+        help="at-most-once: send pre-settled (with --mode receive: ask to receive pre-settled)",
+    )
     client.add_argument("--rate", type=float, help="total send rate (msg/s) over all producers")
     client.add_argument(
         "--warmup", type=_non_negative, default=0, help="messages per pair sent first, not measured"
@@ -1071,7 +1189,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "--mode",
         choices=("pairs", "send", "receive"),
         default="pairs",
-        help="pairs (default); send: producers only (fill a queue); receive: consumers only",
+        help="pairs (default); send: producers only, to fill a queue; receive: consumers "
+        "only, each until it got --count (no latency: the stamps are from another run)",
     )
     client.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
     client.add_argument("--json", action="store_true", help="print the summary as one JSON object")

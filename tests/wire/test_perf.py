@@ -154,12 +154,130 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
+KEEP_QUEUES = {"#": {"auto-delete-queues": False}}  # an emptied queue stays to be counted
+
+
 def test_send_mode_fills_a_queue_and_receive_mode_empties_it(scow_broker):
-    broker = scow_broker()
+    broker = scow_broker(address_settings=KEEP_QUEUES)
     url = f"{broker.url}/filled"
     sent = summary(run_client(url, "--mode", "send", "--count", "500", "--json"))
-    assert sent["mode"] == "send" and sent["sent"] == 500 and sent["receive_rate"] is None
+    assert sent["mode"] == "send"
+    assert sent["sent"] == 500 and sent["outcomes"] == {"accepted": 500}
+    assert sent["send_rate"] > 0
+    assert sent["received"] is None and sent["receive_rate"] is None
+    assert sent["unstamped"] is None and sent["latency_ms"] is None
     assert broker.queue_stats("filled")["message-count"] == 500
+
     got = summary(run_client(url, "--mode", "receive", "--count", "500", "--json"))
-    assert got["received"] == 500 and got["latency_ms"] is None
-    assert broker.queue_stats("filled") is None  # emptied, then auto-deleted with its consumer
+    assert got["mode"] == "receive"
+    assert got["received"] == 500 and got["unstamped"] == 0
+    assert got["receive_rate"] > 0
+    assert got["sent"] is None and got["outcomes"] is None and got["send_rate"] is None
+    assert got["latency_ms"] is None  # the stamps are from the send run
+    stats = broker.queue_stats("filled")
+    assert stats["message-count"] == 0 and stats["messages-acknowledged"] == 500
+
+
+def test_json_keys_are_the_same_in_every_mode(scow_broker):
+    broker = scow_broker(address_settings=KEEP_QUEUES)
+    url = f"{broker.url}/keys"
+    keys = [
+        set(summary(run_client(url, "--mode", mode, "--count", "100", "--json")))
+        for mode in ("send", "receive", "pairs")
+    ]
+    assert keys[0] == keys[1] == keys[2]
+
+
+def test_presettled_send_mode_leaves_every_message_on_the_queue(scow_broker):
+    # nothing waits for outcomes: the client must still not close before the broker has
+    # read them all (a reset connection dropped hundreds of these)
+    broker = scow_broker(address_settings=KEEP_QUEUES)
+    done = run_client(
+        f"{broker.url}/presettled", "--mode", "send", "--presettled", "--count", "20000",
+        "--size", "4096", "--json",
+    )  # fmt: skip
+    result = summary(done)
+    assert result["sent"] == 20000 and result["outcomes"] == {}
+    assert broker.queue_stats("presettled")["message-count"] == 20000
+
+
+def test_receive_mode_takes_count_and_leaves_the_rest(scow_broker):
+    broker = scow_broker(address_settings=KEEP_QUEUES)
+    url = f"{broker.url}/partly"
+    summary(run_client(url, "--mode", "send", "--count", "3000", "--json"))
+    got = summary(run_client(url, "--mode", "receive", "--count", "1000", "--json"))
+    assert got["received"] == 1000
+    assert broker.queue_stats("partly")["message-count"] == 2000
+    got = summary(run_client(url, "--mode", "receive", "--count", "2000", "--presettled", "--json"))
+    assert got["received"] == 2000
+    assert broker.queue_stats("partly")["message-count"] == 0
+
+
+def test_receive_mode_with_too_few_messages_times_out_with_a_count(scow_broker):
+    broker = scow_broker(address_settings=KEEP_QUEUES)
+    url = f"{broker.url}/short"
+    summary(run_client(url, "--mode", "send", "--count", "10", "--json"))
+    done = run_client(url, "--mode", "receive", "--count", "20", timeout=2)
+    assert done.returncode == 1
+    assert "consumer: timed out after 2.0 s with 10 messages received" in done.stderr
+
+
+def test_send_mode_fails_when_the_broker_rejects_messages(scow_broker):
+    broker = scow_broker(
+        address_settings={"full.#": {"max-size-messages": 100, "address-full-policy": "FAIL"}}
+    )
+    done = run_client(f"{broker.url}/full.q", "--mode", "send", "--count", "300", "--json")
+    assert done.returncode == 1  # sent, but not all accepted: the queue is not what was asked
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["sent"] == 300
+    assert result["outcomes"]["accepted"] == 100 and result["outcomes"]["rejected"] == 200
+
+
+def test_readable_summary_of_send_and_receive_modes_leaves_out_what_did_not_run(scow_broker):
+    broker = scow_broker(address_settings=KEEP_QUEUES)
+    url = f"{broker.url}/readable"
+    sent = run_client(url, "--mode", "send", "--count", "200")
+    assert sent.returncode == 0, sent.stderr
+    assert "1 producer(s) only" in sent.stdout and "send rate" in sent.stdout
+    for absent in ("received", "receive rate", "latency"):
+        assert absent not in sent.stdout
+    got = run_client(url, "--mode", "receive", "--count", "200")
+    assert got.returncode == 0, got.stderr
+    assert "1 consumer(s) only" in got.stdout and "receive rate" in got.stdout
+    for absent in ("sent", "send rate", "latency"):
+        assert absent not in got.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "option"),
+    [(("--rate", "1000"), {"rate": 1000.0}), (("--durable",), {"durable": True})],
+)
+def test_receive_mode_refuses_options_that_shape_sending(flags, option):
+    url = f"amqp://127.0.0.1:{_closed_port()}/q"  # refused before connecting: nothing listens
+    message = f"{flags[0]} applies to sending; --mode receive sends nothing"
+    done = run_client(url, "--mode", "receive", *flags, timeout=10)
+    assert done.returncode == 2
+    assert message in done.stderr
+    with pytest.raises(perf.PerfError, match=message):
+        perf.run_client(url, _options(mode="receive", **option))
+
+
+def test_send_mode_accepts_rate_and_durable(scow_broker):
+    broker = scow_broker(address_settings=KEEP_QUEUES)
+    done = run_client(
+        f"{broker.url}/paced", "--mode", "send", "--count", "300", "--rate", "600", "--durable",
+        "--json",
+    )  # fmt: skip
+    result = summary(done)
+    assert result["durable"] and result["rate_target"] == 600
+    assert result["send_rate"] < 700  # 300 messages at 600 msg/s take about half a second
+    assert broker.queue_stats("paced")["message-count"] == 300
+
+
+def _options(**changes: object) -> dict[str, object]:
+    options: dict[str, object] = {
+        "count": 10, "size": 100, "pairs": 1, "durable": False, "presettled": False,
+        "rate": 0.0, "warmup": 0, "credit": 100, "max_pending": 0, "timeout": 5.0,
+        "mode": "pairs",
+    }  # fmt: skip
+    return options | changes
