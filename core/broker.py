@@ -324,15 +324,7 @@ class Broker:
         if isinstance(routed, RouteStatus):
             return routed
         message, queues, full = routed
-        pager = address.pager
-        if pager is not None and (full or pager.paging):
-            return pager.page(message, queues, on_stored, None)
-        refs = self._store(message, queues, address, on_stored, None)  # _accept, inlined
-        for ref in refs:
-            ref.queue.enqueue(ref)
-        if message.stored_refs and on_stored is not None:
-            return RouteStatus.PENDING
-        return RouteStatus.ROUTED
+        return self._accept(message, queues, address, on_stored, full)
 
     def _accept(
         self,

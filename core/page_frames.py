@@ -86,17 +86,7 @@ def iter_frames(
 
 def valid_length(buf: bytes | memoryview, offset: int = 0) -> int:
     """The byte offset just past the last valid frame from `offset` (`offset` if none)."""
-    # iter_frames' loop inlined: every PageStore.read calls this over a whole page
-    if offset < 0:
-        raise ValueError(f"frame offset {offset} is negative; offsets count from 0")
-    view = memoryview(buf)
-    size = len(view)
-    unpack = _HEADER.unpack_from
-    crc32 = zlib.crc32
-    while offset + HEADER_SIZE <= size:
-        length, crc = unpack(view, offset)
-        end = offset + HEADER_SIZE + length
-        if length == 0 or end > size or crc32(view[offset + HEADER_SIZE : end]) != crc:
-            break
-        offset = end
-    return offset
+    end = offset
+    for _start, _payload, frame_end in iter_frames(buf, offset):
+        end = frame_end
+    return end

@@ -193,7 +193,7 @@ class AddressPager:
         if direct:
             self._enqueue_direct(message, direct)
         if sync and on_stored is not None:
-            self._on_visible(write, on_stored)
+            write.append(on_stored)  # run by _advance once the record is visible
             return RouteStatus.PENDING
         return RouteStatus.ROUTED
 
@@ -202,9 +202,6 @@ class AddressPager:
         self.address.add_memory(len(message.data))
         for ref in refs:
             ref.queue.enqueue(ref)
-
-    def _on_visible(self, write: list[Any], then: Completion) -> None:
-        write.append(then)
 
     def _written(self, write: list[Any]) -> None:
         write[2] = True

@@ -9,7 +9,6 @@ earlier pages are left as they are, since reads stop at their first bad frame an
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -281,16 +280,6 @@ class FilePageStore:
             self.sync()
         finally:
             self._close_fd()
-
-    # ------------------------------------------------------------------ statistics
-
-    def bytes_on_disk(self) -> int:
-        """Total size of the page files (pages deleted meanwhile count as 0)."""
-        total = 0
-        for page in list(self._pages):  # the writer thread may change the list meanwhile
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(self._path(page)).st_size
-        return total
 
 
 def open_store(directory: Path, address: str, settings: Mapping[str, Any]) -> FilePageStore:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from proton import Delivery, Message, Timeout
-from proton.reactor import Copy
+from proton.reactor import Copy, Selector
 from proton.utils import SendException
 
 from scow.core.testing import wait_for
@@ -175,7 +177,7 @@ def test_selector_consumer_reaches_matching_messages_behind_paged_ones(scow_brok
     bulk_send(broker.url, "colors", blue + 3, make)
     assert broker.queue_stats("colors")["messages-paged"] > blue - 100
     with connected(broker.url) as conn:
-        red = conn.create_receiver("colors", options=[_selector("color = 'red'")], credit=10)
+        red = conn.create_receiver("colors", options=[Selector("color = 'red'")], credit=10)
         assert ns(receive(red, 3, accept=True)) == [blue, blue + 1, blue + 2]
     stats = broker.queue_stats("colors")
     assert stats["message-count"] == blue
@@ -192,8 +194,6 @@ def test_ttl_and_dead_letter_apply_to_paged_messages(scow_broker):
         assert ns(receive(receiver, 1, accept=False)) == [0]
         receiver.reject()  # rejected: straight to the dead-letter address
     wait_for(lambda: broker.queue_stats("DLA") is not None, what="the DLA queue")
-    import time
-
     time.sleep(0.4)  # the TTL of messages 20.. runs out while they sit in pages
     with connected(broker.url) as conn:
         got = ns(receive(conn.create_receiver("ttl", credit=50), 19))
@@ -222,12 +222,6 @@ def test_disk_monitor_blocks_producers_and_resumes_them(scow_broker):
         pump([conn], lambda: sender.link.credit > 0, what="credit once the disk has room")
         sender.send(Message(body="after"))
     assert broker.queue_stats("d")["message-count"] == 2 + credit
-
-
-def _selector(text: str):
-    from proton.reactor import Selector
-
-    return Selector(text)
 
 
 def test_browser_sees_paged_messages_once_and_leaves_them(scow_broker):
@@ -268,7 +262,7 @@ def test_a_subscription_whose_filter_refuses_everything_does_not_keep_the_addres
     broker = paging_broker(scow_broker)
     topic = [Capabilities("topic"), Durable()]
     with connected(broker.url, container_id="c") as conn:
-        none = conn.create_receiver("mixed", name="none", options=[*topic, _selector("n < 0")])
+        none = conn.create_receiver("mixed", name="none", options=[*topic, Selector("n < 0")])
         detach(conn, none, until=lambda: broker.queue_stats("c.none")["consumer-count"] == 0)
         everything = conn.create_receiver("mixed", name="all", options=topic, credit=10)
         bulk_send(broker.url, "mixed", 100, numbered)
