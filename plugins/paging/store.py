@@ -57,7 +57,9 @@ def _fsync_path(path: Path) -> None:
 class FilePageStore:
     """The pages of one address as files; one thread writes, any thread may read."""
 
-    def __init__(self, directory: Path, address: str) -> None:
+    def __init__(self, directory: Path, address: str, *, repair: bool = True) -> None:
+        """Open (creating) the store; `repair` cuts a torn tail off the last page, which
+        read-only tools leave alone (reads stop at it anyway)."""
         self.address = address
         self.folder = Path(directory) / folder_name(address)
         self._fd: int | None = None  # write fd of the highest page
@@ -70,7 +72,7 @@ class FilePageStore:
         self._broken: str | None = None
         self._open_folder()
         self._pages = self._list_pages()
-        if self._pages:
+        if self._pages and repair:
             self._cut_torn_tail(self._pages[-1])
 
     def _open_folder(self) -> None:

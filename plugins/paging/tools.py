@@ -24,7 +24,7 @@ IMPORT_PAGE_SIZE = 10 * 1024 * 1024
 def _stores(data_dir: Path) -> Iterator[FilePageStore]:
     directory = data_dir / PAGING_DIRECTORY
     for address in discover(directory, {}):
-        yield FilePageStore(directory, address)
+        yield FilePageStore(directory, address, repair=False)  # tools only read
 
 
 def _acked(recovered: Recovered) -> dict[tuple[int, int], set[int]]:

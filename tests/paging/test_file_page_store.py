@@ -350,3 +350,16 @@ def test_a_cut_anywhere_leaves_a_prefix_of_whole_records(
 
 def _bytes_on_disk(store: FilePageStore) -> int:
     return sum(p.stat().st_size for p in store.folder.glob("*.page"))
+
+
+def test_a_store_opened_without_repair_leaves_a_torn_tail_and_reads_past_it(tmp_path):
+    store = FilePageStore(tmp_path, "t")
+    store.append(1, [b"one"])
+    store.close()
+    path = store.folder / "000000001.page"
+    with open(path, "ab") as f:
+        f.write(b"\xff\xff torn")
+    size = path.stat().st_size
+    reader = FilePageStore(tmp_path, "t", repair=False)
+    assert records_of(reader, 1) == [b"one"]
+    assert path.stat().st_size == size
