@@ -338,10 +338,10 @@ class Broker:
         pager = address.pager
         if pager is not None and (full or pager.paging):
             return pager.page(message, queues, on_stored, None)
-        refs = self._store(message, queues, address, on_stored, None)
-        for ref in refs:
-            ref.queue.enqueue(ref)
-        if message.stored_refs and on_stored is not None:
+        message, journaled = self._store(message, queues, address, on_stored, None)
+        for queue in queues:
+            queue.enqueue(message)
+        if journaled and on_stored is not None:
             return RouteStatus.PENDING
         return RouteStatus.ROUTED
 
@@ -424,20 +424,22 @@ class Broker:
         address: AddressInfo,
         on_stored: Completion | None,
         tx_id: int | None,
-    ) -> list[MessageRef]:
-        """Account for `message` and journal it if durable; returns refs to enqueue."""
-        refs = [MessageRef(message, q) for q in queues]
-        message.refcount = len(refs)
+    ) -> tuple[Message, bool]:
+        """Account for `message` and journal it if durable.
+
+        Returns the message to enqueue in `queues` (shared when there are several) and
+        whether it was journaled.
+        """
         size = len(message.data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
         address.size += size
         address.message_count += 1
         limits = self.limits
         limits.size += size
         limits.messages += 1
-        if message.durable and self.persistent:
+        durable_ids = []
+        if message.kind.durable and self.persistent:
             durable_ids = [q.id for q in queues if q.durable]
             if durable_ids:
-                message.stored_refs = len(durable_ids)
                 self.storage.store_message(
                     message.id,
                     message.address,
@@ -448,7 +450,11 @@ class Broker:
                     on_stored,
                     tx_id=tx_id,
                 )
-        return refs
+        return message.shared(len(queues), len(durable_ids)), bool(durable_ids)
+
+    def _in_journal(self, ref: MessageRef) -> bool:
+        """Whether `ref` (not paged) has its place in a journal record of its message."""
+        return ref.message.durable and ref.queue.durable
 
     # ------------------------------------------------------------------ transactions
 
@@ -468,9 +474,10 @@ class Broker:
             result = self._route(data, address, fmt, routing_type)
             if not isinstance(result, RouteStatus):
                 routed.append((*result, address))
-        refs: list[MessageRef] = []
+        visible: list[tuple[Message, list[Any]]] = []
         pagers: list[Any] = []
         barrier = _Barrier()
+        journaled = False
         for message, queues, full, address in routed:
             pager = address.pager
             if pager is not None and (full or pager.paging):
@@ -478,8 +485,9 @@ class Broker:
                 if pager not in pagers:
                     pagers.append(pager)
             else:
-                refs += self._store(message, queues, address, None, tx.id)
-        journaled = any(m.stored_refs for m, _, _, _ in routed)
+                message, stored = self._store(message, queues, address, None, tx.id)
+                visible.append((message, queues))
+                journaled |= stored
         if pagers and self.persistent:
             self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
             journaled = True
@@ -490,8 +498,9 @@ class Broker:
         def finish() -> None:
             for pager in pagers:
                 pager.commit_tx(tx.id)
-            for ref in refs:
-                ref.queue.enqueue(ref)
+            for message, queues in visible:
+                for queue in queues:
+                    queue.enqueue(message)
             for ref in acks:
                 self._settle_ack(ref)
             on_done()
@@ -505,7 +514,7 @@ class Broker:
     def rollback(self, tx: Transaction) -> None:
         """Forget the transaction's messages; its acknowledged messages go back (+1 count)."""
         acks, tx.acks, tx.sends = tx.acks, [], []
-        for ref in sorted(acks, key=lambda r: r.seq):
+        for ref in sorted(acks, key=lambda r: r.message.id):
             self.release(ref, delivered=True)
 
     # ------------------------------------------------------------------ consuming
@@ -646,7 +655,7 @@ class Broker:
             if ref.__class__ is PagedRef:
                 if ref.cursor.store_delivery_count(ref, lambda: self._put_back(ref, delivered)):
                     return
-            elif ref.message.stored_refs and queue.durable:
+            elif self._in_journal(ref):
                 # offered again only once its new count is on disk
                 self.storage.update_delivery_count(
                     ref.message.id,
@@ -688,19 +697,18 @@ class Broker:
         if ref.__class__ is PagedRef:
             return ref.cursor.journal_ack(ref, tx_id)
         message = ref.message
-        if not (message.stored_refs and ref.queue.durable):
+        if not (message.kind.durable and ref.queue.durable):  # self._in_journal(ref), inlined
             return False
-        message.stored_refs -= 1
-        self.storage.acknowledge(message.id, ref.queue.id, message.stored_refs == 0, tx_id=tx_id)
+        self.storage.acknowledge(message.id, ref.queue.id, message.drop_stored_ref(), tx_id=tx_id)
         return True
 
     def _release_memory(self, ref: MessageRef) -> None:
         message = ref.message
-        message.refcount -= 1
+        last = message.drop_ref()
         if ref.__class__ is PagedRef:
             ref.cursor.settle(ref)
-        if message.refcount == 0:
-            address = self.addresses.get(message.address)
+        if last:
+            address = self.addresses.get(message.kind.address)
             if address is not None:
                 size = (
                     len(message.data) + MEMORY_OVERHEAD
@@ -815,8 +823,8 @@ class Broker:
         restored = 0
         for rec in recovered.messages:
             refs = self._restore(rec, by_id, fmt)
-            for ref in refs:
-                ref.queue.enqueue(ref)
+            for ref in refs:  # a message never delivered waits as itself, without a ref
+                ref.queue.enqueue(ref if ref.delivery_count else ref.message)
             restored += bool(refs)
         for prepared in recovered.prepared:
             tx = Transaction(prepared.tx_id)
@@ -849,8 +857,7 @@ class Broker:
             durable=True,
             priority=rec.priority,
             expiration=rec.expiration,
-        )
-        message.refcount = message.stored_refs = len(queues)
+        ).shared(len(queues), len(queues))
         address = self.addresses.get(rec.address)
         if address is not None:
             address.add_memory(len(rec.data))
@@ -864,7 +871,7 @@ class Broker:
             for ref in tx.held:
                 ref.queue.enqueue(ref)
             for ref in tx.acks:
-                ref.message.stored_refs -= 1
+                ref.message.drop_stored_ref()
                 ref.queue.remove_delivering(ref)
                 self._release_memory(ref)
             if on_done is not None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from scow.core.message import Message, MessageRef
+    from scow.core.message import Entry, Message, MessageRef
     from scow.core.model import QueueSpec, RouteStatus, RoutingType
 
 # --------------------------------------------------------------------------- journal
@@ -249,7 +249,12 @@ class Queue(Protocol):
     messages_expired: int
     messages_killed: int
 
-    def enqueue(self, ref: MessageRef) -> None: ...
+    def enqueue(self, entry: Entry) -> None:
+        """Add a message (new to this queue) or a reference (with per-queue state).
+
+        The queue turns a message into a `MessageRef` (`entry.as_ref(queue)`) only when
+        it hands it to a consumer, so waiting messages cost no per-queue object.
+        """
 
     def add_consumer(self, consumer: Consumer) -> None: ...
 
@@ -279,8 +284,8 @@ class Queue(Protocol):
     def remove_delivering(self, ref: MessageRef) -> None:
         """Forget a delivered `ref` the broker moved elsewhere (dead letter, expiry)."""
 
-    def take(self, predicate: Callable[[MessageRef], bool] | None = None) -> list[MessageRef]:
-        """Remove and return the waiting refs `predicate` accepts (all when None)."""
+    def take(self, predicate: Callable[[Entry], bool] | None = None) -> list[MessageRef]:
+        """Remove the waiting entries `predicate` accepts (all when None); their refs."""
 
     def browse(self) -> Iterable[MessageRef]:
         """The messages in the queue, in order, without taking them."""

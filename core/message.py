@@ -2,8 +2,10 @@
 
 A `Message` carries the encoded bytes exactly as received plus the few fields routing
 needs (durable, priority, expiration), which the protocol's `MessageFormat` reads once
-on arrival. Each queue the message is routed to holds a `MessageRef`; the message is
-freed (and its journal record deleted) when its last reference is acknowledged.
+on arrival. Each queue the message is routed to holds the message itself while it waits,
+and a `MessageRef` (its place in that queue, with a delivery count) once delivered; the
+message is freed (and its journal record deleted) when its last queue acknowledges it.
+Memory per queued message is what this layout is for: see `MEMORY_OVERHEAD`.
 """
 
 from __future__ import annotations
@@ -38,24 +40,52 @@ class MessageFormat(Protocol):
 
 #: Estimated bytes of Python objects per message in memory, beyond its encoded bytes;
 #: counted in the memory figures that max-size-bytes and global-max-size limit.
-MEMORY_OVERHEAD = 300
+#: (A queued message is a 4-slot `Message`, its id and a deque slot: about 100 B, plus
+#: the bytes object's header; `benchmarks/paging_bench.py --only memory` measures it.)
+MEMORY_OVERHEAD = 150
+
+
+class MessageKind:
+    """What many messages have in common: their address, format, durability, priority.
+
+    Interned (see `kind_of`), so each message holds one reference instead of four.
+    """
+
+    __slots__ = ("address", "durable", "format", "priority")
+
+    def __init__(self, address: str, fmt: MessageFormat, durable: bool, priority: int) -> None:
+        self.address = address
+        self.format = fmt
+        self.durable = durable
+        self.priority = priority
+
+
+_KINDS: dict[tuple[str, MessageFormat, bool, int], MessageKind] = {}
+#: Interning is a memory saving, not an identity: past this many kinds the table starts
+#: afresh (messages keep theirs), so addresses that come and go do not grow it forever.
+_MAX_KINDS = 4096
+
+
+def kind_of(address: str, fmt: MessageFormat, durable: bool, priority: int) -> MessageKind:
+    key = (address, fmt, durable, priority)
+    kind = _KINDS.get(key)
+    if kind is None:
+        if len(_KINDS) >= _MAX_KINDS:
+            _KINDS.clear()
+        kind = _KINDS[key] = MessageKind(address, fmt, durable, priority)
+    return kind
 
 
 class Message:
-    """One message, stored once however many queues hold it."""
+    """One message, stored once however many queues hold it.
 
-    __slots__ = (
-        "address",
-        "data",
-        "durable",
-        "expiration",
-        "format",
-        "id",
-        "lookup_cache",
-        "priority",
-        "refcount",
-        "stored_refs",
-    )
+    A queue holds the message itself while it waits undelivered, and a `MessageRef`
+    once it has been delivered (or carries per-queue state, such as a delivery count).
+    A message held by one queue needs no counters: its acknowledgement frees it. One
+    routed to several queues is a `SharedMessage`, which counts them.
+    """
+
+    __slots__ = ("data", "expiration", "id", "kind")
 
     def __init__(
         self,
@@ -70,49 +100,114 @@ class Message:
     ) -> None:
         self.id = message_id
         self.data = data
-        self.address = address
-        self.format = fmt
-        self.durable = durable
-        self.priority = priority
+        self.kind = _KINDS.get((address, fmt, durable, priority)) or kind_of(
+            address, fmt, durable, priority
+        )
         #: Absolute expiry time in ms since the epoch; 0 means never.
         self.expiration = expiration
-        #: Live references (queues holding it); the message is freed at zero.
-        self.refcount = 0
-        #: References held by durable queues while the message is in the journal; each
-        #: acknowledgement of one is journaled, the last deletes the record.
-        self.stored_refs = 0
-        self.lookup_cache: Callable[[str], object] | None = None
+
+    @property
+    def address(self) -> str:
+        return self.kind.address
+
+    @property
+    def format(self) -> MessageFormat:
+        return self.kind.format
+
+    @property
+    def durable(self) -> bool:
+        return self.kind.durable
+
+    @property
+    def priority(self) -> int:
+        return self.kind.priority
 
     @property
     def size(self) -> int:
         return len(self.data)
 
+    @property
+    def message(self) -> Message:
+        """The message itself: a queue entry is a message or a reference to one."""
+        return self
+
+    def as_ref(self, queue: object) -> MessageRef:
+        """The reference that `queue` hands to a consumer (a new one: never delivered)."""
+        return MessageRef(self, queue)
+
+    def shared(self, refs: int, stored_refs: int) -> Message:
+        """This message as held by `refs` queues, `stored_refs` of them in the journal."""
+        if refs == 1:
+            return self
+        return SharedMessage(self, refs, stored_refs)
+
+    def drop_ref(self) -> bool:
+        """One queue is done with the message; True when it was the last."""
+        return True
+
+    def drop_stored_ref(self) -> bool:
+        """One durable queue is done with it; True when its journal record can go."""
+        return True
+
     def lookup(self) -> Callable[[str], object]:
-        """The selector lookup function, built on first use and kept."""
-        if self.lookup_cache is None:
-            self.lookup_cache = self.format.selector_lookup(self)
-        return self.lookup_cache
+        """The selector lookup function (the message's fields, parsed)."""
+        return self.kind.format.selector_lookup(self)
 
     def __repr__(self) -> str:
         return f"<Message {self.id} to {self.address!r}, {len(self.data)} bytes>"
 
 
-class MessageRef:
-    """A message's place in one queue, with that queue's delivery count."""
+class SharedMessage(Message):
+    """A message routed to several queues: freed when the last of them is done."""
 
-    __slots__ = ("consumer", "delivery_count", "message", "queue", "seq")
+    __slots__ = ("refcount", "stored_refs")
+
+    def __init__(self, message: Message, refs: int, stored_refs: int) -> None:
+        self.id = message.id
+        self.data = message.data
+        self.kind = message.kind
+        self.expiration = message.expiration
+        #: Live references (queues holding it); the message is freed at zero.
+        self.refcount = refs
+        #: References held by durable queues while the message is in the journal; each
+        #: acknowledgement of one is journaled, the last deletes the record.
+        self.stored_refs = stored_refs
+
+    def shared(self, refs: int, stored_refs: int) -> Message:
+        self.refcount = refs
+        self.stored_refs = stored_refs
+        return self
+
+    def drop_ref(self) -> bool:
+        self.refcount -= 1
+        return self.refcount == 0
+
+    def drop_stored_ref(self) -> bool:
+        self.stored_refs -= 1
+        return self.stored_refs == 0
+
+
+class MessageRef:
+    """A message's place in one queue once delivered, with that queue's delivery count."""
+
+    __slots__ = ("consumer", "delivery_count", "message", "queue")
 
     def __init__(self, message: Message, queue: object, delivery_count: int = 0) -> None:
         self.message = message
         self.queue = queue
         self.delivery_count = delivery_count
-        #: Position in the queue, assigned on enqueue; a released ref returns to it.
-        self.seq = 0
         #: The consumer holding it unsettled, or None while it waits in the queue.
         self.consumer: object | None = None
 
+    def as_ref(self, queue: object) -> MessageRef:
+        return self
+
     def __repr__(self) -> str:
         return f"<MessageRef {self.message.id} in {getattr(self.queue, 'name', '?')}>"
+
+
+#: What a queue holds: a message waiting undelivered, or a reference with state.
+Entry = Message | MessageRef
 
 
 class PagedRef(MessageRef):

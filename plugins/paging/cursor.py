@@ -337,7 +337,6 @@ class QueueCursor:
     def _deliver_message(self, page: int, at: int, message: Message) -> None:
         counts = self.counts.get(page)
         ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
-        message.refcount = 1
         self.backlog -= 1
         self.backlog_bytes -= len(message.data)
         self.pager.address.add_memory(len(message.data))

@@ -179,6 +179,10 @@ class AddressPager:
             else:
                 cursor.backlog += 1
                 cursor.backlog_bytes += size
+        if len(direct) > 1:  # one object for every queue that takes it from memory
+            message = message.shared(len(direct), 0)
+            for ref in direct:
+                ref.message = message
         sync = message.durable and any(q.durable for q in queues)
         write = [page, end, False]
         self._unseen.append(write)
@@ -198,7 +202,6 @@ class AddressPager:
         return RouteStatus.ROUTED
 
     def _enqueue_direct(self, message: Message, refs: list[PagedRef]) -> None:
-        message.refcount = len(refs)
         self.address.add_memory(len(message.data))
         for ref in refs:
             ref.queue.enqueue(ref)

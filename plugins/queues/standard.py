@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from scow.core.message import MessageRef
+from scow.core.message import Entry, MessageRef
 from scow.core.model import QueueSpec
 
 if TYPE_CHECKING:
@@ -30,12 +30,13 @@ class StandardQueue:
         self.routing_type = spec.routing_type
         self.durable = spec.durable
         self.broker = broker
-        self._messages: deque[MessageRef] = deque()
+        #: Waiting entries in order of message id (arrival): messages never delivered
+        #: from this queue, and refs that came back with per-queue state.
+        self._messages: deque[Entry] = deque()
         self._consumers: list[Consumer] = []
-        self._browsers: dict[Consumer, int] = {}  # browser -> last seq it saw
+        self._browsers: dict[Consumer, int] = {}  # browser -> last message id it saw
         self._filtered = False  # any consumer with a selector
         self._rr = 0
-        self._seq = 0
         self._dispatching = False
         #: Set by the paging plugin while the queue's address has pages.
         self.cursor: Cursor | None = None
@@ -86,28 +87,27 @@ class StandardQueue:
 
     # ------------------------------------------------------------------ messages
 
-    def enqueue(self, ref: MessageRef) -> None:
-        self._seq += 1
-        ref.seq = self._seq
+    def enqueue(self, entry: Entry) -> None:
         self.messages_added += 1
-        self.memory_bytes += len(ref.message.data)
-        if not (self._consumers and not self._dispatching and self._offer(ref)):
-            self._messages.append(ref)
+        self.memory_bytes += len(entry.message.data)
+        if not (self._consumers and not self._dispatching and self._offer(entry)):
+            self._messages.append(entry)
         for browser in self._browsers:
             self._dispatch_browser(browser)
 
-    def _offer(self, ref: MessageRef) -> bool:
-        """Give `ref` to the next consumer with credit that accepts it."""
+    def _offer(self, entry: Entry) -> bool:
+        """Give `entry` to the next consumer with credit that accepts it."""
         consumers = self._consumers
         n = len(consumers)
-        message = ref.message
+        message = entry.message
         if message.expiration and self.broker.expired(message):
-            self.broker.expire(ref)
+            self.broker.expire(entry.as_ref(self))
             return True
         for _ in range(n):
             self._rr = (self._rr + 1) % n
             consumer = consumers[self._rr]
             if consumer.credit() > 0 and (consumer.filter is None or consumer.filter(message)):
+                ref = entry.as_ref(self)
                 ref.consumer = consumer
                 self.delivering += 1
                 self.delivering_bytes += len(message.data)
@@ -150,7 +150,7 @@ class StandardQueue:
                 continue
             idle = 0
             for _ in range(min(credit, len(messages))):
-                ref = messages.popleft()
+                ref = messages.popleft().as_ref(self)
                 if ref.message.expiration and expired(ref.message):
                     self.broker.expire(ref)
                     continue
@@ -168,9 +168,9 @@ class StandardQueue:
             while waiting:
                 if not any(c.credit() > 0 for c in self._consumers):
                     break
-                ref = waiting.popleft()
-                if not self._offer(ref):
-                    self._messages.append(ref)
+                entry = waiting.popleft()
+                if not self._offer(entry):
+                    self._messages.append(entry)
         finally:
             self._messages.extend(waiting)
 
@@ -178,19 +178,19 @@ class StandardQueue:
         """Show a browser the messages it has not seen yet, oldest first."""
         seen = self._browsers[browser]
         unseen = []
-        for ref in reversed(self._messages):  # the deque is always sorted by seq
-            if ref.seq <= seen:
+        for entry in reversed(self._messages):  # the deque is always sorted by id
+            if entry.message.id <= seen:
                 break
-            unseen.append(ref)
+            unseen.append(entry)
         cursor = self.cursor
-        for ref in reversed(unseen):
+        for entry in reversed(unseen):
             if browser.credit() <= 0:
                 return
-            self._browsers[browser] = ref.seq
-            if cursor is not None and cursor.browsed(browser, ref):
+            self._browsers[browser] = entry.message.id
+            if cursor is not None and cursor.browsed(browser, entry):
                 continue  # it saw this one in the pages already
-            if browser.filter is None or browser.filter(ref.message):
-                browser.deliver(ref)
+            if browser.filter is None or browser.filter(entry.message):
+                browser.deliver(entry.as_ref(self))
         if cursor is not None and cursor.backlog:
             cursor.browse(browser)  # then what is still in pages
 
@@ -215,8 +215,9 @@ class StandardQueue:
             self.delivering_bytes -= len(ref.message.data)
         messages = self._messages
         index = 0
+        message_id = ref.message.id
         for index, waiting in enumerate(messages):  # noqa: B007 - released refs sit near the head
-            if waiting.seq > ref.seq:
+            if waiting.message.id > message_id:
                 break
         else:
             index = len(messages)
@@ -232,21 +233,26 @@ class StandardQueue:
             self.delivering -= 1
             self.delivering_bytes -= size
 
-    def take(self, predicate: Callable[[MessageRef], bool] | None = None) -> list[MessageRef]:
-        """Remove and return waiting refs matching `predicate` (all when None)."""
+    def take(self, predicate: Callable[[Entry], bool] | None = None) -> list[MessageRef]:
+        """Remove waiting entries `predicate` accepts (all when None); returns their refs."""
         if predicate is None:
-            taken = list(self._messages)
+            taken = [entry.as_ref(self) for entry in self._messages]
             self._messages.clear()
-        else:
-            keep: deque[MessageRef] = deque()
-            taken = []
-            for ref in self._messages:
-                (taken if predicate(ref) else keep).append(ref)
-            self._messages = keep
+            return taken
+        if not any(map(predicate, self._messages)):
+            return []  # the common case for expiry scans: nothing to rebuild
+        keep: deque[Entry] = deque()
+        taken = []
+        for entry in self._messages:
+            if predicate(entry):
+                taken.append(entry.as_ref(self))
+            else:
+                keep.append(entry)
+        self._messages = keep
         return taken  # still counted in memory_bytes until remove_delivering or deletion
 
     def browse(self) -> Iterator[MessageRef]:
-        return iter(list(self._messages))
+        return iter([entry.as_ref(self) for entry in self._messages])
 
     def stats(self) -> dict[str, Any]:
         cursor = self.cursor

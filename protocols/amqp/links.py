@@ -216,7 +216,7 @@ class ConsumerLink:
     def deliver(self, ref: MessageRef) -> None:
         message: Message = ref.message
         self._tag += 1
-        data = message.format.for_delivery(message, ref.delivery_count)
+        data = message.kind.format.for_delivery(message, ref.delivery_count)
         delivery = engine.send(self.link, _TAG.pack(self._tag), data)
         if self.browse:
             engine.delivery_settle(delivery)
@@ -271,7 +271,7 @@ class ConsumerLink:
         self.closed = True
         queue = self.queue
         queue.remove_consumer(self)
-        refs = sorted(self.unsettled.values(), key=lambda r: r.seq)
+        refs = sorted(self.unsettled.values(), key=lambda r: r.message.id)
         self.unsettled.clear()
         broker = self.conn.broker
         for ref in refs:
