@@ -225,11 +225,15 @@ _SPECS: tuple[_Spec, ...] = (
     _Spec("default-purge-on-no-consumers", "bool", False,
           "Purge an auto-created queue when its last consumer leaves."),
     _Spec("default-exclusive-queue", "bool", False,
-          "Auto-created queues deliver to one consumer at a time."),
+          "New queues deliver every message to one consumer (the first attached) at a time."),
+    _Spec("default-non-destructive", "bool", False,
+          "New queues are non-destructive: consumers see messages without taking them."),
     _Spec("default-last-value-queue", "bool", False,
-          "Auto-created queues keep only the last message per last-value key."),
+          "New queues keep only the last message per last-value key (needs the "
+          "'last-value-queues' plugin)."),
     _Spec("default-last-value-key", "str", None,
-          "Message property used as the last-value key; unset uses the standard one.",
+          "Message property that makes new queues last-value queues keyed by it; with "
+          "default-last-value-queue and no key, the key is _AMQ_LVQ_NAME.",
           nullable=True),
 )  # fmt: skip
 
@@ -367,6 +371,7 @@ class AddressSettings:
     default_max_consumers: int = -1
     default_purge_on_no_consumers: bool = False
     default_exclusive_queue: bool = False
+    default_non_destructive: bool = False
     default_last_value_queue: bool = False
     default_last_value_key: str | None = None
 

@@ -13,9 +13,16 @@ from typing import Any
 import structlog
 
 from scow.core.broker import Broker
-from scow.core.config import Config, ConfigError, load_config, read_plugin_list
+from scow.core.config import (
+    QUEUES_SECTION,
+    Config,
+    ConfigError,
+    load_config,
+    read_plugin_list,
+)
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.interfaces import Completion, ProtocolServer, Service
+from scow.core.model import BrokerError
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
 from scow.core.storage import StorageManager
@@ -171,6 +178,7 @@ class Server:
             queues=len(broker.queues),
             messages=restored,
         )
+        self._declare_configured_queues(broker)
         broker_cfg = self.config.section("broker")
         self.services = [
             ExpiryReaper(broker, broker_cfg),
@@ -192,6 +200,35 @@ class Server:
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 50, 50)
         return broker
+
+    def _declare_configured_queues(self, broker: Broker) -> None:
+        """Create the `[queues."name"]` the broker does not have yet."""
+        for name, described in self.config.section(QUEUES_SECTION).items():
+            existing = broker.queues.get(name)
+            if existing is not None:
+                if existing.address != described["address"]:
+                    log.warning(
+                        "a configured queue exists on another address; kept as it is "
+                        "(delete it to apply the config)",
+                        queue=name,
+                        address=existing.address,
+                        configured=described["address"],
+                    )
+                continue  # created earlier: its messages, type and arguments stay
+            try:
+                broker.declare_queue(
+                    name,
+                    address=described["address"],
+                    routing_type=described["routing-type"],
+                    durable=described["durable"],
+                    filter=described["filter"],
+                    arguments=described["arguments"],
+                    max_consumers=described["max-consumers"],
+                    exclusive=described["exclusive"],
+                    non_destructive=described["non-destructive"],
+                )
+            except BrokerError as exc:
+                raise StartupError(f'[queues."{name}"]: {exc.description}') from None
 
     def _storage_paths(self) -> list[Path]:
         """The directories whose file systems the disk monitor watches."""

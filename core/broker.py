@@ -8,6 +8,7 @@ producer and consumer happens here and in the queue objects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
     from scow.core.descriptors import FullPolicyType, PageStoreBackend, QueueType
     from scow.core.interfaces import Completion, Consumer
     from scow.core.storage import PageRecovery, Recovered, RecoveredMessage, StorageManager
+
+#: The last-value key of queues made last-value by default-last-value-queue (Artemis's).
+DEFAULT_LAST_VALUE_KEY = "_AMQ_LVQ_NAME"
 
 log = structlog.get_logger("scow.broker")
 
@@ -228,14 +232,15 @@ class Broker:
     # ------------------------------------------------------------------ queues
 
     def create_queue(self, spec: QueueSpec, *, record_id: int | None = None) -> Any:
+        """Create a queue; a new one (not recovered) takes its address's defaults.
+
+        Raises InvalidField naming the argument or type that is not accepted.
+        """
         if spec.name in self.queues:
             raise ResourceLocked(f"queue '{spec.name}' already exists")
-        queue_type = self.queue_types.get(spec.queue_type)
-        if queue_type is None:
-            raise InvalidField(
-                f"queue '{spec.name}': unknown queue type '{spec.queue_type}' "
-                f"(available: {', '.join(sorted(self.queue_types))})"
-            )
+        if record_id is None:
+            spec = self._with_defaults(spec)
+        spec, queue_type = self._typed(spec)
         address = self.create_address(
             spec.address,
             {spec.routing_type},
@@ -255,6 +260,113 @@ class Broker:
             self.storage.store_queue(queue.id, _queue_description(spec))
         log.debug("queue created", queue=spec.name, address=spec.address)
         return queue
+
+    def _with_defaults(self, spec: QueueSpec) -> QueueSpec:
+        """Apply the address settings' default-* queue attributes to a new queue."""
+        settings = self.settings_for(spec.address)
+        arguments = dict(spec.arguments)
+        key = settings.default_last_value_key or (
+            DEFAULT_LAST_VALUE_KEY if settings.default_last_value_queue else None
+        )
+        if (
+            key
+            and spec.queue_type == "standard"
+            and "x-queue-type" not in arguments
+            and not any(a in arguments for t in self.queue_types.values() for a in t.selected_by)
+        ):
+            arguments["last-value-key"] = key
+        exclusive, non_destructive = spec.exclusive, spec.non_destructive
+        return dataclasses.replace(
+            spec,
+            exclusive=settings.default_exclusive_queue if exclusive is None else exclusive,
+            non_destructive=(
+                settings.default_non_destructive if non_destructive is None else non_destructive
+            ),
+            arguments=tuple(arguments.items()),
+        )
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        address: str | None = None,
+        routing_type: str | None = None,
+        durable: bool = True,
+        filter: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
+        max_consumers: int = -1,
+        exclusive: bool | None = None,
+        non_destructive: bool | None = None,
+    ) -> Any:
+        """Create queue `name` as a user described it (config, attach, management).
+
+        Unset values come from the address settings (default-queue-routing-type,
+        default-exclusive-queue, ...). Raises BrokerError saying what is not accepted.
+        """
+        address = address or name
+        try:
+            rtype = RoutingType(
+                (routing_type or self.settings_for(address).default_queue_routing_type).upper()
+            )
+        except ValueError:
+            raise InvalidField(
+                f"queue '{name}': routing type {routing_type!r} is not ANYCAST or MULTICAST"
+            ) from None
+        if filter is not None:
+            self._compile(filter)  # a bad selector is refused before anything is created
+        return self.create_queue(
+            QueueSpec(
+                name,
+                address,
+                rtype,
+                filter=filter,
+                durable=durable,
+                max_consumers=max_consumers,
+                exclusive=exclusive,
+                non_destructive=non_destructive,
+                arguments=tuple((arguments or {}).items()),
+            )
+        )
+
+    def _typed(self, spec: QueueSpec) -> tuple[QueueSpec, QueueType]:
+        """The queue type `spec`'s arguments select, and the arguments it normalizes."""
+        arguments = dict(spec.arguments)
+        type_name = arguments.pop("x-queue-type", None) or spec.queue_type
+        if type_name == "standard":
+            selecting = [
+                (t.name, next(a for a in t.selected_by if a in arguments))
+                for t in self.queue_types.values()
+                if any(a in arguments for a in t.selected_by)
+            ]
+            if len(selecting) > 1:
+                given = " and ".join(argument for _, argument in selecting)
+                raise InvalidField(
+                    f"queue '{spec.name}': cannot specify {given} for the same queue"
+                )
+            if selecting:
+                type_name = selecting[0][0]
+        queue_type = self.queue_types.get(str(type_name))
+        if queue_type is None:
+            raise InvalidField(
+                f"queue '{spec.name}': unknown queue type '{type_name}' "
+                f"(available: {', '.join(sorted(self.queue_types))})"
+            )
+        unknown = sorted(set(arguments) - set(queue_type.arguments))
+        if unknown:
+            accepted = ", ".join(sorted(queue_type.arguments)) or "none"
+            raise InvalidField(
+                f"queue '{spec.name}': unknown argument {', '.join(unknown)} for a "
+                f"{queue_type.name} queue (accepted: x-queue-type, {accepted})"
+            )
+        if queue_type.check is not None:
+            try:
+                arguments = queue_type.check(arguments)
+            except ValueError as exc:
+                raise InvalidField(f"queue '{spec.name}': {exc}") from None
+        typed = dataclasses.replace(
+            spec, queue_type=queue_type.name, arguments=tuple(sorted(arguments.items()))
+        )
+        return typed, queue_type
 
     def delete_queue(self, name: str) -> None:
         queue = self.queues.pop(name, None)
@@ -598,6 +710,8 @@ class Broker:
                 f"queue '{queue.name}' already has its max-consumers ({spec.max_consumers})"
             )
         consumer.filter = self._compile(selector) if selector is not None else None
+        if spec.non_destructive:
+            consumer.browse = True  # it sees messages without taking them
         queue.add_consumer(consumer)
         return queue
 
@@ -983,6 +1097,7 @@ def _queue_description(spec: QueueSpec) -> dict[str, Any]:
         "queue-type": spec.queue_type,
         "max-consumers": spec.max_consumers,
         "exclusive": spec.exclusive,
+        "non-destructive": spec.non_destructive,
         "arguments": dict(spec.arguments),
     }
 
@@ -997,5 +1112,6 @@ def _queue_spec(description: dict[str, Any]) -> QueueSpec:
         queue_type=description.get("queue-type", "standard"),
         max_consumers=description.get("max-consumers", -1),
         exclusive=description.get("exclusive", False),
+        non_destructive=description.get("non-destructive", False),
         arguments=tuple(description.get("arguments", {}).items()),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import dataclasses
 import difflib
 import re
 import tomllib
@@ -32,6 +33,7 @@ from scow.core.address_settings import (
 __all__ = [
     "ADDRESS_SETTINGS_SECTION",
     "DEFAULT_PLUGINS",
+    "QUEUES_SECTION",
     "Config",
     "ConfigError",
     "ConfigSection",
@@ -48,6 +50,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "amqp",
     "file-journal",
     "standard-queues",
+    "priority-queues",
+    "last-value-queues",
     "full-policies",
     "paging",
 )
@@ -386,9 +390,81 @@ ADDRESS_SETTINGS_CONFIG_SECTION = ConfigSection(
 )
 
 
+QUEUES_SECTION = "queues"
+
+#: The keys of one `[queues."name"]` table.
+QUEUE_SETTINGS = ConfigSection(
+    "queues.<name>",
+    (
+        Setting("address", str, None, "The address the queue is bound to; default: its name."),
+        Setting(
+            "routing-type",
+            str,
+            None,
+            "ANYCAST or MULTICAST; default: the address's default-queue-routing-type.",
+            choices=("ANYCAST", "MULTICAST"),
+        ),
+        Setting("durable", bool, True, "Kept, with its durable messages, across restarts."),
+        Setting("filter", str, None, "Selector: only messages it matches enter the queue."),
+        Setting(
+            "arguments",
+            dict,
+            {},
+            "Queue arguments choosing its type and tuning it, e.g. "
+            '{ "qpid.priorities" = 10 } or { "last-value-key" = "stock" }.',
+        ),
+        Setting("max-consumers", int, -1, "Consumers at once; -1 is unlimited.", minimum=-1),
+        Setting(
+            "exclusive", bool, None, "One consumer receives at a time; default: the address's."
+        ),
+        Setting(
+            "non-destructive",
+            bool,
+            None,
+            "Consumers see messages without taking them; default: the address's.",
+        ),
+    ),
+    "One queue.",
+)
+
+QUEUES_CONFIG_SECTION = ConfigSection(
+    QUEUES_SECTION,
+    (),
+    'Queues created at startup when missing: [queues."orders"] with the keys of queues.<name>.',
+    open_keys=True,
+)
+
+
 def core_sections() -> list[ConfigSection]:
     """The sections the kernel itself declares."""
-    return [BROKER_SECTION, PLUGINS_SECTION, SECURITY_SECTION, ADDRESS_SETTINGS_CONFIG_SECTION]
+    return [
+        BROKER_SECTION,
+        PLUGINS_SECTION,
+        SECURITY_SECTION,
+        ADDRESS_SETTINGS_CONFIG_SECTION,
+        QUEUES_CONFIG_SECTION,
+    ]
+
+
+def _queues(table: Mapping[str, object], source: Path | str) -> dict[str, dict[str, object]]:
+    """Each `[queues."name"]` table checked, with its defaults filled."""
+    queues: dict[str, dict[str, object]] = {}
+    for name, settings in table.items():
+        if not isinstance(settings, Mapping):
+            raise ConfigError(
+                f"[{QUEUES_SECTION}] {name} = {settings!r}: expected a table per queue, "
+                f'e.g. [{QUEUES_SECTION}."orders"] address = "orders"',
+                path=source,
+                section=QUEUES_SECTION,
+                key=name,
+            )
+        section = dataclasses.replace(QUEUE_SETTINGS, name=f'{QUEUES_SECTION}."{name}"')
+        filled = {s.name: copy.deepcopy(s.default) for s in section.settings}
+        filled.update(_validate_table(section, settings, source))
+        if filled["address"] is None:
+            filled["address"] = name
+        queues[name] = filled
+    return queues
 
 
 def default_config_path() -> Path:
@@ -650,6 +726,12 @@ def load_config(
     values: dict[str, dict[str, object]] = {}
     for name, section in known.items():
         if name == ADDRESS_SETTINGS_SECTION:
+            continue
+        if name == QUEUES_SECTION:
+            queues: dict[str, object] = {}
+            queues.update(_queues(raw.get(name, {}), source))
+            queues.update(_queues(cleaned.get(name, {}), "overrides"))
+            values[name] = queues
             continue
         from_file = _validate_table(section, raw.get(name, {}), source)
         from_overrides = _validate_table(section, cleaned.get(name, {}), "overrides")

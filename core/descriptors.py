@@ -7,7 +7,7 @@ startup; the objects the factories build are what the hot path calls.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +20,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class QueueType:
-    """A kind of queue (standard FIFO, priority, last-value, ...)."""
+    """A kind of queue (standard FIFO, priority, last-value, ...).
+
+    Queues are declared with arguments (config, attach, management); the broker picks
+    the type whose `selected_by` arguments are present (or the one `x-queue-type`
+    names), refuses arguments of two types together and arguments the type does not
+    list in `arguments`, then lets `check` normalize them (ValueError saying what is
+    accepted) before `factory` builds the queue from `spec.arguments`.
+    """
 
     name: str
     factory: Callable[[QueueSpec, Broker], Queue]
     doc: str = ""
+    #: Arguments whose presence makes a queue of this type (e.g. "qpid.priorities").
+    selected_by: tuple[str, ...] = ()
+    #: Every argument the type accepts, with what it means.
+    arguments: Mapping[str, str] = field(default_factory=dict)
+    check: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,12 @@ class QueueSpec:
     auto_created: bool = False
     queue_type: str = "standard"
     max_consumers: int = -1
-    exclusive: bool = False
+    #: Every message goes to one consumer (the first attached) while it stays.
+    #: None takes the address's default-exclusive-queue when the queue is created.
+    exclusive: bool | None = None
+    #: Consumers see messages without taking them (they leave by expiry or last-value).
+    #: None takes the address's default-non-destructive when the queue is created.
+    non_destructive: bool | None = None
     #: Delete the queue when its last consumer leaves (temporary and shared subscriptions).
     delete_on_no_consumers: bool = False
     arguments: tuple[tuple[str, Any], ...] = ()

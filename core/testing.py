@@ -34,7 +34,15 @@ __all__ = ["BrokerProcess", "BrokerThread", "PageStoreConformance", "broker_conf
 
 T = TypeVar("T")
 
-DEFAULT_PLUGINS = ("amqp", "memory-journal", "standard-queues", "full-policies", "paging")
+DEFAULT_PLUGINS = (
+    "amqp",
+    "memory-journal",
+    "standard-queues",
+    "priority-queues",
+    "last-value-queues",
+    "full-policies",
+    "paging",
+)
 
 
 def wait_for(

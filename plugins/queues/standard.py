@@ -1,18 +1,21 @@
-"""The standard FIFO queue: round-robin to consumers with credit, selectors per consumer.
+"""The standard queue: round-robin to consumers with credit, selectors per consumer.
 
 Dispatch keeps one invariant: after a full `dispatch()`, no waiting message can go to any
 consumer that has credit. So a new message only needs to be offered on its own, and a
 full pass is needed only when credit or the set of consumers changes.
+
+The order in which waiting messages go out is the waiting list's (`waiting.py`): FIFO
+for the standard type, by priority or one per key for the others.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from scow.core.message import Entry, MessageRef
 from scow.core.model import QueueSpec
+from scow.plugins.queues.waiting import Fifo, Waiting
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
@@ -20,9 +23,11 @@ if TYPE_CHECKING:
 
 
 class StandardQueue:
-    """FIFO queue; released messages go back to their original place."""
+    """A queue; released messages go back to their original place in its waiting list."""
 
-    def __init__(self, spec: QueueSpec, broker: Broker, queue_id: int = 0) -> None:
+    def __init__(
+        self, spec: QueueSpec, broker: Broker, queue_id: int = 0, waiting: Waiting | None = None
+    ) -> None:
         self.spec = spec
         self.id = queue_id
         self.name = spec.name
@@ -30,9 +35,11 @@ class StandardQueue:
         self.routing_type = spec.routing_type
         self.durable = spec.durable
         self.broker = broker
-        #: Waiting entries in order of message id (arrival): messages never delivered
-        #: from this queue, and refs that came back with per-queue state.
-        self._messages: deque[Entry] = deque()
+        #: Waiting entries in delivery order: messages never delivered from this queue,
+        #: and refs that came back with per-queue state.
+        self._messages: Waiting = Fifo() if waiting is None else waiting
+        self._attached: list[Consumer] = []  # consumers in the order they attached
+        #: Those that receive: all of them, or only the first of an exclusive queue.
         self._consumers: list[Consumer] = []
         self._browsers: dict[Consumer, int] = {}  # browser -> last message id it saw
         self._filtered = False  # any consumer with a selector
@@ -59,8 +66,8 @@ class StandardQueue:
         if consumer.browse:
             self._browsers[consumer] = 0
         else:
-            self._consumers.append(consumer)
-            self._filtered = any(c.filter is not None for c in self._consumers)
+            self._attached.append(consumer)
+            self._receivers_changed()
         self.dispatch()
 
     def consumers(self) -> list[Consumer]:
@@ -69,12 +76,19 @@ class StandardQueue:
     def remove_consumer(self, consumer: Consumer) -> None:
         if self.cursor is not None:
             self.cursor.forget(consumer)
-        if self._browsers.pop(consumer, None) is None and consumer in self._consumers:
-            self._consumers.remove(consumer)
-            self._filtered = any(c.filter is not None for c in self._consumers)
+        if self._browsers.pop(consumer, None) is None and consumer in self._attached:
+            self._attached.remove(consumer)
+            self._receivers_changed()
+            if self.spec.exclusive and self._consumers:
+                self.dispatch()  # the next consumer takes over
+
+    def _receivers_changed(self) -> None:
+        attached = self._attached
+        self._consumers = attached[:1] if self.spec.exclusive else attached
+        self._filtered = any(c.filter is not None for c in self._consumers)
 
     def consumer_count(self) -> int:
-        return len(self._consumers) + len(self._browsers)
+        return len(self._attached) + len(self._browsers)
 
     def message_count(self) -> int:
         """Messages in the queue (memory and pages), including those delivered, unsettled."""
@@ -91,7 +105,9 @@ class StandardQueue:
         self.messages_added += 1
         self.memory_bytes += len(entry.message.data)
         if not (self._consumers and not self._dispatching and self._offer(entry)):
-            self._messages.append(entry)
+            replaced = self._messages.append(entry)
+            if replaced is not None:
+                self._drop(replaced)
         for browser in self._browsers:
             self._dispatch_browser(browser)
 
@@ -162,28 +178,13 @@ class StandardQueue:
                     break  # round robin: one message per consumer per turn
 
     def _dispatch_filtered(self) -> None:
-        waiting = self._messages
-        self._messages = deque()
-        try:
-            while waiting:
-                if not any(c.credit() > 0 for c in self._consumers):
-                    break
-                entry = waiting.popleft()
-                if not self._offer(entry):
-                    self._messages.append(entry)
-        finally:
-            self._messages.extend(waiting)
+        consumers = self._consumers
+        self._messages.remove_if(self._offer, lambda: not any(c.credit() > 0 for c in consumers))
 
     def _dispatch_browser(self, browser: Consumer) -> None:
         """Show a browser the messages it has not seen yet, oldest first."""
-        seen = self._browsers[browser]
-        unseen = []
-        for entry in reversed(self._messages):  # the deque is always sorted by id
-            if entry.message.id <= seen:
-                break
-            unseen.append(entry)
         cursor = self.cursor
-        for entry in reversed(unseen):
+        for entry in self._messages.newer_than(self._browsers[browser]):
             if browser.credit() <= 0:
                 return
             self._browsers[browser] = entry.message.id
@@ -213,16 +214,16 @@ class StandardQueue:
             ref.consumer = None
             self.delivering -= 1
             self.delivering_bytes -= len(ref.message.data)
-        messages = self._messages
-        index = 0
-        message_id = ref.message.id
-        for index, waiting in enumerate(messages):  # noqa: B007 - released refs sit near the head
-            if waiting.message.id > message_id:
-                break
-        else:
-            index = len(messages)
-        messages.insert(index, ref)
+        superseded = self._messages.put_back(ref)
+        if superseded is not None:
+            self._drop(superseded)
         self.dispatch()
+
+    def _drop(self, entry: Entry) -> None:
+        """A newer message supersedes `entry` (last-value): acknowledged, never delivered."""
+        self.memory_bytes -= len(entry.message.data)
+        self.messages_acknowledged += 1
+        self.broker.discard(entry.as_ref(self))
 
     def remove_delivering(self, ref: MessageRef) -> None:
         """Forget a ref the broker moved elsewhere (dead-lettered, expired)."""
@@ -236,20 +237,14 @@ class StandardQueue:
     def take(self, predicate: Callable[[Entry], bool] | None = None) -> list[MessageRef]:
         """Remove waiting entries `predicate` accepts (all when None); returns their refs."""
         if predicate is None:
-            taken = [entry.as_ref(self) for entry in self._messages]
+            taken = list(self._messages)
             self._messages.clear()
-            return taken
-        if not any(map(predicate, self._messages)):
+        elif any(map(predicate, self._messages)):
+            taken = self._messages.remove_if(predicate)
+        else:
             return []  # the common case for expiry scans: nothing to rebuild
-        keep: deque[Entry] = deque()
-        taken = []
-        for entry in self._messages:
-            if predicate(entry):
-                taken.append(entry.as_ref(self))
-            else:
-                keep.append(entry)
-        self._messages = keep
-        return taken  # still counted in memory_bytes until remove_delivering or deletion
+        # still counted in memory_bytes until remove_delivering or deletion
+        return [entry.as_ref(self) for entry in taken]
 
     def browse(self) -> Iterator[MessageRef]:
         return iter([entry.as_ref(self) for entry in self._messages])

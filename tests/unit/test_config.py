@@ -122,7 +122,7 @@ def test_defaults_are_not_shared_between_configs() -> None:
 def test_effective_lists_every_section_with_defaults(tmp_path: Path) -> None:
     path = write(tmp_path, '[address-settings."q"]\nmax-size-bytes = "1KiB"\n')
     eff = load_config(path, [AMQP]).effective()
-    assert set(eff) == {"broker", "plugins", "security", "address-settings", "amqp"}
+    assert set(eff) == {"broker", "plugins", "security", "address-settings", "amqp", "queues"}
     assert eff["amqp"]["producer-credit"] == 1000
     assert eff["address-settings"] == {"q": {"max-size-bytes": 1024}}
 
@@ -133,7 +133,7 @@ def test_unknown_section_suggests_the_close_one(tmp_path: Path) -> None:
         load_config(path, [AMQP])
     msg = str(info.value)
     assert msg.startswith(f"{path}: unknown section [amqpp]; did you mean [amqp]?")
-    assert "known sections: [address-settings], [amqp], [broker], [plugins], [security]" in msg
+    assert "known sections: [address-settings], [amqp], [broker], [plugins], [queues], [security]" in msg
     assert info.value.section == "amqpp"
 
 
@@ -343,6 +343,8 @@ def test_packaged_default_config_loads() -> None:
         "amqp",
         "file-journal",
         "standard-queues",
+        "priority-queues",
+        "last-value-queues",
         "full-policies",
         "paging",
     )

@@ -1,0 +1,232 @@
+"""The waiting lists of queue types: what a queue holds undelivered, in delivery order.
+
+A queue type is the standard queue's dispatch over one of these lists. Each keeps the
+entries (messages, or refs that came back) and answers four questions the queue asks:
+which comes next (`popleft`), where a released ref goes back (`put_back`), what a
+browser has not seen (`newer_than`, in arrival order), and which entries a predicate
+takes (`remove_if`). `append` and `put_back` may return an entry the list no longer
+holds because a newer one supersedes it (last-value queues); the queue drops it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from scow.core.message import Entry, MessageRef
+
+
+class Waiting(Protocol):
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Entry]:
+        """In delivery order."""
+
+    def append(self, entry: Entry) -> Entry | None: ...
+
+    def popleft(self) -> Entry: ...
+
+    def put_back(self, ref: MessageRef) -> Entry | None: ...
+
+    def newer_than(self, message_id: int) -> list[Entry]:
+        """Entries that arrived after `message_id`, in arrival order."""
+
+    def remove_if(
+        self, predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None = None
+    ) -> list[Entry]:
+        """Remove and return, in delivery order, the entries `predicate` accepts; stop
+        early (keeping the rest) once `stop()` is true."""
+
+    def clear(self) -> None: ...
+
+
+def _insert_by_id(entries: deque[Entry], ref: MessageRef) -> None:
+    """Put `ref` back before the first entry that arrived after it."""
+    message_id = ref.message.id
+    for index, waiting in enumerate(entries):  # released refs sit near the head
+        if waiting.message.id > message_id:
+            entries.insert(index, ref)
+            return
+    entries.append(ref)
+
+
+def _remove_if(
+    entries: deque[Entry], predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None
+) -> tuple[list[Entry], deque[Entry]]:
+    """The entries `predicate` takes and a deque of the others, in order."""
+    taken: list[Entry] = []
+    keep: deque[Entry] = deque()
+    rest = iter(entries)
+    for entry in rest:
+        if stop is not None and stop():
+            keep.append(entry)
+            break
+        (taken if predicate(entry) else keep).append(entry)
+    keep.extend(rest)
+    return taken, keep
+
+
+class Fifo(deque[Entry]):
+    """Arrival order (message id order): the standard queue's list."""
+
+    def put_back(self, ref: MessageRef) -> Entry | None:
+        _insert_by_id(self, ref)
+        return None
+
+    def newer_than(self, message_id: int) -> list[Entry]:
+        unseen = []
+        for entry in reversed(self):  # sorted by id
+            if entry.message.id <= message_id:
+                break
+            unseen.append(entry)
+        unseen.reverse()
+        return unseen
+
+    def remove_if(
+        self, predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None = None
+    ) -> list[Entry]:
+        taken, keep = _remove_if(self, predicate, stop)
+        self.clear()
+        self.extend(keep)
+        return taken
+
+
+class ByPriority:
+    """Highest priority first, arrival order within a priority (Qpid's priority queue).
+
+    `levels` distinct levels take the top priorities: with 10 every AMQP priority
+    (0-9) is its own level; with k, priorities 0..10-k share the lowest level (as
+    qpidd maps them). With `fairshare` > 0, a level hands out at most that many
+    messages in a row while a lower level has some waiting, instead of strict order.
+    """
+
+    def __init__(self, levels: int = 10, fairshare: int = 0) -> None:
+        self.levels = [Fifo() for _ in range(levels)]
+        self._lowest = 10 - levels
+        self.fairshare = fairshare
+        self._streak = 0  # messages the current level handed out in a row
+        self._streak_level = -1
+        self._size = 0
+
+    def level_of(self, entry: Entry) -> int:
+        priority = min(max(entry.message.priority, 0), 9)
+        return max(priority - self._lowest, 0)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[Entry]:
+        return itertools.chain.from_iterable(reversed(self.levels))
+
+    def append(self, entry: Entry) -> Entry | None:
+        self.levels[self.level_of(entry)].append(entry)
+        self._size += 1
+        return None
+
+    def popleft(self) -> Entry:
+        waiting = [i for i in range(len(self.levels) - 1, -1, -1) if self.levels[i]]
+        if not waiting:
+            raise IndexError("pop from an empty queue")
+        level = waiting[0]
+        if (
+            self.fairshare
+            and len(waiting) > 1
+            and self._streak_level == level
+            and self._streak >= self.fairshare
+        ):
+            level = waiting[1]  # the lower level's turn
+        if level != self._streak_level:
+            self._streak_level, self._streak = level, 0
+        self._streak += 1
+        self._size -= 1
+        return self.levels[level].popleft()
+
+    def put_back(self, ref: MessageRef) -> Entry | None:
+        _insert_by_id(self.levels[self.level_of(ref)], ref)
+        self._size += 1
+        return None
+
+    def newer_than(self, message_id: int) -> list[Entry]:
+        per_level = [level.newer_than(message_id) for level in self.levels]
+        return list(heapq.merge(*per_level, key=lambda e: e.message.id))
+
+    def remove_if(
+        self, predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None = None
+    ) -> list[Entry]:
+        taken: list[Entry] = []
+        for level in reversed(self.levels):
+            if stop is not None and stop():
+                break
+            taken += level.remove_if(predicate, stop)
+        self._size -= len(taken)
+        return taken
+
+    def clear(self) -> None:
+        for level in self.levels:
+            level.clear()
+        self._size = 0
+
+
+class LastValue:
+    """Arrival order, holding one waiting message per value of a key (a last-value queue).
+
+    `key_of(entry)` reads the key (e.g. an application property); a message with a key
+    replaces the waiting one with the same key, which `append` returns for the queue to
+    acknowledge. Messages without the key are kept like in a FIFO queue.
+    """
+
+    def __init__(self, key_of: Callable[[Entry], object]) -> None:
+        self.key_of = key_of
+        self._entries: OrderedDict[object, Entry] = OrderedDict()
+        self._unique = itertools.count()
+
+    def _key(self, entry: Entry) -> object:
+        key = self.key_of(entry)
+        return ("no key", next(self._unique)) if key is None else ("key", key)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(list(self._entries.values()))
+
+    def append(self, entry: Entry) -> Entry | None:
+        key = self._key(entry)
+        replaced = self._entries.pop(key, None)
+        self._entries[key] = entry
+        return replaced
+
+    def popleft(self) -> Entry:
+        return self._entries.popitem(last=False)[1]
+
+    def put_back(self, ref: MessageRef) -> Entry | None:
+        """Back at its place, unless a newer value came meanwhile: then `ref` is dropped."""
+        key = self._key(ref)
+        newer = self._entries.get(key)
+        if newer is not None and newer.message.id > ref.message.id:
+            return ref
+        self._entries[key] = ref
+        for later_key in [k for k, e in self._entries.items() if e.message.id > ref.message.id]:
+            self._entries.move_to_end(later_key)  # keep arrival order
+        return None
+
+    def newer_than(self, message_id: int) -> list[Entry]:
+        return [e for e in self._entries.values() if e.message.id > message_id]
+
+    def remove_if(
+        self, predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None = None
+    ) -> list[Entry]:
+        taken: list[Entry] = []
+        for key, entry in list(self._entries.items()):
+            if stop is not None and stop():
+                break
+            if predicate(entry):
+                del self._entries[key]
+                taken.append(entry)
+        return taken
+
+    def clear(self) -> None:
+        self._entries.clear()
