@@ -228,7 +228,8 @@ class Server:
                     non_destructive=described["non-destructive"],
                 )
             except BrokerError as exc:
-                raise StartupError(f'[queues."{name}"]: {exc.description}') from None
+                where = self.config.path or "config"
+                raise StartupError(f'{where}: [queues."{name}"] {exc.description}') from None
 
     def _storage_paths(self) -> list[Path]:
         """The directories whose file systems the disk monitor watches."""

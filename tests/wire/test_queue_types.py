@@ -1,0 +1,149 @@
+"""Queue types chosen by arguments (priority, last-value), exclusive and non-destructive
+queues, and the address settings that make them the default; over real sockets."""
+
+from __future__ import annotations
+
+from proton import Message
+
+from .helpers import bodies, connected, receive, send
+from .test_config_errors import PLUGINS, run_rejected
+
+TYPED = '"standard-queues", "priority-queues", "last-value-queues"'
+
+
+def queues(**tables):
+    return {"queues": {name: {"routing-type": "ANYCAST", **t} for name, t in tables.items()}}
+
+
+def stock(name: str, price: int) -> Message:
+    return Message(body=f"{name}={price}", properties={"stock": name}, durable=True)
+
+
+def test_priority_queue_delivers_the_highest_priority_first(scow_broker):
+    broker = scow_broker(sections=queues(jobs={"arguments": {"qpid.priorities": 10}}))
+    assert broker.queue_stats("jobs") is not None  # created at startup from the config
+    with connected(broker.url) as conn:
+        send(conn, "jobs", *(Message(body=f"p{p}", priority=p) for p in (1, 4, 9, 7, 4)))
+        assert bodies(receive(conn.create_receiver("jobs"), 5)) == ["p9", "p7", "p4", "p4", "p1"]
+
+
+def test_priority_levels_group_the_low_priorities_as_qpid_does(scow_broker):
+    # 2 levels: priorities 9 and up-to-8 (qpidd maps 0..10-k to the lowest level)
+    broker = scow_broker(sections=queues(jobs={"arguments": {"x-qpid-priorities": 2}}))
+    with connected(broker.url) as conn:
+        send(conn, "jobs", *(Message(body=f"p{p}", priority=p) for p in (8, 1, 9, 5)))
+        assert bodies(receive(conn.create_receiver("jobs"), 4)) == ["p9", "p8", "p1", "p5"]
+
+
+def test_fairshare_lets_lower_priorities_through(scow_broker):
+    broker = scow_broker(
+        sections=queues(jobs={"arguments": {"qpid.priorities": 10, "qpid.fairshare": 2}})
+    )
+    with connected(broker.url) as conn:
+        send(conn, "jobs", *(Message(body=f"hi{i}", priority=9) for i in range(4)))
+        send(conn, "jobs", *(Message(body=f"lo{i}", priority=1) for i in range(2)))
+        got = bodies(receive(conn.create_receiver("jobs"), 6))
+    assert got == ["hi0", "hi1", "lo0", "hi2", "hi3", "lo1"]
+
+
+def test_last_value_queue_keeps_the_newest_message_per_key(scow_broker):
+    broker = scow_broker(sections=queues(prices={"arguments": {"last-value-key": "stock"}}))
+    with connected(broker.url) as conn:
+        send(conn, "prices", stock("A", 1), stock("B", 1), stock("A", 2), Message(body="no key"))
+        assert broker.queue_stats("prices")["message-count"] == 3
+        got = bodies(receive(conn.create_receiver("prices"), 3))
+    assert got == ["B=1", "A=2", "no key"]
+    assert broker.queue_stats("prices")["message-count"] == 0
+
+
+def test_qpid_last_value_key_and_a_message_replacing_one_being_delivered(scow_broker):
+    broker = scow_broker(
+        sections=queues(prices={"arguments": {"qpid.last_value_queue_key": "stock"}})
+    )
+    with connected(broker.url) as conn:
+        send(conn, "prices", stock("A", 1))
+        receiver = conn.create_receiver("prices")
+        assert bodies(receive(receiver, 1, accept=False)) == ["A=1"]
+        send(conn, "prices", stock("A", 2))  # a newer value while A=1 is delivered
+        receiver.release()  # A=1 comes back, but A=2 supersedes it
+        receiver.close()
+        assert bodies(receive(conn.create_receiver("prices"), 1)) == ["A=2"]
+    assert broker.queue_stats("prices")["message-count"] == 0
+
+
+def test_default_last_value_key_makes_auto_created_queues_last_value(scow_broker):
+    broker = scow_broker(address_settings={"ticks.#": {"default-last-value-key": "stock"}})
+    with connected(broker.url) as conn:
+        send(conn, "ticks.eu", stock("A", 1), stock("A", 2), stock("A", 3))
+        assert bodies(receive(conn.create_receiver("ticks.eu"), 1)) == ["A=3"]
+        send(conn, "plain", stock("A", 1), stock("A", 2))  # other addresses: standard
+        assert bodies(receive(conn.create_receiver("plain"), 2)) == ["A=1", "A=2"]
+
+
+def test_exclusive_queue_delivers_to_one_consumer_until_it_leaves(scow_broker):
+    broker = scow_broker(sections=queues(work={"exclusive": True}))
+    with connected(broker.url) as conn:
+        first = conn.create_receiver("work", name="first")
+        second = conn.create_receiver("work", name="second")
+        send(conn, "work", *(Message(body=f"m{i}") for i in range(4)))
+        assert bodies(receive(first, 4)) == ["m0", "m1", "m2", "m3"]
+        first.close()
+        send(conn, "work", Message(body="m4"))
+        assert bodies(receive(second, 1)) == ["m4"]
+
+
+def test_non_destructive_queue_shows_every_consumer_every_message(scow_broker):
+    broker = scow_broker(address_settings={"news": {"default-non-destructive": True}})
+    with connected(broker.url) as conn:
+        send(conn, "news", Message(body="n0"), Message(body="n1"))
+        one = conn.create_receiver("news", name="one")
+        two = conn.create_receiver("news", name="two")
+        # delivered settled, like to a browser: nothing for the client to acknowledge
+        assert bodies(receive(one, 2, accept=False)) == ["n0", "n1"]
+        assert bodies(receive(two, 2, accept=False)) == ["n0", "n1"]
+    assert broker.queue_stats("news")["message-count"] == 2  # nothing was taken
+
+
+def test_arguments_of_two_types_are_refused_at_startup(tmp_path):
+    stderr = run_rejected(
+        tmp_path,
+        PLUGINS.replace('"standard-queues"', TYPED)
+        + '[queues."q"]\narguments = { "qpid.priorities" = 10, "last-value-key" = "k" }\n',
+    )
+    assert "cannot specify" in stderr and "qpid.priorities" in stderr
+    assert "last-value-key" in stderr and "for the same queue" in stderr
+
+
+def test_an_unknown_argument_is_refused_with_the_accepted_ones(tmp_path):
+    stderr = run_rejected(tmp_path, PLUGINS + '[queues."q"]\narguments = { "qpid.pagng" = true }\n')
+    assert "unknown argument qpid.pagng for a standard queue" in stderr
+    assert "accepted: x-queue-type" in stderr
+
+
+def test_a_bad_argument_value_names_what_is_accepted(tmp_path):
+    stderr = run_rejected(
+        tmp_path,
+        PLUGINS.replace('"standard-queues"', TYPED)
+        + '[queues."q"]\narguments = { "qpid.priorities" = 42 }\n',
+    )
+    assert "qpid.priorities = 42: expected an integer from 1 to 10" in stderr
+
+
+def test_durable_queues_of_each_type_come_back_with_their_arguments(scow_broker_process):
+    plugins = ["amqp", "file-journal", "standard-queues", "priority-queues", "last-value-queues"]
+    plugins.append("full-policies")
+    declared = queues(
+        jobs={"arguments": {"qpid.priorities": 10}},
+        prices={"arguments": {"last-value-key": "stock"}},
+    )
+    broker = scow_broker_process(plugins=plugins, sections=declared)
+    with connected(broker.url) as conn:
+        send(conn, "jobs", *(Message(body=f"p{p}", priority=p, durable=True) for p in (1, 9, 5)))
+        send(conn, "prices", *(stock("A", n) for n in (1, 2)))  # durable: see stock()
+    broker.kill()
+    # restarted without [queues]: type and arguments come from the bindings journal
+    restarted = scow_broker_process(plugins=plugins, port=broker.port)
+    with connected(restarted.url) as conn:
+        assert bodies(receive(conn.create_receiver("jobs"), 3)) == ["p9", "p5", "p1"]
+        send(conn, "prices", stock("A", 3))
+        assert bodies(receive(conn.create_receiver("prices"), 1)) == ["A=3"]
