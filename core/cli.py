@@ -13,6 +13,7 @@ from typing import Any
 from scow.core import app
 from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
+from scow.core.model import derived_global_max_size
 from scow.core.plugins import PluginManager, describe_plugins, installed_plugins
 
 
@@ -105,6 +106,11 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"scow: {exc}", file=sys.stderr)
         return 2
     print(f"# {config.path or 'defaults'}: valid")
+    if config.section("broker")["global-max-size"] == -1:
+        print(
+            f"# global-max-size = -1 derives {derived_global_max_size()} bytes here "
+            "(1/16 of physical memory, at most 128 MiB)"
+        )
     print(to_toml(config.effective()))
     return 0
 

@@ -122,6 +122,7 @@ def test_config_check_prints_the_effective_settings(tmp_path):
     assert "idle-timeout = 60000" in out
     assert "producer-credit = 1000" in out
     assert "allow-anonymous = true" in out
+    assert "# global-max-size = -1 derives " in out  # the value it stands for, in bytes
     for section in ("[broker]", "[amqp]", "[security]", "[plugins]"):
         assert section in out
 
