@@ -270,6 +270,7 @@ class TerminusInfo:
         "expiry_never",
         "filters",
         "is_coordinator",
+        "properties",
     )
 
     def __init__(self, terminus: CData) -> None:
@@ -288,6 +289,9 @@ class TerminusInfo:
             self.capabilities = frozenset({str(caps)})
         filters = decode_data(lib.pn_terminus_filter(terminus))
         self.filters: dict[str, Any] = filters if isinstance(filters, dict) else {}
+        properties = decode_data(lib.pn_terminus_properties(terminus))
+        #: dynamic-node-properties: how to create the node, if the peer asks for that.
+        self.properties: dict[str, Any] = properties if isinstance(properties, dict) else {}
 
 
 def link_name(link: CData) -> str:

@@ -52,6 +52,40 @@ class _NoAddress(BrokerError):
     condition = "amqp:not-found"
 
 
+#: Node properties that describe the node itself (qpidd's NodeProperties); every other
+#: key is a queue argument (e.g. qpid.priorities, last-value-key, x-queue-type).
+_NODE_KEYS = frozenset(
+    {"supported-dist-modes", "durable", "exclusive", "auto-delete", "lifetime-policy"}
+    | {"alternate-exchange", "exchange-type"}
+)
+
+
+def create_on_demand(broker: Any, terminus: engine.TerminusInfo) -> None:
+    """Create the queue a terminus names, as qpidd does for Qpid Messaging clients.
+
+    With the capability `create-on-demand` and no such queue yet, the terminus's node
+    properties (the `x-declare` of an address string, flattened by the client) say how:
+    `supported-dist-modes` "move" makes a queue (the default; "copy" a multicast
+    address), `durable` and `exclusive` set those, and any other key, such as
+    `qpid.priorities` or `last-value-key`, is a queue argument. Lifetime policies,
+    alternate exchanges and exchange types have no Scow equivalent and are ignored.
+    """
+    name = terminus.address
+    if not name or "create-on-demand" not in terminus.capabilities or name in broker.queues:
+        return
+    properties = {str(k): v for k, v in terminus.properties.items()}
+    if properties.get("supported-dist-modes") == "copy":
+        broker.address_for(name, RoutingType.MULTICAST)
+        return
+    broker.declare_queue(
+        name,
+        routing_type="ANYCAST",
+        durable=bool(properties.get("durable", False)),
+        exclusive=bool(properties["exclusive"]) if "exclusive" in properties else None,
+        arguments={k: v for k, v in properties.items() if k not in _NODE_KEYS},
+    )
+
+
 class ProducerLink:
     """A link the client sends on; routes each complete message into the broker."""
 
@@ -67,6 +101,7 @@ class ProducerLink:
         self.closed = False
         self.max_size = conn.server.max_message_size
         if self.address is not None:
+            create_on_demand(conn.broker, target)
             conn.broker.address_for(self.address, self.routing_type)
         engine.set_max_message_size(link, self.max_size)
         engine.open_link(link, address=self.address)
@@ -193,6 +228,7 @@ class ConsumerLink:
             address = source.address
             if not address:
                 raise _NoAddress("a receiving link needs a source address (or dynamic)")
+            create_on_demand(broker, source)
             routing = routing_hint(caps)
             shared = "shared" in caps
             self.durable = source.durable and source.expiry_never

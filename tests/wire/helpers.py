@@ -148,6 +148,21 @@ class Capabilities(LinkOption):
         terminus.capabilities.put_object(Array(UNDESCRIBED, Data.SYMBOL, *self.names))
 
 
+class NodeProperties(LinkOption):
+    """Ask the broker to create the node with these properties, as Qpid Messaging does for
+    `{create: always, node: {x-declare: {arguments: ...}}}`: capability create-on-demand
+    and the properties in the terminus's dynamic-node-properties."""
+
+    def __init__(self, properties: dict[str, Any]) -> None:
+        self.properties = {symbol(k): v for k, v in properties.items()}
+
+    def apply(self, link: Any) -> None:
+        terminus = link.source if link.is_receiver else link.target
+        create = Array(UNDESCRIBED, Data.SYMBOL, symbol("create-on-demand"))
+        terminus.capabilities.put_object(create)
+        terminus.properties.put_dict(self.properties)
+
+
 class Durable(LinkOption):
     """A durable subscription's source: durability and expiry-policy never."""
 

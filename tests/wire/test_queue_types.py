@@ -3,9 +3,11 @@ queues, and the address settings that make them the default; over real sockets."
 
 from __future__ import annotations
 
+import pytest
 from proton import Message
+from proton.utils import LinkDetached
 
-from .helpers import bodies, connected, receive, send
+from .helpers import NodeProperties, bodies, connected, receive, send
 from .test_config_errors import PLUGINS, run_rejected
 
 TYPED = '"standard-queues", "priority-queues", "last-value-queues"'
@@ -147,3 +149,32 @@ def test_durable_queues_of_each_type_come_back_with_their_arguments(scow_broker_
         assert bodies(receive(conn.create_receiver("jobs"), 3)) == ["p9", "p5", "p1"]
         send(conn, "prices", stock("A", 3))
         assert bodies(receive(conn.create_receiver("prices"), 1)) == ["A=3"]
+
+
+def test_a_client_creates_a_typed_queue_at_attach_with_node_properties(scow_broker):
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        created = NodeProperties({"durable": True, "qpid.priorities": 10})
+        receiver = conn.create_receiver("orders", options=[created])
+        stats = broker.queue_stats("orders")
+        assert stats["routing-type"] == "ANYCAST" and stats["durable"]
+        send(conn, "orders", *(Message(body=f"p{p}", priority=p) for p in (2, 8, 5)))
+        assert bodies(receive(receiver, 3)) == ["p8", "p5", "p2"]
+        # a sender's target works the same; an existing queue keeps what it is
+        lvq = NodeProperties({"last-value-key": "stock"})
+        conn.create_sender("prices", name="declaring", options=[lvq])
+        send(conn, "prices", stock("A", 1), stock("A", 2))
+        assert bodies(receive(conn.create_receiver("prices", name="r"), 1)) == ["A=2"]
+
+
+def test_node_properties_of_two_queue_types_refuse_the_link(scow_broker):
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        both = NodeProperties({"qpid.priorities": 10, "last-value-key": "k"})
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver("mixed", options=[both])
+        assert "amqp:invalid-field" in str(refused.value)
+        assert "cannot specify" in str(refused.value)
+        send(conn, "other", Message(body="still served"))
+        assert bodies(receive(conn.create_receiver("other"), 1)) == ["still served"]
+    assert broker.queue_stats("mixed") is None
