@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -353,10 +354,13 @@ class Broker:
             )
         unknown = sorted(set(arguments) - set(queue_type.arguments))
         if unknown:
-            accepted = ", ".join(sorted(queue_type.arguments)) or "none"
+            known = {a for t in self.queue_types.values() for a in t.arguments}
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            accepted = ", ".join(["x-queue-type", *sorted(queue_type.arguments)])
             raise InvalidField(
-                f"queue '{spec.name}': unknown argument {', '.join(unknown)} for a "
-                f"{queue_type.name} queue (accepted: x-queue-type, {accepted})"
+                f"queue '{spec.name}': unknown argument '{unknown[0]}'{hint} "
+                f"(a {queue_type.name} queue accepts: {accepted})"
             )
         if queue_type.check is not None:
             try:
@@ -369,9 +373,15 @@ class Broker:
         return typed, queue_type
 
     def delete_queue(self, name: str) -> None:
-        queue = self.queues.pop(name, None)
+        """Delete a queue with its messages; its consumers are detached first."""
+        queue = self.queues.get(name)
         if queue is None:
             return
+        for consumer in queue.attached():  # what they hold unsettled comes back first
+            consumer.detach(f"queue '{name}' was deleted")
+        if not self._is_live(queue):
+            return  # losing its last consumer auto-deleted it
+        del self.queues[name]
         address = self.addresses.get(queue.address)
         if address is not None:
             address.unbind(name)

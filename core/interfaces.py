@@ -223,6 +223,10 @@ class Consumer(Protocol):
     def deliver(self, ref: MessageRef) -> None:
         """Hand over one message; the queue will hear its outcome later."""
 
+    def detach(self, reason: str) -> None:
+        """The broker ends the subscription (its queue is deleted): give back what is
+        unsettled and tell the client why."""
+
 
 @runtime_checkable
 class Queue(Protocol):
@@ -267,7 +271,11 @@ class Queue(Protocol):
         """Messages waiting in memory (not delivered)."""
 
     def consumers(self) -> Sequence[Consumer]:
-        """The consumers (not browsers), for cursors that look ahead for their selectors."""
+        """The consumers that receive (not browsers), for cursors that look ahead for
+        their selectors."""
+
+    def attached(self) -> list[Consumer]:
+        """Every consumer and browser attached."""
 
     def message_count(self) -> int:
         """Messages held, in memory and in pages, including those delivered and unsettled."""

@@ -73,6 +73,9 @@ class StandardQueue:
     def consumers(self) -> list[Consumer]:
         return self._consumers
 
+    def attached(self) -> list[Consumer]:
+        return [*self._attached, *self._browsers]
+
     def remove_consumer(self, consumer: Consumer) -> None:
         if self.cursor is not None:
             self.cursor.forget(consumer)

@@ -13,6 +13,7 @@ import structlog
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.links import ConsumerLink, ProducerLink
+from scow.protocols.amqp.management import MANAGEMENT_NODE, ManagementLink
 from scow.protocols.amqp.sasl import SaslServer, State
 from scow.protocols.amqp.transactions import CoordinatorLink
 
@@ -43,7 +44,7 @@ class AmqpConnection(asyncio.Protocol):
             users=server.users,
             allow_anonymous=server.allow_anonymous,
         )
-        self.links: dict[Any, ProducerLink | ConsumerLink | CoordinatorLink] = {}
+        self.links: dict[Any, ProducerLink | ConsumerLink | CoordinatorLink | ManagementLink] = {}
         #: Declared, undischarged transactions by their AMQP txn-id.
         self.transactions: dict[bytes, Transaction] = {}
         self.socket: asyncio.Transport | None = None
@@ -242,6 +243,8 @@ class AmqpConnection(asyncio.Protocol):
                 target = engine.remote_target(link)
                 if target.is_coordinator:
                     self.links[link] = CoordinatorLink(self, link)
+                elif target.address == MANAGEMENT_NODE:
+                    self.links[link] = ManagementLink(self, link)
                 else:
                     self.links[link] = ProducerLink(self, link, target)
         except BrokerError as exc:

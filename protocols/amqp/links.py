@@ -263,6 +263,9 @@ class ConsumerLink:
             self.unsettled[delivery] = ref
         self.conn.mark_dirty()
 
+    def detach(self, reason: str) -> None:
+        self.conn.drop_link(self.link, "amqp:resource-deleted", reason)
+
     def on_flow(self) -> None:
         self.queue.dispatch()
         if engine.link_get_drain(self.link):

@@ -1,0 +1,123 @@
+"""Management operations on a running broker, whatever carries them.
+
+Protocol plugins expose these (AMQP's `$management` node; the management plugin's HTTP
+API later): each operation takes plain values, returns plain data (JSON-able dicts and
+lists) and raises `BrokerError` subclasses whose `status` is the HTTP-style code the
+AMQP management draft also uses (400 bad request, 404 not found, 409 conflict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from scow.core.broker import Broker
+from scow.core.model import (
+    BrokerError,
+    InvalidField,
+    NotFound,
+    ResourceLimitExceeded,
+    ResourceLocked,
+)
+
+#: Attributes `create_queue` accepts, with what they mean.
+QUEUE_ATTRIBUTES = {
+    "address": "the address it is bound to (default: the queue's name)",
+    "routing-type": "ANYCAST or MULTICAST (default: the address's default-queue-routing-type)",
+    "durable": "kept across restarts (default true)",
+    "filter": "a selector: only messages it matches enter the queue",
+    "arguments": "queue arguments, which choose its type (e.g. qpid.priorities)",
+    "max-consumers": "consumers at once; -1 unlimited",
+    "exclusive": "one consumer receives at a time",
+    "non-destructive": "consumers see messages without taking them",
+}
+
+
+def status_of(error: BrokerError) -> int:
+    """The HTTP-style status code for a refused operation."""
+    if isinstance(error, NotFound):
+        return 404
+    if isinstance(error, ResourceLocked):
+        return 409
+    if isinstance(error, (InvalidField, ResourceLimitExceeded)):
+        return 400
+    return 500
+
+
+class Management:
+    """The operations, bound to one broker; call them on its event loop."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def create_queue(self, name: str, attributes: Mapping[str, Any]) -> dict[str, Any]:
+        """Create queue `name`; returns what `read_queue` would."""
+        if not name:
+            raise InvalidField("a queue needs a name")
+        unknown = sorted(set(attributes) - set(QUEUE_ATTRIBUTES))
+        if unknown:
+            raise InvalidField(
+                f"queue '{name}': unknown attribute {', '.join(unknown)} "
+                f"(accepted: {', '.join(QUEUE_ATTRIBUTES)})"
+            )
+        arguments = attributes.get("arguments") or {}
+        if not isinstance(arguments, Mapping):
+            raise InvalidField(f"queue '{name}': arguments = {arguments!r}: expected a map")
+        self.broker.declare_queue(
+            name,
+            address=_optional(attributes, "address", str, name),
+            routing_type=_optional(attributes, "routing-type", str, name),
+            durable=_optional(attributes, "durable", bool, name, default=True),
+            filter=_optional(attributes, "filter", str, name),
+            arguments=dict(arguments),
+            max_consumers=_optional(attributes, "max-consumers", int, name, default=-1),
+            exclusive=_optional(attributes, "exclusive", bool, name),
+            non_destructive=_optional(attributes, "non-destructive", bool, name),
+        )
+        return self.read_queue(name)
+
+    def read_queue(self, name: str) -> dict[str, Any]:
+        queue = self.broker.queues.get(name)
+        if queue is None:
+            raise NotFound(f"queue '{name}' does not exist")
+        return describe_queue(queue)
+
+    def list_queues(self) -> list[dict[str, Any]]:
+        return [describe_queue(q) for _, q in sorted(self.broker.queues.items())]
+
+    def delete_queue(self, name: str, *, force: bool = False) -> None:
+        """Delete queue `name` and its messages; one with consumers only with `force`."""
+        queue = self.broker.queues.get(name)
+        if queue is None:
+            raise NotFound(f"queue '{name}' does not exist")
+        consumers = queue.consumer_count()
+        if consumers and not force:
+            raise ResourceLocked(
+                f"queue '{name}' has {consumers} consumer(s); force the delete to detach them"
+            )
+        self.broker.delete_queue(name)
+
+
+def describe_queue(queue: Any) -> dict[str, Any]:
+    """A queue's definition and figures, as management reports it."""
+    spec = queue.spec
+    return {
+        **queue.stats(),
+        "queue-type": spec.queue_type,
+        "arguments": dict(spec.arguments),
+        "filter": spec.filter,
+        "max-consumers": spec.max_consumers,
+        "exclusive": bool(spec.exclusive),
+        "non-destructive": bool(spec.non_destructive),
+        "temporary": spec.temporary,
+        "auto-created": spec.auto_created,
+    }
+
+
+def _optional(
+    attributes: Mapping[str, Any], key: str, kind: type, queue: str, default: Any = None
+) -> Any:
+    value = attributes.get(key, default)
+    if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+        return value
+    raise InvalidField(f"queue '{queue}': {key} = {value!r}: expected {kind.__name__}")
