@@ -286,6 +286,15 @@ class Queue(Protocol):
     def acknowledge(self, ref: MessageRef) -> None:
         """The consumer is done with a delivered `ref`."""
 
+    def paged(self, message: Message) -> None:
+        """A message routed to this queue went to its address's pages; the cursor brings
+        it back later (a last-value queue drops the waiting value it supersedes)."""
+
+    def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
+        """Which paged messages its cursor should take ahead of its position (a priority
+        queue: those of a priority above everything waiting in memory), given the
+        highest priority in its pages; None for none."""
+
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
         """Put a delivered `ref` back at its place and offer it again."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scow.core.message import Message, PagedRef
@@ -60,8 +61,12 @@ class QueueCursor:
         #: Recovered: page -> acknowledged offsets, page -> {offset: delivery count}.
         self.acked: dict[int, set[int]] = {}
         self.counts: dict[int, dict[int, int]] = {}
-        #: (page, offset) of records a selector look-ahead already took.
+        #: (page, offset) of records already taken ahead of the position (by a selector
+        #: look-ahead, or straight from memory by a priority queue).
         self.taken: set[tuple[int, int]] = set()
+        #: Messages in the backlog per priority 0-9; unknown for a recovered backlog.
+        self.paged_priorities = [0] * 10
+        self.priorities_known = True
         self.closed = False
         #: Page reads from the store (a cursor that keeps up never reads).
         self.reads = 0
@@ -296,18 +301,25 @@ class QueueCursor:
         )
 
     def _scan_ahead(self) -> None:
-        """Take, from further on, what consumers whose selectors refuse memory would match."""
-        consumers: list[Consumer] = [c for c in self.queue.consumers() if c.credit() > 0]
-        if not consumers or any(c.filter is None for c in consumers):
+        """Take from further on what must not wait for the cursor's position: what
+        consumers whose selectors refuse everything in memory match, and what the queue
+        wants first (a priority above everything waiting; taken even without credit,
+        one level at a time, so memory grows by a handful of messages at most)."""
+        consumers = self.queue.consumers()
+        if not consumers:
             return
-        key = tuple(id(c) for c in self.queue.consumers())
+        wanted = self._wanted()
+        ready = [c for c in consumers if c.credit() > 0]
+        if wanted is None and not _selective(ready):
+            return
+        key = tuple(id(c) for c in consumers)
         if key != self._scan_key:  # new selectors: look again from the position
             self._scan_key = key
             self._scan = (self.page, self.offset)
         page, offset = max(self._scan, (self.page, self.offset))
         budget = SCAN_BATCH
         try:
-            while consumers:
+            while wanted is not None or ready:
                 readable = self._readable(page, offset)
                 if readable is None:
                     return
@@ -322,11 +334,18 @@ class QueueCursor:
                     budget -= 1
                     if data_at is not None:
                         message = self._message(head, window.data[data_at:data_end])
-                        if any(c.filter(message) for c in consumers):  # type: ignore[misc]
+                        if wanted is not None:
+                            takes = wanted(message) and any(
+                                c.filter is None or c.filter(message) for c in consumers
+                            )
+                        else:
+                            takes = any(c.filter(message) for c in ready)  # type: ignore[misc]
+                        if takes:
                             self.taken.add((page, at))
                             self._deliver_message(page, at, message)
-                            consumers = [c for c in consumers if c.credit() > 0]
-                            if not consumers:
+                            wanted = self._wanted()
+                            ready = [c for c in ready if c.credit() > 0]
+                            if wanted is None and not _selective(ready):
                                 return
                     if budget <= 0:
                         asyncio.get_running_loop().call_soon(self.fill)
@@ -334,11 +353,39 @@ class QueueCursor:
         finally:
             self._scan = (page, offset)
 
+    def _wanted(self) -> Callable[[Message], bool] | None:
+        """What the queue wants ahead of the position, while it may hold up to its read
+        limits again in messages taken ahead."""
+        settings = self.pager.address.settings
+        messages, size = self._allowance()
+        if (0 < settings.max_read_page_bytes <= -size) or (
+            0 < settings.max_read_page_messages <= -messages
+        ):
+            return None
+        return self.queue.wanted_from_pages(self.highest_paged_priority())
+
+    def note_paged(self, message: Message) -> None:
+        """One more message for the queue waits in pages."""
+        self.backlog += 1
+        self.backlog_bytes += len(message.data)
+        self.paged_priorities[_priority(message)] += 1
+
+    def highest_paged_priority(self) -> int:
+        """The highest priority of a message in the backlog (9 when not known), -1 if none."""
+        if not self.priorities_known:
+            return 9
+        counts = self.paged_priorities
+        return next((p for p in range(9, -1, -1) if counts[p]), -1)
+
     def _deliver_message(self, page: int, at: int, message: Message) -> None:
         counts = self.counts.get(page)
         ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
         self.backlog -= 1
         self.backlog_bytes -= len(message.data)
+        if self.priorities_known:
+            self.paged_priorities[_priority(message)] -= 1
+        elif not self.backlog:
+            self.priorities_known = True  # the recovered backlog is read: counts from now
         self.pager.address.add_memory(len(message.data))
         self.queue.enqueue(ref)
 
@@ -478,6 +525,15 @@ class QueueCursor:
             "pages-pending": len(self.pending),
             "page-reads": self.reads,
         }
+
+
+def _selective(consumers: list[Consumer]) -> bool:
+    """Consumers (with credit) that all have selectors: a look-ahead may serve them."""
+    return bool(consumers) and all(c.filter is not None for c in consumers)
+
+
+def _priority(message: Message) -> int:
+    return min(max(message.priority, 0), 9)
 
 
 def _ids(buf: bytes, at: int, n: int) -> tuple[int, ...]:

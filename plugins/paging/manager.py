@@ -169,6 +169,7 @@ class PagingManager:
         for cursor in pager.cursors.values():
             messages, size, pending = scan.queues.get(cursor.queue.id, (0, 0, {}))
             cursor.backlog, cursor.backlog_bytes, cursor.pending = messages, size, pending
+            cursor.priorities_known = not messages
             cursor.page = min(pending, default=pager.write_page)
             cursor.offset = 0
             if recovery is not None:

@@ -146,7 +146,6 @@ class AddressPager:
                 f"address '{self.address.name}' reached its {limit}; page-full-policy is FAIL"
             )
         message.id = message.id or self.broker.next_id()
-        size = len(message.data)
         data = record.encode(
             message.id,
             message.expiration,
@@ -177,8 +176,9 @@ class AddressPager:
                 cursor.offset = end  # it reads this record from memory, not from disk
                 direct.append(PagedRef(message, queue, cursor, page, offset))
             else:
-                cursor.backlog += 1
-                cursor.backlog_bytes += size
+                cursor.note_paged(message)
+                if tx_id is None:  # a transaction's message counts once it commits
+                    queue.paged(message)
         if len(direct) > 1:  # one object for every queue that takes it from memory
             message = message.shared(len(direct), 0)
             for ref in direct:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from scow.core.message import Entry, MessageRef
+from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import QueueSpec
 from scow.plugins.queues.waiting import Fifo, Waiting
 
@@ -107,6 +107,9 @@ class StandardQueue:
     def enqueue(self, entry: Entry) -> None:
         self.messages_added += 1
         self.memory_bytes += len(entry.message.data)
+        if self._messages.may_supersede and self._messages.superseded(entry):
+            self._drop(entry)  # a newer value of its key is in pages: never delivered
+            return
         if not (self._consumers and not self._dispatching and self._offer(entry)):
             replaced = self._messages.append(entry)
             if replaced is not None:
@@ -221,6 +224,16 @@ class StandardQueue:
         if superseded is not None:
             self._drop(superseded)
         self.dispatch()
+
+    def paged(self, message: Message) -> None:
+        """A message for this queue went to pages (a last-value queue forgets the value
+        it replaces)."""
+        superseded = self._messages.paged(message)
+        if superseded is not None:
+            self._drop(superseded)
+
+    def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
+        return self._messages.wanted_from_pages(highest_paged_priority)
 
     def _drop(self, entry: Entry) -> None:
         """A newer message supersedes `entry` (last-value): acknowledged, never delivered."""

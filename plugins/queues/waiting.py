@@ -16,10 +16,13 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from scow.core.message import Entry, MessageRef
+from scow.core.message import Entry, Message, MessageRef
 
 
 class Waiting(Protocol):
+    #: Whether a new entry can be superseded before it waits (`superseded`).
+    may_supersede: bool
+
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[Entry]:
@@ -41,6 +44,17 @@ class Waiting(Protocol):
         early (keeping the rest) once `stop()` is true."""
 
     def clear(self) -> None: ...
+
+    def superseded(self, entry: Entry) -> bool:
+        """Whether a newer message already replaced `entry` (it must not be delivered)."""
+
+    def paged(self, message: Message) -> Entry | None:
+        """A message for this queue went to pages; returns a waiting entry it supersedes."""
+
+    def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
+        """Which paged messages should overtake the queue's position in its pages (they
+        go out before what waits in memory), given the highest priority in its pages;
+        None when none should."""
 
 
 def _insert_by_id(entries: deque[Entry], ref: MessageRef) -> None:
@@ -71,6 +85,17 @@ def _remove_if(
 
 class Fifo(deque[Entry]):
     """Arrival order (message id order): the standard queue's list."""
+
+    may_supersede = False
+
+    def superseded(self, entry: Entry) -> bool:
+        return False
+
+    def paged(self, message: Message) -> Entry | None:
+        return None
+
+    def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
+        return None
 
     def put_back(self, ref: MessageRef) -> Entry | None:
         _insert_by_id(self, ref)
@@ -103,6 +128,8 @@ class ByPriority:
     messages in a row while a lower level has some waiting, instead of strict order.
     """
 
+    may_supersede = False
+
     def __init__(self, levels: int = 10, fairshare: int = 0) -> None:
         self.levels = [Fifo() for _ in range(levels)]
         self._lowest = 10 - levels
@@ -111,9 +138,25 @@ class ByPriority:
         self._streak_level = -1
         self._size = 0
 
+    def superseded(self, entry: Entry) -> bool:
+        return False
+
     def level_of(self, entry: Entry) -> int:
-        priority = min(max(entry.message.priority, 0), 9)
-        return max(priority - self._lowest, 0)
+        return self._level(entry.message.priority)
+
+    def _level(self, priority: int) -> int:
+        return max(min(max(priority, 0), 9) - self._lowest, 0)
+
+    def paged(self, message: Message) -> Entry | None:
+        return None
+
+    def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
+        """Paged messages of a level above the lowest one waiting: they go out before it
+        (a high priority paged behind low ones is delivered first)."""
+        lowest = next((i for i, level in enumerate(self.levels) if level), None)
+        if lowest is None or self._level(highest_paged_priority) <= lowest:
+            return None
+        return lambda message: self._level(message.priority) > lowest
 
     def __len__(self) -> int:
         return self._size
@@ -178,10 +221,15 @@ class LastValue:
     acknowledge. Messages without the key are kept like in a FIFO queue.
     """
 
+    may_supersede = True
+
     def __init__(self, key_of: Callable[[Entry], object]) -> None:
         self.key_of = key_of
         self._entries: OrderedDict[object, Entry] = OrderedDict()
         self._unique = itertools.count()
+        #: key -> id of the newest message with it that went to pages: an older one
+        #: read from pages later is superseded before anyone sees it.
+        self._newest_paged: dict[object, int] = {}
 
     def _key(self, entry: Entry) -> object:
         key = self.key_of(entry)
@@ -193,14 +241,30 @@ class LastValue:
     def __iter__(self) -> Iterator[Entry]:
         return iter(list(self._entries.values()))
 
+    def superseded(self, entry: Entry) -> bool:
+        return self._newest_paged.get(self._key(entry), -1) > entry.message.id
+
     def append(self, entry: Entry) -> Entry | None:
         key = self._key(entry)
+        if self._newest_paged.get(key, -1) > entry.message.id:
+            return entry  # a newer value is in pages already
         replaced = self._entries.pop(key, None)
         self._entries[key] = entry
         return replaced
 
     def popleft(self) -> Entry:
-        return self._entries.popitem(last=False)[1]
+        key, entry = self._entries.popitem(last=False)
+        if self._newest_paged.get(key) == entry.message.id:
+            del self._newest_paged[key]  # every older one was read before it
+        return entry
+
+    def paged(self, message: Message) -> Entry | None:
+        key = self._key(message)
+        self._newest_paged[key] = message.id
+        return self._entries.pop(key, None)
+
+    def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
+        return None
 
     def put_back(self, ref: MessageRef) -> Entry | None:
         """Back at its place, unless a newer value came meanwhile: then `ref` is dropped."""

@@ -269,3 +269,53 @@ def test_a_subscription_whose_filter_refuses_everything_does_not_keep_the_addres
         assert address_stats(broker, "mixed")["paging"]
         assert ns(receive(everything, 100)) == list(range(100))
         wait_for(lambda: not address_stats(broker, "mixed")["paging"], what="paging to end")
+
+
+def typed_paging_broker(scow_broker, name: str, arguments: dict, **settings):
+    return scow_broker(
+        address_settings={"#": {**SMALL, **settings}},
+        sections={"queues": {name: {"routing-type": "ANYCAST", "arguments": arguments}}},
+    )
+
+
+def taken_ahead(broker, queue: str) -> int:
+    return broker.call(lambda: len(broker.broker.queues[queue].cursor.taken))
+
+
+def test_a_high_priority_message_paged_behind_low_ones_is_delivered_first(scow_broker):
+    broker = typed_paging_broker(scow_broker, "jobs", {"qpid.priorities": 10})
+    bulk_send(broker.url, "jobs", 300, lambda i: numbered(i, priority=1))
+    with connected(broker.url) as conn:
+        send(conn, "jobs", numbered(1000, priority=9), numbered(1001, priority=5))
+    assert broker.queue_stats("jobs")["messages-paged"] > 250  # both high ones are in pages
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("jobs", credit=0)
+        # attached without credit: the cursor already takes them ahead of ~290 low ones
+        wait_for(lambda: taken_ahead(broker, "jobs") == 2, what="the high ones taken ahead")
+        receiver.flow(3)
+        assert ns(receive(receiver, 3)) == [1000, 1001, 0]
+    with connected(broker.url) as conn:
+        rest = ns(receive(conn.create_receiver("jobs", credit=50), 299))
+    assert rest == list(range(1, 300))
+
+
+def test_a_paged_message_superseded_by_a_newer_value_is_never_delivered(scow_broker):
+    broker = typed_paging_broker(
+        scow_broker, "prices", {"last-value-key": "stock"}, **{"max-size-bytes": 0}
+    )
+
+    def tick(i: int) -> Message:
+        return Message(body=f"{i}:{BODY}", properties={"stock": f"s{i % 5}", "n": i})
+
+    bulk_send(broker.url, "prices", 300, tick)  # 60 values of each of 5 stocks, all paged
+    assert broker.queue_stats("prices")["messages-paged"] == 300
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("prices", credit=10)
+        got = ns(receive(receiver, 5))
+        try:
+            extra = receiver.receive(timeout=1)
+        except Timeout:
+            extra = None
+    assert extra is None, extra.properties
+    assert sorted(got) == [295, 296, 297, 298, 299]
+    wait_for(lambda: broker.queue_stats("prices")["message-count"] == 0, what="all settled")
