@@ -102,6 +102,11 @@ class Broker:
             derived_global_max_size() if max_size < 0 else max_size,
             int(broker_cfg.get("global-max-messages", -1)),
         )
+        #: Moves a new message's body to disk once `limits.flow_above` is passed (the
+        #: flow-to-disk plugin sets both).
+        self.flow_to_disk: Callable[[Message], None] | None = None
+        #: Plugins' figures for `stats()`, by section name.
+        self.stats_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         #: What recovery found of the paging plugin's journal records, for it to take.
         self.page_recovery: PageRecovery | None = None
         self.messages_routed = 0
@@ -558,6 +563,8 @@ class Broker:
         limits = self.limits
         limits.size += size
         limits.messages += 1
+        if limits.size > limits.flow_above:
+            self.flow_to_disk(message)  # type: ignore[misc]
         durable_ids = []
         if message.kind.durable and self.persistent:
             durable_ids = [q.id for q in queues if q.durable]
@@ -1015,9 +1022,11 @@ class Broker:
     # ------------------------------------------------------------------ introspection
 
     def stats(self) -> dict[str, Any]:
-        """Broker-wide figures, every queue's, and every address's (memory and paging)."""
+        """Broker-wide figures, every queue's, and every address's (memory and paging),
+        and those of plugins that registered some in `stats_sections`."""
         return {
             **self.limits.stats(),
+            **{name: section() for name, section in self.stats_sections.items()},
             "addresses": len(self.addresses),
             "address-stats": {name: self.address_stats(a) for name, a in self.addresses.items()},
             "queues": {name: q.stats() for name, q in self.queues.items()},

@@ -7,7 +7,7 @@ satisfies one of these protocols; the hot path then calls that object directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -306,6 +306,10 @@ class Queue(Protocol):
 
     def browse(self) -> Iterable[MessageRef]:
         """The messages in the queue, in order, without taking them."""
+
+    def waiting(self) -> Iterator[Entry]:
+        """The waiting entries in delivery order, as they are: no copies, no refs made
+        (bodies that flowed to disk stay there)."""
 
     def stats(self) -> dict[str, Any]: ...
 

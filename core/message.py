@@ -45,6 +45,22 @@ class MessageFormat(Protocol):
 MEMORY_OVERHEAD = 150
 
 
+class OnDisk:
+    """A message body moved out of memory (flow to disk), in place of its bytes.
+
+    `len()` is the body's length, so memory accounting is unchanged; `load()` reads it
+    back. The queue restores a body before anything reads it (`Message.restore`).
+    """
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def load(self) -> bytes:
+        raise NotImplementedError
+
+
 class MessageKind:
     """What many messages have in common: their address, format, durability, priority.
 
@@ -134,6 +150,13 @@ class Message:
     def as_ref(self, queue: object) -> MessageRef:
         """The reference that `queue` hands to a consumer (a new one: never delivered)."""
         return MessageRef(self, queue)
+
+    def restore(self) -> None:
+        """Bring a body that flowed to disk back into memory (callers test
+        `message.data.__class__ is not bytes` first: this is off the hot path)."""
+        data = self.data
+        if isinstance(data, OnDisk):
+            self.data = data.load()
 
     def shared(self, refs: int, stored_refs: int) -> Message:
         """This message as held by `refs` queues, `stored_refs` of them in the journal."""

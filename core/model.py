@@ -79,13 +79,24 @@ class MemoryLimits:
     monitor; while it is set, producers get no credit anywhere.
     """
 
-    __slots__ = ("disk_full", "max_messages", "max_size", "messages", "on_disk_space", "size")
+    __slots__ = (
+        "disk_full",
+        "flow_above",
+        "max_messages",
+        "max_size",
+        "messages",
+        "on_disk_space",
+        "size",
+    )
 
     def __init__(self, max_size: int = -1, max_messages: int = -1) -> None:
         self.max_size = max_size
         self.max_messages = max_messages
         self.size = 0
         self.messages = 0
+        #: Past this `size`, each new message is offered to the broker's `flow_to_disk`
+        #: (set by the flow-to-disk plugin; never, without it).
+        self.flow_above = 1 << 62
         self.disk_full = False
         #: Called with no arguments when the disk has room again.
         self.on_disk_space: list[Callable[[], None]] = []

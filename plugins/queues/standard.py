@@ -122,6 +122,8 @@ class StandardQueue:
         consumers = self._consumers
         n = len(consumers)
         message = entry.message
+        if message.data.__class__ is not bytes:
+            message.restore()  # it flowed to disk: selectors and consumers read the bytes
         if message.expiration and self.broker.expired(message):
             self.broker.expire(entry.as_ref(self))
             return True
@@ -173,6 +175,8 @@ class StandardQueue:
             idle = 0
             for _ in range(min(credit, len(messages))):
                 ref = messages.popleft().as_ref(self)
+                if ref.message.data.__class__ is not bytes:
+                    ref.message.restore()
                 if ref.message.expiration and expired(ref.message):
                     self.broker.expire(ref)
                     continue
@@ -196,6 +200,7 @@ class StandardQueue:
             self._browsers[browser] = entry.message.id
             if cursor is not None and cursor.browsed(browser, entry):
                 continue  # it saw this one in the pages already
+            entry.message.restore()
             if browser.filter is None or browser.filter(entry.message):
                 browser.deliver(entry.as_ref(self))
         if cursor is not None and cursor.backlog:
@@ -259,8 +264,14 @@ class StandardQueue:
             taken = self._messages.remove_if(predicate)
         else:
             return []  # the common case for expiry scans: nothing to rebuild
+        for entry in taken:  # whoever takes them reads them (expiry, dead letters)
+            entry.message.restore()
         # still counted in memory_bytes until remove_delivering or deletion
         return [entry.as_ref(self) for entry in taken]
+
+    def waiting(self) -> Iterator[Entry]:
+        """The waiting entries in delivery order, as they are (bodies may be on disk)."""
+        return iter(self._messages)
 
     def browse(self) -> Iterator[MessageRef]:
         return iter([entry.as_ref(self) for entry in self._messages])
