@@ -54,24 +54,34 @@ default-address-routing-type = "ANYCAST"
 default-queue-routing-type = "ANYCAST"
 auto-delete-queues = false
 {settings}
+{extra}
 """
 
 
 class Broker:
     """`scow run` with a generated config; `rss()` reads its resident memory."""
 
-    def __init__(self, workdir: Path, broker: str = "", settings: str = "") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        broker: str = "",
+        settings: str = "",
+        *,
+        plugins: str = PLUGINS,
+        extra: str = "",
+    ) -> None:
         self.workdir = workdir
         workdir.mkdir(exist_ok=True)
         self.port = free_port()
         self.config = workdir / "scow.toml"
         self.config.write_text(
             CONFIG.format(
-                plugins=PLUGINS,
+                plugins=plugins,
                 data_dir=workdir / "data",
                 port=self.port,
                 broker=broker,
                 settings=settings,
+                extra=extra,
             )
         )
         self.log = workdir / "broker.log"
