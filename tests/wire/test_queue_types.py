@@ -3,6 +3,9 @@ queues, and the address settings that make them the default; over real sockets."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from proton import Message
 from proton.utils import LinkDetached
@@ -178,3 +181,28 @@ def test_node_properties_of_two_queue_types_refuse_the_link(scow_broker):
         send(conn, "other", Message(body="still served"))
         assert bodies(receive(conn.create_receiver("other"), 1)) == ["still served"]
     assert broker.queue_stats("mixed") is None
+
+
+def test_export_and_import_carry_queue_types_and_arguments(scow_broker_process, tmp_path):
+    plugins = ["amqp", "file-journal", "standard-queues", "priority-queues", "full-policies"]
+    broker = scow_broker_process(
+        plugins=plugins, sections=queues(jobs={"arguments": {"qpid.priorities": 10}})
+    )
+    with connected(broker.url) as conn:
+        send(conn, "jobs", *(Message(body=f"p{p}", priority=p, durable=True) for p in (2, 7)))
+    assert broker.stop() == 0
+    data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
+    scow = [sys.executable, "-m", "scow.core.cli", "data"]
+    for args in (
+        ["export", "--data-dir", str(data), "--output", str(export)],
+        ["import", "--data-dir", str(fresh), "--input", str(export)],
+    ):
+        done = subprocess.run([*scow, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert '"queue-type":"priority"' in export.read_text()
+    data.rename(tmp_path / "old")
+    fresh.rename(data)
+    restarted = scow_broker_process(plugins=plugins, port=broker.port)  # no [queues] now
+    with connected(restarted.url) as conn:
+        send(conn, "jobs", Message(body="p9", priority=9, durable=True))
+        assert bodies(receive(conn.create_receiver("jobs"), 3)) == ["p9", "p7", "p2"]
