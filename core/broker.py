@@ -8,8 +8,6 @@ producer and consumer happens here and in the queue objects.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import difflib
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,6 +28,7 @@ from scow.core.model import (
     RoutingType,
     derived_global_max_size,
 )
+from scow.core.queue_types import typed, with_defaults
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
@@ -37,9 +36,6 @@ if TYPE_CHECKING:
     from scow.core.descriptors import FullPolicyType, PageStoreBackend, QueueType
     from scow.core.interfaces import Completion, Consumer
     from scow.core.storage import PageRecovery, Recovered, RecoveredMessage, StorageManager
-
-#: The last-value key of queues made last-value by default-last-value-queue (Artemis's).
-DEFAULT_LAST_VALUE_KEY = "_AMQ_LVQ_NAME"
 
 log = structlog.get_logger("scow.broker")
 
@@ -245,8 +241,8 @@ class Broker:
         if spec.name in self.queues:
             raise ResourceLocked(f"queue '{spec.name}' already exists")
         if record_id is None:
-            spec = self._with_defaults(spec)
-        spec, queue_type = self._typed(spec)
+            spec = with_defaults(spec, self.settings_for(spec.address), self.queue_types)
+        spec, queue_type = typed(spec, self.queue_types)
         address = self.create_address(
             spec.address,
             {spec.routing_type},
@@ -266,30 +262,6 @@ class Broker:
             self.storage.store_queue(queue.id, _queue_description(spec))
         log.debug("queue created", queue=spec.name, address=spec.address)
         return queue
-
-    def _with_defaults(self, spec: QueueSpec) -> QueueSpec:
-        """Apply the address settings' default-* queue attributes to a new queue."""
-        settings = self.settings_for(spec.address)
-        arguments = dict(spec.arguments)
-        key = settings.default_last_value_key or (
-            DEFAULT_LAST_VALUE_KEY if settings.default_last_value_queue else None
-        )
-        if (
-            key
-            and spec.queue_type == "standard"
-            and "x-queue-type" not in arguments
-            and not any(a in arguments for t in self.queue_types.values() for a in t.selected_by)
-        ):
-            arguments["last-value-key"] = key
-        exclusive, non_destructive = spec.exclusive, spec.non_destructive
-        return dataclasses.replace(
-            spec,
-            exclusive=settings.default_exclusive_queue if exclusive is None else exclusive,
-            non_destructive=(
-                settings.default_non_destructive if non_destructive is None else non_destructive
-            ),
-            arguments=tuple(arguments.items()),
-        )
 
     def declare_queue(
         self,
@@ -333,49 +305,6 @@ class Broker:
                 arguments=tuple((arguments or {}).items()),
             )
         )
-
-    def _typed(self, spec: QueueSpec) -> tuple[QueueSpec, QueueType]:
-        """The queue type `spec`'s arguments select, and the arguments it normalizes."""
-        arguments = dict(spec.arguments)
-        type_name = arguments.pop("x-queue-type", None) or spec.queue_type
-        if type_name == "standard":
-            selecting = [
-                (t.name, next(a for a in t.selected_by if a in arguments))
-                for t in self.queue_types.values()
-                if any(a in arguments for a in t.selected_by)
-            ]
-            if len(selecting) > 1:
-                given = " and ".join(argument for _, argument in selecting)
-                raise InvalidField(
-                    f"queue '{spec.name}': cannot specify {given} for the same queue"
-                )
-            if selecting:
-                type_name = selecting[0][0]
-        queue_type = self.queue_types.get(str(type_name))
-        if queue_type is None:
-            raise InvalidField(
-                f"queue '{spec.name}': unknown queue type '{type_name}' "
-                f"(available: {', '.join(sorted(self.queue_types))})"
-            )
-        unknown = sorted(set(arguments) - set(queue_type.arguments))
-        if unknown:
-            known = {a for t in self.queue_types.values() for a in t.arguments}
-            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            accepted = ", ".join(["x-queue-type", *sorted(queue_type.arguments)])
-            raise InvalidField(
-                f"queue '{spec.name}': unknown argument '{unknown[0]}'{hint} "
-                f"(a {queue_type.name} queue accepts: {accepted})"
-            )
-        if queue_type.check is not None:
-            try:
-                arguments = queue_type.check(arguments)
-            except ValueError as exc:
-                raise InvalidField(f"queue '{spec.name}': {exc}") from None
-        typed = dataclasses.replace(
-            spec, queue_type=queue_type.name, arguments=tuple(sorted(arguments.items()))
-        )
-        return typed, queue_type
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue with its messages; its consumers are detached first."""
