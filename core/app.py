@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from scow.core import hookimpl
 from scow.core.broker import Broker
 from scow.core.config import (
     QUEUES_SECTION,
@@ -22,7 +23,7 @@ from scow.core.config import (
 )
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.interfaces import Completion, ProtocolServer, Service
-from scow.core.model import BrokerError
+from scow.core.model import BrokerError, ConnectionInfo
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
 from scow.core.storage import StorageManager
@@ -66,6 +67,21 @@ def _only_known(
 def _run_all(completions: list[Completion]) -> None:
     for completion in completions:
         completion()
+
+
+class _ConnectionRegistry:
+    """Keeps `Broker.connections` from the connection hooks every protocol calls."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    @hookimpl
+    def scow_connection_opened(self, info: ConnectionInfo) -> None:
+        self.broker.connections[info.id] = info
+
+    @hookimpl
+    def scow_connection_closed(self, info: ConnectionInfo) -> None:
+        self.broker.connections.pop(info.id, None)
 
 
 class Server:
@@ -167,6 +183,7 @@ class Server:
             page_stores=self.page_stores,
         )
         broker.hooks = self.plugins.hook
+        self.plugins.register(_ConnectionRegistry(broker), "scow.connections")
         self.broker = broker
         formats = [p.message_format for p in self.protocol_types.values() if p.message_format]
         if recovered.messages and not formats:

@@ -18,6 +18,7 @@ import structlog
 from scow.core.message import MEMORY_OVERHEAD, Message, MessageFormat, MessageRef, PagedRef
 from scow.core.model import (
     AddressInfo,
+    ConnectionInfo,
     InvalidField,
     MemoryLimits,
     NotFound,
@@ -103,6 +104,8 @@ class Broker:
         self.flow_to_disk: Callable[[Message], None] | None = None
         #: Plugins' figures for `stats()`, by section name.
         self.stats_sections: dict[str, Callable[[], dict[str, Any]]] = {}
+        #: Open client connections of every protocol, by id (kept by the server).
+        self.connections: dict[int, ConnectionInfo] = {}
         #: What recovery found of the paging plugin's journal records, for it to take.
         self.page_recovery: PageRecovery | None = None
         self.messages_routed = 0
@@ -956,6 +959,7 @@ class Broker:
         return {
             **self.limits.stats(),
             **{name: section() for name, section in self.stats_sections.items()},
+            "connections": len(self.connections),
             "addresses": len(self.addresses),
             "address-stats": {name: self.address_stats(a) for name, a in self.addresses.items()},
             "queues": {name: q.stats() for name, q in self.queues.items()},

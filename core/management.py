@@ -85,6 +85,43 @@ class Management:
     def list_queues(self) -> list[dict[str, Any]]:
         return [describe_queue(q) for _, q in sorted(self.broker.queues.items())]
 
+    def purge_queue(self, name: str) -> int:
+        """Drop every waiting message of queue `name` (not those being delivered)."""
+        queue = self.broker.queues.get(name)
+        if queue is None:
+            raise NotFound(f"queue '{name}' does not exist")
+        refs = queue.take()
+        for ref in refs:
+            queue.remove_delivering(ref)
+            self.broker.discard(ref)
+        return len(refs)
+
+    def list_addresses(self) -> list[dict[str, Any]]:
+        return [self.read_address(name) for name in sorted(self.broker.addresses)]
+
+    def read_address(self, name: str) -> dict[str, Any]:
+        address = self.broker.addresses.get(name)
+        if address is None:
+            raise NotFound(f"address '{name}' does not exist")
+        return {
+            "name": name,
+            **self.broker.address_stats(address),
+            "auto-created": address.auto_created,
+            "settings": address.settings.to_dict(),
+        }
+
+    def list_connections(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": info.id,
+                "protocol": info.protocol,
+                "remote": info.remote,
+                "container-id": info.container_id,
+                "user": info.user,
+            }
+            for _, info in sorted(self.broker.connections.items())
+        ]
+
     def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete queue `name` and its messages; one with consumers only with `force`."""
         queue = self.broker.queues.get(name)

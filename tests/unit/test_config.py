@@ -330,10 +330,11 @@ def test_parse_host_port() -> None:
 
 def _plugin_sections() -> list[ConfigSection]:
     from scow.plugins.file_journal.plugin import SECTION as JOURNAL
+    from scow.plugins.management import SECTION as MANAGEMENT
     from scow.plugins.paging import PAGING_SECTION
     from scow.protocols.amqp.plugin import SECTION as REAL_AMQP
 
-    return [REAL_AMQP, JOURNAL, PAGING_SECTION]
+    return [REAL_AMQP, JOURNAL, PAGING_SECTION, MANAGEMENT]
 
 
 def test_packaged_default_config_loads() -> None:
@@ -348,6 +349,7 @@ def test_packaged_default_config_loads() -> None:
         "last-value-queues",
         "full-policies",
         "paging",
+        "management",
     )
     assert config.section("broker")["data-dir"] == "./data"
     assert config.section("amqp")["listen"] == ["localhost:5672"]

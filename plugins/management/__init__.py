@@ -1,0 +1,92 @@
+"""The `management` plugin: an HTTP API and Prometheus metrics, on the broker's loop.
+
+`[management] listen` (default localhost:8161, like Artemis's console) serves the JSON
+API under /api (OpenAPI document at /api/openapi.json) and /metrics. Needs the
+`management` extra (`pip install 'scow[management]'`: aiohttp, prometheus-client).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import TYPE_CHECKING
+
+import structlog
+
+from scow.core import hookimpl
+from scow.core.config import ConfigSection, Setting, parse_host_port
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from scow.core.broker import Broker
+    from scow.core.interfaces import Service
+
+log = structlog.get_logger("scow.management")
+
+SECTION = ConfigSection(
+    "management",
+    (
+        Setting(
+            "listen",
+            str,
+            "localhost:8161",
+            "host:port of the HTTP API and /metrics (Artemis's console port).",
+        ),
+    ),
+    "The management HTTP API and Prometheus metrics (the management plugin).",
+)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ManagementService:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        try:
+            from aiohttp import web
+
+            from scow.plugins.management.api import ManagementApi
+        except ImportError as exc:
+            raise RuntimeError(
+                f"the management plugin needs its extra: pip install 'scow[management]' ({exc})"
+            ) from None
+
+        config = self.broker.config
+        host, port = parse_host_port(str(config.section("management")["listen"]))
+        security = config.section("security")
+        anonymous = bool(security["allow-anonymous"]) and _loopback(host)
+        api = ManagementApi(self.broker, security["users"], anonymous, time.monotonic())
+        self.runner = web.AppRunner(api.app(), access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host or None, port)
+        await site.start()
+        bound = self.runner.addresses[0]
+        self.url = f"http://{host or '0.0.0.0'}:{bound[1]}"
+        self.broker.stats_sections["management"] = lambda: {"url": self.url}
+        log.info("management listening", url=self.url, anonymous=anonymous)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@hookimpl
+def scow_config_sections() -> list[ConfigSection]:
+    return [SECTION]
+
+
+@hookimpl
+def scow_services(broker: Broker) -> list[Service]:
+    return [ManagementService(broker)]

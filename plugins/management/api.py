@@ -1,0 +1,192 @@
+"""The management HTTP API: JSON over aiohttp, on the broker's own event loop.
+
+Every handler calls `scow.core.management` (the operations `$management` serves over
+AMQP) and answers JSON; refusals are `{"error": "..."}` with the operation's status.
+Requests are authenticated with HTTP Basic against the broker's users; anonymous ones
+are served only when `allow-anonymous` is on and the listener is on loopback.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from scow.core.management import Management, status_of
+from scow.core.model import BrokerError
+from scow.plugins.management.metrics import exposition, registry_for
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {"title": "Scow management API", "version": "1"},
+    "paths": {
+        "/api/broker": {"get": {"summary": "Broker figures: memory, disk, paging, connections"}},
+        "/api/addresses": {"get": {"summary": "Every address with its settings and paging"}},
+        "/api/addresses/{name}": {"get": {"summary": "One address"}},
+        "/api/queues": {
+            "get": {"summary": "Every queue with its type, arguments and figures"},
+            "post": {
+                "summary": "Create a queue: JSON {name, address, routing-type, durable, "
+                "filter, arguments, max-consumers, exclusive, non-destructive}"
+            },
+        },
+        "/api/queues/{name}": {
+            "get": {"summary": "One queue"},
+            "delete": {"summary": "Delete a queue and its messages (?force=true with consumers)"},
+        },
+        "/api/queues/{name}/purge": {"post": {"summary": "Drop the queue's waiting messages"}},
+        "/api/connections": {"get": {"summary": "Open client connections"}},
+        "/metrics": {"get": {"summary": "Prometheus metrics (Artemis's names)"}},
+    },
+}
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"error": message}, status)
+
+
+class ManagementApi:
+    """The routes, bound to one broker."""
+
+    def __init__(
+        self, broker: Any, users: Mapping[str, str], anonymous: bool, started: float
+    ) -> None:
+        self.broker = broker
+        self.management = Management(broker)
+        self.users = dict(users)
+        self.anonymous = anonymous
+        self.started = started
+        self.registry = registry_for(broker, lambda: len(broker.connections))
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors, self._authenticate])
+        app.router.add_get("/api/broker", self.get_broker)
+        app.router.add_get("/api/addresses", self.get_addresses)
+        app.router.add_get("/api/addresses/{name}", self.get_address)
+        app.router.add_get("/api/queues", self.get_queues)
+        app.router.add_post("/api/queues", self.create_queue)
+        app.router.add_get("/api/queues/{name}", self.get_queue)
+        app.router.add_delete("/api/queues/{name}", self.delete_queue)
+        app.router.add_post("/api/queues/{name}/purge", self.purge_queue)
+        app.router.add_get("/api/connections", self.get_connections)
+        app.router.add_get("/api/openapi.json", self.get_openapi)
+        app.router.add_get("/metrics", self.get_metrics)
+        return app
+
+    # ------------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except BrokerError as exc:
+            return _error(status_of(exc), exc.description)
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return _error(exc.status, f"{request.method} {request.path}: {exc.reason}")
+            raise
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Basic "):
+            try:
+                user, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                user, password = "", ""
+            known = self.users.get(user)
+            if known is not None and hmac.compare_digest(known, password):
+                return await handler(request)
+        elif self.anonymous:
+            return await handler(request)
+        response = _error(401, "authentication required: HTTP Basic with a broker user")
+        response.headers["WWW-Authenticate"] = 'Basic realm="scow"'
+        return response
+
+    # ------------------------------------------------------------------ reading
+
+    async def get_broker(self, request: web.Request) -> web.Response:
+        stats = self.broker.stats()
+        return _json(
+            {
+                "version": _version(),
+                "uptime-seconds": round(time.monotonic() - self.started, 3),
+                "connections": stats["connections"],
+                "memory-used": stats["memory-used"],
+                "global-max-size": stats["global-max-size"],
+                "messages-in-memory": stats["messages-in-memory"],
+                "disk-full": stats["disk-full"],
+                "addresses": stats["addresses"],
+                "queues": len(stats["queues"]),
+                "messages-routed": stats["messages-routed"],
+                "paging-addresses": sorted(
+                    name for name, a in stats["address-stats"].items() if a.get("paging")
+                ),
+                **{k: v for k, v in stats.items() if k == "flow-to-disk"},
+            }
+        )
+
+    async def get_addresses(self, request: web.Request) -> web.Response:
+        return _json(self.management.list_addresses())
+
+    async def get_address(self, request: web.Request) -> web.Response:
+        return _json(self.management.read_address(request.match_info["name"]))
+
+    async def get_queues(self, request: web.Request) -> web.Response:
+        return _json(self.management.list_queues())
+
+    async def get_queue(self, request: web.Request) -> web.Response:
+        return _json(self.management.read_queue(request.match_info["name"]))
+
+    async def get_connections(self, request: web.Request) -> web.Response:
+        return _json(self.management.list_connections())
+
+    async def get_openapi(self, request: web.Request) -> web.Response:
+        return _json(OPENAPI)
+
+    async def get_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=exposition(self.registry),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    # ------------------------------------------------------------------ acting
+
+    async def create_queue(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as exc:
+            return _error(400, f"the body is not JSON: {exc}")
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            return _error(400, 'expected a JSON object with a "name", e.g. {"name": "orders"}')
+        attributes = {k: v for k, v in body.items() if k != "name"}
+        return _json(self.management.create_queue(body["name"], attributes), 201)
+
+    async def delete_queue(self, request: web.Request) -> web.Response:
+        force = request.query.get("force", "false").lower() in ("1", "true", "yes")
+        self.management.delete_queue(request.match_info["name"], force=force)
+        return web.Response(status=204)
+
+    async def purge_queue(self, request: web.Request) -> web.Response:
+        return _json({"purged": self.management.purge_queue(request.match_info["name"])})
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("scow")
+    except PackageNotFoundError:
+        return "unknown"

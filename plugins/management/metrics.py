@@ -1,0 +1,111 @@
+"""Prometheus metrics with Artemis's names, built from the broker's statistics per scrape.
+
+Nothing is counted on the per-message path: a scrape reads `Broker.stats()` (and the
+connections the plugin tracks) once and turns it into metric families.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+
+#: (metric, help, queue statistic): per queue, labelled address and queue.
+QUEUE_METRICS = (
+    ("artemis_message_count", "Messages in the queue (memory and pages)", "message-count"),
+    ("artemis_messages_added", "Messages added to the queue since start", "messages-added"),
+    (
+        "artemis_messages_acknowledged",
+        "Messages acknowledged from the queue since start",
+        "messages-acknowledged",
+    ),
+    ("artemis_messages_expired", "Messages expired from the queue", "messages-expired"),
+    ("artemis_messages_killed", "Messages dead-lettered from the queue", "messages-killed"),
+    ("artemis_consumer_count", "Consumers of the queue", "consumer-count"),
+    (
+        "artemis_delivering_message_count",
+        "Messages delivered and not yet settled",
+        "delivering-count",
+    ),
+    ("artemis_paged_message_count", "Messages of the queue waiting in pages", "messages-paged"),
+    ("scow_queue_memory_bytes", "Bytes of the queue's messages in memory", "memory-bytes"),
+)
+
+#: (metric, help, address statistic): per address, labelled address.
+ADDRESS_METRICS = (
+    ("artemis_address_size", "Bytes the address holds in memory", "memory-bytes"),
+    ("artemis_number_of_pages", "Page files of the address", "page-count"),
+    ("artemis_address_paged_bytes", "Bytes in the address's page files", "paged-bytes"),
+    ("scow_address_paging", "1 while the address writes new messages to pages", "paging"),
+    ("scow_address_blocked", "1 while the address withholds producer credit", "blocked"),
+)
+
+
+class BrokerCollector:
+    """A prometheus_client collector over one broker."""
+
+    def __init__(self, broker: Broker, connections: Callable[[], int]) -> None:
+        self.broker = broker
+        self.connections = connections
+        self.data_dir = Path(str(broker.config.section("broker")["data-dir"]))
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.broker.stats()
+        yield from self._broker(stats)
+        families = {
+            m: GaugeMetricFamily(m, h, labels=["address", "queue"]) for m, h, _ in QUEUE_METRICS
+        }
+        for name, queue in stats["queues"].items():
+            for metric, _, key in QUEUE_METRICS:
+                families[metric].add_metric([queue["address"], name], float(queue.get(key, 0)))
+        yield from families.values()
+        address_families = {
+            m: GaugeMetricFamily(m, h, labels=["address"]) for m, h, _ in ADDRESS_METRICS
+        }
+        for name, address in stats["address-stats"].items():
+            for metric, _, key in ADDRESS_METRICS:
+                address_families[metric].add_metric([name], float(address.get(key, 0)))
+        yield from address_families.values()
+
+    def _broker(self, stats: dict[str, Any]) -> Iterator[Metric]:
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, value=value)
+
+        yield gauge(
+            "artemis_address_memory_usage", "Bytes of messages in memory", stats["memory-used"]
+        )
+        yield gauge(
+            "artemis_address_memory_usage_percentage",
+            "Memory used by messages, percent of global-max-size",
+            100 * stats["memory-used"] / stats["global-max-size"]
+            if stats["global-max-size"] > 0
+            else 0,
+        )
+        yield gauge("artemis_connection_count", "Client connections open", self.connections())
+        try:
+            disk = shutil.disk_usage(self.data_dir)
+            usage = disk.used / disk.total
+        except OSError:
+            usage = 0.0
+        yield gauge("artemis_disk_store_usage", "Fraction of the data dir's disk in use", usage)
+        yield gauge("artemis_total_message_count", "Messages in all queues",
+                    sum(q["message-count"] for q in stats["queues"].values()))  # fmt: skip
+
+
+def registry_for(broker: Broker, connections: Callable[[], int]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker, connections))
+    registry.register(ProcessCollector(registry=None))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

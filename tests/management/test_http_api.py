@@ -1,0 +1,123 @@
+"""The management HTTP API and /metrics over real HTTP, against a broker holding messages."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from proton import Message
+
+from scow.core.testing import DEFAULT_PLUGINS
+from tests.wire.helpers import connected, receive, send
+
+AUTH = {"admin": "secret"}
+CREDENTIALS = {"user": "admin", "password": "secret", "allow_insecure_mechs": True}
+
+
+@pytest.fixture
+def managed(scow_broker):
+    broker = scow_broker(
+        plugins=[*DEFAULT_PLUGINS, "management"],
+        sections={
+            "management": {"listen": "127.0.0.1:0"},
+            "security": {"users": AUTH, "allow-anonymous": False},
+        },
+    )
+    broker.http = broker.call(lambda: broker.broker.stats()["management"]["url"])
+    return broker
+
+
+def http(broker, method: str, path: str, body: Any = None, *, auth: bool = True):
+    """(status, parsed JSON or text) of one request."""
+    request = urllib.request.Request(broker.http + path, method=method)
+    if auth:
+        token = base64.b64encode(b"admin:secret").decode()
+        request.add_header("Authorization", f"Basic {token}")
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, data, timeout=10) as response:
+            status, raw, kind = response.status, response.read(), response.headers["Content-Type"]
+    except urllib.error.HTTPError as exc:
+        status, raw, kind = exc.code, exc.read(), exc.headers["Content-Type"]
+    if kind and kind.startswith("application/json"):
+        return status, json.loads(raw)
+    return status, raw.decode()
+
+
+def test_an_unauthenticated_request_is_refused(managed):
+    status, body = http(managed, "GET", "/api/queues", auth=False)
+    assert status == 401 and "authentication required" in body["error"]
+
+
+def test_queues_and_addresses_report_what_was_sent(managed):
+    with connected(managed.url, **CREDENTIALS) as conn:
+        send(conn, "orders", *(Message(body=f"o{i}") for i in range(30)))
+    status, queues = http(managed, "GET", "/api/queues")
+    assert status == 200
+    (orders,) = [q for q in queues if q["name"] == "orders"]
+    assert orders["message-count"] == 30 and orders["messages-added"] == 30
+    assert orders["queue-type"] == "standard" and orders["routing-type"] == "ANYCAST"
+    status, address = http(managed, "GET", "/api/addresses/orders")
+    assert status == 200 and address["messages-in-memory"] == 30
+    assert address["settings"]["address-full-policy"] == "PAGE"
+    status, broker = http(managed, "GET", "/api/broker")
+    assert status == 200 and broker["messages-in-memory"] == 30 and broker["queues"] >= 1
+    assert http(managed, "GET", "/api/queues/nope")[0] == 404
+
+
+def test_create_purge_and_delete_a_queue(managed):
+    status, created = http(
+        managed, "POST", "/api/queues",
+        {"name": "jobs", "routing-type": "ANYCAST", "arguments": {"qpid.priorities": 10}},
+    )  # fmt: skip
+    assert status == 201 and created["queue-type"] == "priority"
+    status, refused = http(managed, "POST", "/api/queues", {"name": "jobs"})
+    assert status == 409 and "already exists" in refused["error"]
+    status, bad = http(managed, "POST", "/api/queues", {"name": "x", "arguments": {"a": 1}})
+    assert status == 400 and "unknown argument 'a'" in bad["error"]
+    with connected(managed.url, **CREDENTIALS) as conn:
+        send(conn, "jobs", *(Message(body=f"j{i}") for i in range(5)))
+    status, purged = http(managed, "POST", "/api/queues/jobs/purge")
+    assert status == 200 and purged == {"purged": 5}
+    assert http(managed, "GET", "/api/queues/jobs")[1]["message-count"] == 0
+    assert http(managed, "DELETE", "/api/queues/jobs")[0] == 204
+    assert http(managed, "GET", "/api/queues/jobs")[0] == 404
+
+
+def test_connections_are_listed(managed):
+    with connected(managed.url, container_id="lister", **CREDENTIALS):
+        status, connections = http(managed, "GET", "/api/connections")
+    assert status == 200
+    assert [c["container-id"] for c in connections] == ["lister"]
+    assert connections[0]["protocol"] == "amqp"
+
+
+def test_metrics_use_artemis_names_and_match_what_was_sent_and_consumed(managed):
+    with connected(managed.url, **CREDENTIALS) as conn:
+        send(conn, "metered", *(Message(body=f"m{i}") for i in range(12)))
+        receive(conn.create_receiver("metered"), 5)
+    status, text = http(managed, "GET", "/metrics")
+    assert status == 200
+    lines = text.splitlines()
+    labels = '{address="metered",queue="metered"}'
+    assert f"artemis_message_count{labels} 7.0" in lines
+    assert f"artemis_messages_added{labels} 12.0" in lines
+    assert f"artemis_messages_acknowledged{labels} 5.0" in lines
+    assert any(line.startswith("artemis_address_size{") for line in lines)
+    assert any(line.startswith("artemis_disk_store_usage ") for line in lines)
+    assert any(line.startswith("process_resident_memory_bytes ") for line in lines)
+
+
+def test_the_api_documents_itself(managed):
+    status, document = http(managed, "GET", "/api/openapi.json")
+    assert status == 200 and document["openapi"].startswith("3.")
+    assert "/api/queues/{name}/purge" in document["paths"]
+    status, missing = http(managed, "GET", "/api/nothing")
+    assert status == 404 and "GET /api/nothing" in missing["error"]
