@@ -166,6 +166,43 @@ class Broker:
         log.debug("address created", address=name, routing=sorted(r.value for r in routing_types))
         return address
 
+    def set_address_settings(self, pattern: str, changes: Mapping[str, object]) -> None:
+        """Change the settings of `pattern` at run time (merged into what it had); every
+        matching address takes them at once. Not persisted: the config file stays as it is.
+
+        Raises InvalidField naming the setting (and what is accepted), or ResourceLocked
+        when an address with pages would change its address-full-policy (that needs a
+        restart).
+        """
+        repository = self.config.address_settings
+        old = repository.explicit(pattern)
+        try:
+            repository.add(pattern, {**(old or {}), **changes})
+        except ValueError as exc:
+            raise InvalidField(str(exc)) from None
+        changed = {
+            name: address
+            for name, address in self.addresses.items()
+            if self.settings_for(name).address_full_policy != address.settings.address_full_policy
+        }
+        paged = [name for name, address in changed.items() if address.pager is not None]
+        if paged:
+            if old is None:
+                repository.remove(pattern)
+            else:
+                repository.add(pattern, old)
+            raise ResourceLocked(
+                f"address '{paged[0]}' has pages: its address-full-policy changes with a restart"
+            )
+        for name, address in self.addresses.items():
+            address.settings = self.settings_for(name)
+            if name in changed:
+                address.full_policy = self._full_policy_for(address)
+            if address.on_space and not address.is_full():
+                for resume in list(address.on_space):
+                    resume()  # a raised limit lets blocked producers go on
+        log.info("address settings changed", pattern=pattern, settings=dict(changes))
+
     def _full_policy_for(self, address: AddressInfo) -> Any:
         """The address's full policy, if any limit (its own or the broker's) can fill it.
 

@@ -8,6 +8,7 @@ AMQP management draft also uses (400 bad request, 404 not found, 409 conflict).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -121,6 +122,41 @@ class Management:
             }
             for _, info in sorted(self.broker.connections.items())
         ]
+
+    def browse_queue(self, name: str, limit: int = 10, preview: int = 256) -> list[dict[str, Any]]:
+        """The first `limit` messages waiting in memory, without taking them."""
+        queue = self.broker.queues.get(name)
+        if queue is None:
+            raise NotFound(f"queue '{name}' does not exist")
+        out = []
+        for entry in itertools.islice(queue.waiting(), max(limit, 0)):
+            message = entry.message
+            message.restore()
+            out.append(
+                {
+                    "id": message.id,
+                    "size": len(message.data),
+                    "durable": message.durable,
+                    "priority": message.priority,
+                    "expiration": message.expiration,
+                    "delivery-count": getattr(entry, "delivery_count", 0),
+                    **message.format.describe(message.data, preview),
+                }
+            )
+        return out
+
+    def close_connection(self, connection_id: int) -> None:
+        info = self.broker.connections.get(connection_id)
+        if info is None or info.close is None:
+            raise NotFound(f"connection {connection_id} is not open")
+        info.close("closed by the broker's management")
+
+    def set_address_settings(self, pattern: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply `changes` to `pattern` now (not persisted); the pattern's settings."""
+        if not pattern:
+            raise InvalidField("an address-settings pattern is needed, e.g. 'orders.#'")
+        self.broker.set_address_settings(pattern, changes)
+        return {"pattern": pattern, **(self.broker.config.address_settings.explicit(pattern) or {})}
 
     def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete queue `name` and its messages; one with consumers only with `force`."""

@@ -37,6 +37,10 @@ class MessageFormat(Protocol):
     def target_address(self, data: bytes) -> str | None:
         """The address the message names itself (AMQP `to`), for anonymous relays."""
 
+    def describe(self, data: bytes, preview: int) -> dict[str, Any]:
+        """Headers, properties and the first `preview` characters of the body, as plain
+        JSON-able values (management's browse)."""
+
 
 #: Estimated bytes of Python objects per message in memory, beyond its encoded bytes;
 #: counted in the memory figures that max-size-bytes and global-max-size limit.

@@ -216,3 +216,5 @@ class ConnectionInfo:
     container_id: str = ""
     user: str | None = None
     properties: dict[str, Any] = field(default_factory=dict)
+    #: Closes the connection, telling the client the given reason (set by the protocol).
+    close: Callable[[str], None] | None = field(default=None, repr=False)

@@ -43,7 +43,14 @@ OPENAPI: dict[str, Any] = {
             "delete": {"summary": "Delete a queue and its messages (?force=true with consumers)"},
         },
         "/api/queues/{name}/purge": {"post": {"summary": "Drop the queue's waiting messages"}},
+        "/api/queues/{name}/messages": {
+            "get": {"summary": "The first ?limit=N messages waiting (headers, body preview)"}
+        },
         "/api/connections": {"get": {"summary": "Open client connections"}},
+        "/api/connections/{id}": {"delete": {"summary": "Close a client connection"}},
+        "/api/address-settings/{pattern}": {
+            "patch": {"summary": "Change settings of a pattern now (not persisted)"}
+        },
         "/metrics": {"get": {"summary": "Prometheus metrics (Artemis's names)"}},
     },
 }
@@ -80,7 +87,10 @@ class ManagementApi:
         app.router.add_get("/api/queues/{name}", self.get_queue)
         app.router.add_delete("/api/queues/{name}", self.delete_queue)
         app.router.add_post("/api/queues/{name}/purge", self.purge_queue)
+        app.router.add_get("/api/queues/{name}/messages", self.browse_queue)
         app.router.add_get("/api/connections", self.get_connections)
+        app.router.add_delete("/api/connections/{id}", self.close_connection)
+        app.router.add_patch("/api/address-settings/{pattern}", self.set_address_settings)
         app.router.add_get("/api/openapi.json", self.get_openapi)
         app.router.add_get("/metrics", self.get_metrics)
         return app
@@ -181,6 +191,33 @@ class ManagementApi:
 
     async def purge_queue(self, request: web.Request) -> web.Response:
         return _json({"purged": self.management.purge_queue(request.match_info["name"])})
+
+    async def browse_queue(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "10"))
+        except ValueError:
+            return _error(400, f"limit={request.query['limit']!r}: expected an integer")
+        return _json(self.management.browse_queue(request.match_info["name"], limit))
+
+    async def close_connection(self, request: web.Request) -> web.Response:
+        try:
+            connection = int(request.match_info["id"])
+        except ValueError:
+            return _error(400, f"connection id {request.match_info['id']!r} is not a number")
+        self.management.close_connection(connection)
+        return web.Response(status=204)
+
+    async def set_address_settings(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as exc:
+            return _error(400, f"the body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            return _error(
+                400, 'expected a JSON object of settings, e.g. {"max-size-bytes": "10MiB"}'
+            )
+        pattern = request.match_info["pattern"]
+        return _json(self.management.set_address_settings(pattern, body))
 
 
 def _version() -> str:

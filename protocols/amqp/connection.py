@@ -48,7 +48,7 @@ class AmqpConnection(asyncio.Protocol):
         #: Declared, undischarged transactions by their AMQP txn-id.
         self.transactions: dict[bytes, Transaction] = {}
         self.socket: asyncio.Transport | None = None
-        self.info = ConnectionInfo(next(_ids), "amqp", "")
+        self.info = ConnectionInfo(next(_ids), "amqp", "", close=self.close_forced)
         self.closed = False
         self.container_id = ""
         self._dirty = False
@@ -94,6 +94,12 @@ class AmqpConnection(asyncio.Protocol):
             self.socket.close()
 
     # ------------------------------------------------------------------ engine side
+
+    def close_forced(self, reason: str) -> None:
+        """Close at the broker's request (management), telling the client why."""
+        if not self.closed:
+            engine.close_connection(self.engine.connection, "amqp:connection:forced", reason)
+            self.mark_dirty()
 
     def mark_dirty(self) -> None:
         """Output is waiting: flush this connection once the current work is done."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
+
+from proton import Message as ProtonMessage
 
 from scow.core.message import Message
 from scow.protocols.amqp import codec
@@ -30,6 +33,33 @@ class AmqpMessageFormat:
 
     def target_address(self, data: bytes) -> str | None:
         return codec.MessageInfo(data).to
+
+    def describe(self, data: bytes, preview: int) -> dict[str, Any]:
+        message = ProtonMessage()
+        message.decode(data)
+        body = message.body
+        if isinstance(body, (bytes, memoryview)):
+            text = bytes(body)[:preview].decode("utf-8", "replace")
+        else:
+            text = str(body)[:preview]
+        return {
+            "message-id": _plain(message.id),
+            "correlation-id": _plain(message.correlation_id),
+            "subject": message.subject,
+            "to": message.address,
+            "reply-to": message.reply_to,
+            "content-type": message.content_type,
+            "properties": {str(k): _plain(v) for k, v in (message.properties or {}).items()},
+            "annotations": {str(k): _plain(v) for k, v in (message.annotations or {}).items()},
+            "body-preview": text,
+        }
+
+
+def _plain(value: Any) -> Any:
+    """JSON-able: proton's UUIDs, binaries and the like as strings."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
 
 
 AMQP_FORMAT = AmqpMessageFormat()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from proton import Message
+from proton.utils import ConnectionClosed, SendException
 
 from scow.core.testing import DEFAULT_PLUGINS
 from tests.wire.helpers import connected, receive, send
@@ -121,3 +122,42 @@ def test_the_api_documents_itself(managed):
     assert "/api/queues/{name}/purge" in document["paths"]
     status, missing = http(managed, "GET", "/api/nothing")
     assert status == 404 and "GET /api/nothing" in missing["error"]
+
+
+def test_browse_shows_the_first_messages_without_taking_them(managed):
+    with connected(managed.url, **CREDENTIALS) as conn:
+        send(
+            conn, "peek",
+            *(Message(body=f"b{i}", subject="s", properties={"n": i}) for i in range(5)),
+        )  # fmt: skip
+    status, messages = http(managed, "GET", "/api/queues/peek/messages?limit=3")
+    assert status == 200 and len(messages) == 3
+    assert [m["body-preview"] for m in messages] == ["b0", "b1", "b2"]
+    assert messages[0]["properties"] == {"n": 0} and messages[0]["subject"] == "s"
+    assert http(managed, "GET", "/api/queues/peek")[1]["message-count"] == 5
+    assert http(managed, "GET", "/api/queues/peek/messages?limit=x")[0] == 400
+
+
+def test_a_connection_is_closed_through_the_api(managed):
+    with connected(managed.url, container_id="victim", **CREDENTIALS) as conn:
+        (victim,) = http(managed, "GET", "/api/connections")[1]
+        assert http(managed, "DELETE", f"/api/connections/{victim['id']}")[0] == 204
+        with pytest.raises(ConnectionClosed, match="amqp:connection:forced"):
+            conn.wait(lambda: False, timeout=5, msg="the broker to close the connection")
+    assert http(managed, "DELETE", "/api/connections/999999")[0] == 404
+
+
+def test_an_address_setting_changes_at_run_time(managed):
+    status, changed = http(
+        managed, "PATCH", "/api/address-settings/limited.%23",  # "#" URL-encoded
+        {"max-size-bytes": 2048, "address-full-policy": "FAIL"},
+    )  # fmt: skip
+    assert status == 200 and changed["max-size-bytes"] == 2048
+    with connected(managed.url, **CREDENTIALS) as conn:
+        sender = conn.create_sender("limited.a")
+        sender.send(Message(body="x" * 3000))  # fills the address past 2 KiB
+        with pytest.raises(SendException):  # rejected: the address is full, policy FAIL
+            sender.send(Message(body="refused"))
+    assert http(managed, "GET", "/api/queues/limited.a")[1]["message-count"] == 1
+    status, refused = http(managed, "PATCH", "/api/address-settings/x", {"max-size-bites": 1})
+    assert status == 400 and "max-size-bites" in refused["error"]
