@@ -1,8 +1,9 @@
 """The `$management` node: management requests over AMQP, answered by `core.management`.
 
 Requests and responses have the shape of the OASIS AMQP Management draft: a request
-carries application properties `operation` (CREATE, READ, DELETE, QUERY), `type`
-("queue") and `name`, a map body for CREATE (the queue's attributes) and a `reply-to`;
+carries application properties `operation`, `type` and `name` (queue: CREATE, READ,
+DELETE, QUERY, PURGE; address: READ, QUERY; connection: QUERY, DELETE, which closes it),
+a map body for CREATE (the queue's attributes) and a `reply-to`;
 the response goes to that address with `correlation-id` = the request's message-id and
 application properties `statusCode` (200, 201, 204, or 400/404/409/501 with
 `statusDescription` saying why). QUERY answers `{"attributeNames": [...], "results":
@@ -11,6 +12,8 @@ application properties `statusCode` (200, 201, 204, or 400/404/409/501 with
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -38,6 +41,7 @@ class ManagementLink:
         self.link = link
         self.closed = False
         self.management = Management(conn.broker)
+        self.operations = _operations(self.management)
         engine.open_link(link, address=MANAGEMENT_NODE)
         engine.link_flow(link, _CREDIT)
 
@@ -64,35 +68,16 @@ class ManagementLink:
         operation = str(properties.get("operation", "")).upper()
         kind = str(properties.get("type", "queue"))
         name = str(properties.get("name", ""))
+        operations = self.operations.get(kind)
+        if operations is None:
+            accepted = ", ".join(self.operations)
+            return 400, f"unknown type {kind!r} (accepted: {accepted})", None
+        run = operations.get(operation)
+        if run is None:
+            accepted = ", ".join(operations)
+            return 501, f"unknown operation {operation!r} for {kind} (accepted: {accepted})", None
         try:
-            if kind != "queue":
-                raise InvalidField(f"unknown type {kind!r} (accepted: queue)")
-            if operation == "CREATE":
-                body = request.body if request.body is not None else {}
-                if not isinstance(body, dict):
-                    raise InvalidField(f"CREATE needs a map of attributes, not {body!r}")
-                return 201, "Created", self.management.create_queue(name, _plain(body))
-            if operation == "READ":
-                return 200, "OK", self.management.read_queue(name)
-            if operation == "DELETE":
-                self.management.delete_queue(name, force=bool(properties.get("force", False)))
-                return 204, "No Content", None
-            if operation == "QUERY":
-                rows = self.management.list_queues()
-                names = list(rows[0]) if rows else []
-                return (
-                    200,
-                    "OK",
-                    {
-                        "attributeNames": names,
-                        "results": [[row[n] for n in names] for row in rows],
-                    },
-                )
-            return (
-                501,
-                f"unknown operation {operation!r} (accepted: CREATE, READ, DELETE, QUERY)",
-                None,
-            )
+            return run(name, request.body, properties)
         except BrokerError as exc:
             return status_of(exc), exc.description, None
 
@@ -101,7 +86,7 @@ class ManagementLink:
             address=request.reply_to,
             correlation_id=request.id if request.id is not None else request.correlation_id,
             properties={"statusCode": status, "statusDescription": description},
-            body=body,
+            body=_wire(body),
         )
         try:
             self.conn.broker.send(bytes(reply.encode()), request.reply_to, AMQP_FORMAT)
@@ -110,6 +95,72 @@ class ManagementLink:
 
     def close(self, remote_closed: bool) -> None:
         self.closed = True
+
+
+Operation = Callable[[str, Any, dict[str, Any]], tuple[int, str, Any]]
+
+
+def _operations(m: Management) -> dict[str, dict[str, Operation]]:
+    """Per type, per operation: (name, request body, request properties) -> the answer."""
+    return {
+        "queue": {
+            "CREATE": lambda name, body, _: (
+                201,
+                "Created",
+                m.create_queue(name, _attributes(body)),
+            ),
+            "READ": lambda name, _, __: (200, "OK", m.read_queue(name)),
+            "DELETE": lambda name, _, props: _done(
+                m.delete_queue(name, force=bool(props.get("force", False)))
+            ),
+            "QUERY": lambda *_: (200, "OK", _query(m.list_queues())),
+            "PURGE": lambda name, _, __: (200, "OK", {"purged": m.purge_queue(name)}),
+        },
+        "address": {
+            "READ": lambda name, _, __: (200, "OK", m.read_address(name)),
+            "QUERY": lambda *_: (200, "OK", _query(m.list_addresses())),
+        },
+        "connection": {
+            "QUERY": lambda *_: (200, "OK", _query(m.list_connections())),
+            "DELETE": lambda name, _, __: _done(m.close_connection(_number(name))),
+        },
+    }
+
+
+def _attributes(body: Any) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise InvalidField(f"CREATE needs a map of attributes, not {body!r}")
+    return _plain(body)
+
+
+def _number(name: str) -> int:
+    try:
+        return int(name)
+    except ValueError:
+        raise InvalidField(f"connection {name!r}: expected its number") from None
+
+
+def _done(_: None) -> tuple[int, str, Any]:
+    return 204, "No Content", None
+
+
+def _query(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The AMQP Management QUERY answer: attribute names once, then a row per object."""
+    names = list(rows[0]) if rows else []
+    return {"attributeNames": names, "results": [[_wire(row[n]) for n in names] for row in rows]}
+
+
+def _wire(value: Any) -> Any:
+    """Values proton can encode: enums by their value, containers element by element."""
+    if isinstance(value, dict):
+        return {str(k): _wire(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_wire(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
 
 
 def _plain(value: Any) -> Any:

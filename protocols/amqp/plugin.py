@@ -96,7 +96,7 @@ def scow_register_protocols() -> list[ProtocolType]:
 
 @hookimpl
 def scow_add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from scow.protocols.amqp import perf, queue_commands
+    from scow.protocols.amqp import management_commands, perf
 
     perf.add_commands(subparsers)
-    queue_commands.add_commands(subparsers)
+    management_commands.add_commands(subparsers)

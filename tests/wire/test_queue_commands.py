@@ -1,4 +1,4 @@
-"""`scow queue create|list|delete` against a running broker, through its `$management` node."""
+"""`scow queue|address|connection` against a running broker, through its `$management` node."""
 
 from __future__ import annotations
 
@@ -8,20 +8,21 @@ import sys
 
 import pytest
 from proton import Message
-from proton.utils import LinkDetached
+from proton.utils import ConnectionClosed, LinkDetached
 
 from scow.core.testing import free_port
 
 from .helpers import bodies, connected, receive, send
 
 
-def scow_queue(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def scow(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "scow.core.cli", "queue", *args, "--url", url],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-m", "scow.core.cli", *args], capture_output=True, text=True, timeout=60
     )
+
+
+def scow_queue(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return scow("queue", *args, "--url", url)
 
 
 def test_create_a_typed_queue_list_it_and_use_it(scow_broker):
@@ -101,3 +102,29 @@ def test_unknown_operation_is_answered_501(scow_broker):
 def test_no_broker_is_exit_status_2(tmp_path):
     result = scow_queue(f"amqp://127.0.0.1:{free_port()}", "list")
     assert result.returncode == 2 and "cannot connect" in result.stderr
+
+
+def test_stat_purge_and_the_address_and_connection_commands(scow_broker):
+    broker = scow_broker()
+    with connected(broker.url, container_id="watched") as conn:
+        send(conn, "work", *(Message(body=f"w{i}") for i in range(4)))
+        stat = scow_queue(broker.url, "stat").stdout.splitlines()
+        assert stat[0].split()[:4] == ["NAME", "ADDRESS", "CONSUMER_COUNT", "MESSAGE_COUNT"]
+        assert stat[1].split()[:5] == ["work", "work", "0", "4", "4"]
+        purged = scow_queue(broker.url, "purge", "work")
+        assert purged.returncode == 0 and "4 message(s) purged" in purged.stdout
+        assert broker.queue_stats("work")["message-count"] == 0
+
+        addresses = scow("address", "list", "--url", broker.url, "--json")
+        assert addresses.returncode == 0, addresses.stderr
+        (work,) = [a for a in json.loads(addresses.stdout) if a["name"] == "work"]
+        assert work["routing-types"] == "ANYCAST" and work["queues"] == "work"
+
+        listed = json.loads(scow("connection", "list", "--url", broker.url, "--json").stdout)
+        (watched,) = [c for c in listed if c["container-id"] == "watched"]
+        closed = scow("connection", "close", str(watched["id"]), "--url", broker.url)
+        assert closed.returncode == 0, closed.stderr
+        with pytest.raises(ConnectionClosed, match="amqp:connection:forced"):
+            conn.wait(lambda: False, timeout=5, msg="the broker to close the connection")
+    missing = scow("connection", "close", "424242", "--url", broker.url)
+    assert missing.returncode == 1 and "connection 424242 is not open" in missing.stderr

@@ -1,4 +1,4 @@
-"""`scow queue create|list|delete`: queue management against a running broker.
+"""`scow queue|address|connection ...`: managing a running broker from the command line.
 
 The commands send requests to the broker's `$management` node (see `management.py`)
 over an ordinary AMQP connection, as `artemis queue` does over its own protocol.
@@ -38,6 +38,37 @@ _COLUMNS = (
 )
 
 
+#: `scow queue stat`, like `artemis queue stat`.
+_STAT_COLUMNS = (
+    ("NAME", "name"),
+    ("ADDRESS", "address"),
+    ("CONSUMER_COUNT", "consumer-count"),
+    ("MESSAGE_COUNT", "message-count"),
+    ("MESSAGES_ADDED", "messages-added"),
+    ("DELIVERING_COUNT", "delivering-count"),
+    ("MESSAGES_ACKED", "messages-acknowledged"),
+    ("MESSAGES_EXPIRED", "messages-expired"),
+    ("MESSAGES_KILLED", "messages-killed"),
+    ("PAGED", "messages-paged"),
+    ("ROUTING_TYPE", "routing-type"),
+)
+_ADDRESS_COLUMNS = (
+    ("NAME", "name"),
+    ("ROUTING", "routing-types"),
+    ("QUEUES", "queues"),
+    ("MEMORY", "memory-bytes"),
+    ("PAGING", "paging"),
+    ("BLOCKED", "blocked"),
+)
+_CONNECTION_COLUMNS = (
+    ("ID", "id"),
+    ("PROTOCOL", "protocol"),
+    ("REMOTE", "remote"),
+    ("CONTAINER", "container-id"),
+    ("USER", "user"),
+)
+
+
 class CommandError(Exception):
     """What to tell the user; the exit status is 1 (refused) or 2 (no broker)."""
 
@@ -47,7 +78,13 @@ class CommandError(Exception):
 
 
 def request(
-    args: argparse.Namespace, operation: str, name: str = "", body: Any = None, **extra: Any
+    args: argparse.Namespace,
+    operation: str,
+    name: str = "",
+    body: Any = None,
+    *,
+    kind: str = "queue",
+    **extra: Any,
 ) -> Any:
     """Send one management request and return the response body; raise CommandError."""
     user, password = _credentials(args)
@@ -61,7 +98,7 @@ def request(
         replies = conn.create_receiver(None, dynamic=True)
         sender = conn.create_sender(MANAGEMENT_NODE)
         message_id = str(uuid.uuid4())
-        properties = {"operation": operation, "type": "queue", "name": name, **extra}
+        properties = {"operation": operation, "type": kind, "name": name, **extra}
         sender.send(
             Message(
                 id=message_id,
@@ -124,20 +161,60 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    answer = request(args, "QUERY")
+def query(args: argparse.Namespace, kind: str) -> list[dict[str, Any]]:
+    answer = request(args, "QUERY", kind=kind)
     names = answer["attributeNames"]
-    rows = [dict(zip(names, row, strict=True)) for row in answer["results"]]
-    if not args.all:
-        rows = [row for row in rows if not row["temporary"]]
+    return [dict(zip(names, row, strict=True)) for row in answer["results"]]
+
+
+def print_rows(
+    args: argparse.Namespace, rows: list[dict[str, Any]], columns: tuple[tuple[str, str], ...]
+) -> int:
+    """A table (or JSON with --json) of `rows`, one column per (header, attribute)."""
     if args.json:
         print(json.dumps(rows, sort_keys=True))
         return 0
-    table = [[str(row.get(attr, "")) for _, attr in _COLUMNS] for row in rows]
-    widths = [max([len(h), *(len(r[i]) for r in table)]) for i, (h, _) in enumerate(_COLUMNS)]
-    print("  ".join(h.ljust(w) for (h, _), w in zip(_COLUMNS, widths, strict=True)).rstrip())
+    table = [[str(row.get(attr, "")) for _, attr in columns] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in table)]) for i, (h, _) in enumerate(columns)]
+    print("  ".join(h.ljust(w) for (h, _), w in zip(columns, widths, strict=True)).rstrip())
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = query(args, "queue")
+    if not args.all:
+        rows = [row for row in rows if not row["temporary"]]
+    return print_rows(args, rows, _COLUMNS)
+
+
+def cmd_stat(args: argparse.Namespace) -> int:
+    rows = [row for row in query(args, "queue") if args.all or not row["temporary"]]
+    return print_rows(args, rows, _STAT_COLUMNS)
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    purged = request(args, "PURGE", args.name)["purged"]
+    print(f"queue '{args.name}': {purged} message(s) purged")
+    return 0
+
+
+def cmd_address_list(args: argparse.Namespace) -> int:
+    rows = query(args, "address")
+    for row in rows:
+        row["routing-types"] = ",".join(row["routing-types"])
+        row["queues"] = ",".join(row["queues"])
+    return print_rows(args, rows, _ADDRESS_COLUMNS)
+
+
+def cmd_connection_list(args: argparse.Namespace) -> int:
+    return print_rows(args, query(args, "connection"), _CONNECTION_COLUMNS)
+
+
+def cmd_connection_close(args: argparse.Namespace) -> int:
+    request(args, "DELETE", str(args.id), kind="connection")
+    print(f"connection {args.id} closed")
     return 0
 
 
@@ -152,7 +229,7 @@ def _run(handler: Any) -> Any:
         try:
             return int(handler(args))
         except CommandError as exc:
-            print(f"scow queue: {exc}", file=sys.stderr)
+            print(f"scow: {exc}", file=sys.stderr)
             return exc.status
 
     return run
@@ -197,8 +274,32 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     _common(listing)
     listing.set_defaults(handler=_run(cmd_list))
 
+    stat = sub.add_parser("stat", help="every queue's counters, like artemis queue stat")
+    stat.add_argument("--all", action="store_true", help="temporary queues too")
+    _common(stat)
+    stat.set_defaults(handler=_run(cmd_stat))
+
+    purge = sub.add_parser("purge", help="drop a queue's waiting messages")
+    purge.add_argument("name")
+    _common(purge)
+    purge.set_defaults(handler=_run(cmd_purge))
+
     delete = sub.add_parser("delete", help="delete a queue and its messages")
     delete.add_argument("name")
     delete.add_argument("--force", action="store_true", help="even with consumers (detached)")
     _common(delete)
     delete.set_defaults(handler=_run(cmd_delete))
+
+    addresses = command_group(subparsers, "address", "addresses of a running broker")
+    listing = addresses.add_parser("list", help="every address, its queues and paging state")
+    _common(listing)
+    listing.set_defaults(handler=_run(cmd_address_list))
+
+    connections = command_group(subparsers, "connection", "client connections of a running broker")
+    listing = connections.add_parser("list", help="open client connections")
+    _common(listing)
+    listing.set_defaults(handler=_run(cmd_connection_list))
+    close = connections.add_parser("close", help="close a client connection")
+    close.add_argument("id", type=int)
+    _common(close)
+    close.set_defaults(handler=_run(cmd_connection_close))
