@@ -290,7 +290,7 @@ class Broker:
             durable=spec.durable,
             temporary=spec.temporary,
         )
-        queue_filter = self._compile(spec.filter) if spec.filter is not None else None
+        queue_filter = self.compile_filter(spec.filter) if spec.filter is not None else None
         queue = queue_type.factory(spec, self)
         durable = spec.durable and not spec.temporary and self.persistent
         queue.id = record_id if record_id is not None else self.next_id()
@@ -331,7 +331,7 @@ class Broker:
                 f"queue '{name}': routing type {routing_type!r} is not ANYCAST or MULTICAST"
             ) from None
         if filter is not None:
-            self._compile(filter)  # a bad selector is refused before anything is created
+            self.compile_filter(filter)  # a bad selector is refused before anything is created
         return self.create_queue(
             QueueSpec(
                 name,
@@ -682,7 +682,8 @@ class Broker:
             )
         return self._attach(consumer, queue, None)
 
-    def _compile(self, selector: str) -> Callable[[Message], bool]:
+    def compile_filter(self, selector: str) -> Callable[[Message], bool]:
+        """A message filter from a selector; InvalidField names what is wrong in it."""
         try:
             compiled = self.compile_selector(selector)
         except ValueError as exc:
@@ -695,7 +696,7 @@ class Broker:
             raise ResourceLimitExceeded(
                 f"queue '{queue.name}' already has its max-consumers ({spec.max_consumers})"
             )
-        consumer.filter = self._compile(selector) if selector is not None else None
+        consumer.filter = self.compile_filter(selector) if selector is not None else None
         if spec.non_destructive:
             consumer.browse = True  # it sees messages without taking them
         queue.add_consumer(consumer)

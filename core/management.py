@@ -9,10 +9,11 @@ AMQP management draft also uses (400 bad request, 404 not found, 409 conflict).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from scow.core.broker import Broker
+from scow.core.message import Message
 from scow.core.model import (
     BrokerError,
     InvalidField,
@@ -122,6 +123,59 @@ class Management:
             }
             for _, info in sorted(self.broker.connections.items())
         ]
+
+    def move_messages(
+        self, name: str, target: str, *, selector: str | None = None
+    ) -> dict[str, int]:
+        """Send the waiting messages of queue `name` (those `selector` matches) to the
+        address `target`, as new messages; each leaves the queue once routed."""
+        if not target:
+            raise InvalidField(f"queue '{name}': moving needs a target address")
+        return self._resend(name, lambda _message: target, selector)
+
+    def retry_messages(self, name: str) -> dict[str, int]:
+        """Send dead-lettered or expired messages of queue `name` back to the address they
+        came from (their x-opt-ORIG-ADDRESS annotation); others stay."""
+
+        def origin(message: Message) -> str | None:
+            annotations = message.format.describe(message.data, 0)["annotations"]
+            return annotations.get("x-opt-ORIG-ADDRESS")
+
+        return self._resend(name, origin, None)
+
+    def _resend(
+        self, name: str, target_of: Callable[[Message], str | None], selector: str | None
+    ) -> dict[str, int]:
+        queue = self.broker.queues.get(name)
+        if queue is None:
+            raise NotFound(f"queue '{name}' does not exist")
+        matches = self.broker.compile_filter(selector) if selector else None
+        targets: dict[int, str] = {}
+
+        def chosen(entry: Any) -> bool:
+            message = entry.message
+            message.restore()
+            if matches is not None and not matches(message):
+                return False
+            target = target_of(message)
+            if target:
+                targets[message.id] = target
+            return bool(target)
+
+        moved = 0
+        refs = queue.take(chosen)
+        for index, ref in enumerate(refs):
+            message = ref.message
+            try:
+                self.broker.send(message.data, targets[message.id], message.format)
+            except BrokerError:
+                for rest in refs[index:]:  # the target refused: the others stay where they were
+                    queue.release(rest, delivered=False)
+                raise
+            queue.remove_delivering(ref)
+            self.broker.discard(ref)
+            moved += 1
+        return {"moved": moved}
 
     def browse_queue(self, name: str, limit: int = 10, preview: int = 256) -> list[dict[str, Any]]:
         """The first `limit` messages waiting in memory, without taking them."""

@@ -43,6 +43,12 @@ OPENAPI: dict[str, Any] = {
             "delete": {"summary": "Delete a queue and its messages (?force=true with consumers)"},
         },
         "/api/queues/{name}/purge": {"post": {"summary": "Drop the queue's waiting messages"}},
+        "/api/queues/{name}/move": {
+            "post": {"summary": 'Send waiting messages elsewhere: {"to": address, "filter": ...}'}
+        },
+        "/api/queues/{name}/retry": {
+            "post": {"summary": "Send dead-lettered messages back to their original address"}
+        },
         "/api/queues/{name}/messages": {
             "get": {"summary": "The first ?limit=N messages waiting (headers, body preview)"}
         },
@@ -87,6 +93,8 @@ class ManagementApi:
         app.router.add_get("/api/queues/{name}", self.get_queue)
         app.router.add_delete("/api/queues/{name}", self.delete_queue)
         app.router.add_post("/api/queues/{name}/purge", self.purge_queue)
+        app.router.add_post("/api/queues/{name}/move", self.move_messages)
+        app.router.add_post("/api/queues/{name}/retry", self.retry_messages)
         app.router.add_get("/api/queues/{name}/messages", self.browse_queue)
         app.router.add_get("/api/connections", self.get_connections)
         app.router.add_delete("/api/connections/{id}", self.close_connection)
@@ -191,6 +199,19 @@ class ManagementApi:
 
     async def purge_queue(self, request: web.Request) -> web.Response:
         return _json({"purged": self.management.purge_queue(request.match_info["name"])})
+
+    async def move_messages(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as exc:
+            return _error(400, f"the body is not JSON: {exc}")
+        if not isinstance(body, dict) or not isinstance(body.get("to"), str):
+            return _error(400, 'expected {"to": "<address>"} and optionally "filter"')
+        name = request.match_info["name"]
+        return _json(self.management.move_messages(name, body["to"], selector=body.get("filter")))
+
+    async def retry_messages(self, request: web.Request) -> web.Response:
+        return _json(self.management.retry_messages(request.match_info["name"]))
 
     async def browse_queue(self, request: web.Request) -> web.Response:
         try:

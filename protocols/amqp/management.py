@@ -2,7 +2,8 @@
 
 Requests and responses have the shape of the OASIS AMQP Management draft: a request
 carries application properties `operation`, `type` and `name` (queue: CREATE, READ,
-DELETE, QUERY, PURGE; address: READ, QUERY; connection: QUERY, DELETE, which closes it),
+DELETE, QUERY, PURGE, MOVE (property `to`, optional `filter`), RETRY; address: READ,
+QUERY; connection: QUERY, DELETE, which closes it),
 a map body for CREATE (the queue's attributes) and a `reply-to`;
 the response goes to that address with `correlation-id` = the request's message-id and
 application properties `statusCode` (200, 201, 204, or 400/404/409/501 with
@@ -115,6 +116,12 @@ def _operations(m: Management) -> dict[str, dict[str, Operation]]:
             ),
             "QUERY": lambda *_: (200, "OK", _query(m.list_queues())),
             "PURGE": lambda name, _, __: (200, "OK", {"purged": m.purge_queue(name)}),
+            "MOVE": lambda name, _, props: (
+                200,
+                "OK",
+                m.move_messages(name, str(props.get("to", "")), selector=props.get("filter")),
+            ),
+            "RETRY": lambda name, _, __: (200, "OK", m.retry_messages(name)),
         },
         "address": {
             "READ": lambda name, _, __: (200, "OK", m.read_address(name)),

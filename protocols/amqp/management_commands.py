@@ -200,6 +200,19 @@ def cmd_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_move(args: argparse.Namespace) -> int:
+    extra = {"to": args.to, **({"filter": args.filter} if args.filter else {})}
+    moved = request(args, "MOVE", args.name, **extra)["moved"]
+    print(f"queue '{args.name}': {moved} message(s) moved to '{args.to}'")
+    return 0
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    moved = request(args, "RETRY", args.name)["moved"]
+    print(f"queue '{args.name}': {moved} message(s) sent back to their original address")
+    return 0
+
+
 def cmd_address_list(args: argparse.Namespace) -> int:
     rows = query(args, "address")
     for row in rows:
@@ -283,6 +296,18 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     purge.add_argument("name")
     _common(purge)
     purge.set_defaults(handler=_run(cmd_purge))
+
+    move = sub.add_parser("move", help="send a queue's waiting messages to another address")
+    move.add_argument("name")
+    move.add_argument("--to", required=True, help="the address to send them to")
+    move.add_argument("--filter", help="selector: only the messages it matches")
+    _common(move)
+    move.set_defaults(handler=_run(cmd_move))
+
+    retry = sub.add_parser("retry", help="send dead letters back to their original address")
+    retry.add_argument("name")
+    _common(retry)
+    retry.set_defaults(handler=_run(cmd_retry))
 
     delete = sub.add_parser("delete", help="delete a queue and its messages")
     delete.add_argument("name")

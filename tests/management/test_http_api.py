@@ -161,3 +161,24 @@ def test_an_address_setting_changes_at_run_time(managed):
     assert http(managed, "GET", "/api/queues/limited.a")[1]["message-count"] == 1
     status, refused = http(managed, "PATCH", "/api/address-settings/x", {"max-size-bites": 1})
     assert status == 400 and "max-size-bites" in refused["error"]
+
+
+def test_move_and_retry_messages(managed):
+    with connected(managed.url, **CREDENTIALS) as conn:
+        send(conn, "inbox", *(Message(body=f"m{i}", properties={"k": i % 2}) for i in range(4)))
+        receiver = conn.create_receiver("inbox")
+        receive(receiver, 1, accept=False)
+        receiver.reject()  # m0 goes to the dead-letter address DLA
+        receiver.close()
+    status, moved = http(
+        managed, "POST", "/api/queues/inbox/move", {"to": "odd", "filter": "k = 1"}
+    )
+    assert status == 200 and moved == {"moved": 2}
+    assert http(managed, "GET", "/api/queues/odd")[1]["message-count"] == 2
+    assert http(managed, "GET", "/api/queues/inbox")[1]["message-count"] == 1  # m2 stays
+    assert http(managed, "POST", "/api/queues/inbox/move", {"filter": "k = 1"})[0] == 400
+    status, retried = http(managed, "POST", "/api/queues/DLA/retry")
+    assert status == 200 and retried == {"moved": 1}
+    with connected(managed.url, **CREDENTIALS) as conn:
+        back = receive(conn.create_receiver("inbox"), 2)
+    assert sorted(m.body for m in back) == ["m0", "m2"]
