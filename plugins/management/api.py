@@ -12,8 +12,11 @@ import base64
 import binascii
 import hmac
 import json
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -58,6 +61,7 @@ OPENAPI: dict[str, Any] = {
             "patch": {"summary": "Change settings of a pattern now (not persisted)"}
         },
         "/metrics": {"get": {"summary": "Prometheus metrics (Artemis's names)"}},
+        "/console": {"get": {"summary": "The web console (one page, updates every second)"}},
     },
 }
 
@@ -82,6 +86,9 @@ class ManagementApi:
         self.anonymous = anonymous
         self.started = started
         self.registry = registry_for(broker, lambda: len(broker.connections))
+        broker_config = broker.config.section("broker")
+        self.data_dir = Path(str(broker_config["data-dir"]))
+        self.max_disk_usage = broker_config["max-disk-usage"]
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors, self._authenticate])
@@ -101,6 +108,7 @@ class ManagementApi:
         app.router.add_patch("/api/address-settings/{pattern}", self.set_address_settings)
         app.router.add_get("/api/openapi.json", self.get_openapi)
         app.router.add_get("/metrics", self.get_metrics)
+        app.router.add_get("/console", self.get_console)
         return app
 
     # ------------------------------------------------------------------ middleware
@@ -146,6 +154,8 @@ class ManagementApi:
                 "global-max-size": stats["global-max-size"],
                 "messages-in-memory": stats["messages-in-memory"],
                 "disk-full": stats["disk-full"],
+                "disk-usage-percent": _disk_usage(self.data_dir),
+                "max-disk-usage": self.max_disk_usage,
                 "addresses": stats["addresses"],
                 "queues": len(stats["queues"]),
                 "messages-routed": stats["messages-routed"],
@@ -173,6 +183,10 @@ class ManagementApi:
 
     async def get_openapi(self, request: web.Request) -> web.Response:
         return _json(OPENAPI)
+
+    async def get_console(self, request: web.Request) -> web.Response:
+        page = resources.files("scow.plugins.management").joinpath("console.html")
+        return web.Response(text=page.read_text(), content_type="text/html")
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -239,6 +253,14 @@ class ManagementApi:
             )
         pattern = request.match_info["pattern"]
         return _json(self.management.set_address_settings(pattern, body))
+
+
+def _disk_usage(path: Path) -> float:
+    """Percent of the data dir's file system in use (its parent until it exists)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    usage = shutil.disk_usage(path)
+    return round(100 * usage.used / usage.total, 1)
 
 
 def _version() -> str:
