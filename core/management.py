@@ -120,6 +120,7 @@ class Management:
                 "remote": info.remote,
                 "container-id": info.container_id,
                 "user": info.user,
+                "links": info.links() if info.links is not None else [],
             }
             for _, info in sorted(self.broker.connections.items())
         ]

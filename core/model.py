@@ -218,3 +218,5 @@ class ConnectionInfo:
     properties: dict[str, Any] = field(default_factory=dict)
     #: Closes the connection, telling the client the given reason (set by the protocol).
     close: Callable[[str], None] | None = field(default=None, repr=False)
+    #: Describes its links now: name, role, address or queue, credit, unsettled.
+    links: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)

@@ -7,8 +7,10 @@ API under /api (OpenAPI document at /api/openapi.json) and /metrics. Needs the
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -51,6 +53,7 @@ class ManagementService:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.runner: web.AppRunner | None = None
+        self.sampler: asyncio.Task[None] | None = None
         self.url = ""
 
     async def start(self) -> None:
@@ -68,6 +71,7 @@ class ManagementService:
         security = config.section("security")
         anonymous = bool(security["allow-anonymous"]) and _loopback(host)
         api = ManagementApi(self.broker, security["users"], anonymous, time.monotonic())
+        self.sampler = asyncio.get_running_loop().create_task(_every_second(api.rates.sample))
         self.runner = web.AppRunner(api.app(), access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host or None, port)
@@ -78,8 +82,16 @@ class ManagementService:
         log.info("management listening", url=self.url, anonymous=anonymous)
 
     async def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.cancel()
         if self.runner is not None:
             await self.runner.cleanup()
+
+
+async def _every_second(sample: Callable[[], None]) -> None:
+    while True:
+        sample()
+        await asyncio.sleep(1.0)
 
 
 @hookimpl

@@ -24,6 +24,7 @@ from aiohttp import web
 from scow.core.management import Management, status_of
 from scow.core.model import BrokerError
 from scow.plugins.management.metrics import exposition, registry_for
+from scow.plugins.management.rates import Rates
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -86,6 +87,7 @@ class ManagementApi:
         self.anonymous = anonymous
         self.started = started
         self.registry = registry_for(broker, lambda: len(broker.connections))
+        self.rates = Rates(broker)
         broker_config = broker.config.section("broker")
         self.data_dir = Path(str(broker_config["data-dir"]))
         self.max_disk_usage = broker_config["max-disk-usage"]
@@ -173,10 +175,11 @@ class ManagementApi:
         return _json(self.management.read_address(request.match_info["name"]))
 
     async def get_queues(self, request: web.Request) -> web.Response:
-        return _json(self.management.list_queues())
+        return _json([{**q, **self.rates.of(q["name"])} for q in self.management.list_queues()])
 
     async def get_queue(self, request: web.Request) -> web.Response:
-        return _json(self.management.read_queue(request.match_info["name"]))
+        name = request.match_info["name"]
+        return _json({**self.management.read_queue(name), **self.rates.of(name)})
 
     async def get_connections(self, request: web.Request) -> web.Response:
         return _json(self.management.list_connections())

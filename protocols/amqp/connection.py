@@ -48,7 +48,9 @@ class AmqpConnection(asyncio.Protocol):
         #: Declared, undischarged transactions by their AMQP txn-id.
         self.transactions: dict[bytes, Transaction] = {}
         self.socket: asyncio.Transport | None = None
-        self.info = ConnectionInfo(next(_ids), "amqp", "", close=self.close_forced)
+        self.info = ConnectionInfo(
+            next(_ids), "amqp", "", close=self.close_forced, links=self.describe_links
+        )
         self.closed = False
         self.container_id = ""
         self._dirty = False
@@ -94,6 +96,9 @@ class AmqpConnection(asyncio.Protocol):
             self.socket.close()
 
     # ------------------------------------------------------------------ engine side
+
+    def describe_links(self) -> list[dict[str, Any]]:
+        return [handler.describe() for handler in self.links.values()]
 
     def close_forced(self, reason: str) -> None:
         """Close at the broker's request (management), telling the client why."""

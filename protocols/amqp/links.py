@@ -154,6 +154,15 @@ class ProducerLink:
             self._refuse(delivery, presettled, "amqp:decode-error", str(exc))
         self._replenish()
 
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": engine.link_name(self.link),
+            "role": "producer",
+            "address": self.address,
+            "credit": engine.link_credit(self.link),
+            "blocked": self.waiting is not None,
+        }
+
     def _too_large(self, size: int) -> None:
         """Close the link: the message (perhaps still arriving) is over max-message-size."""
         self.conn.drop_link(
@@ -262,6 +271,16 @@ class ConsumerLink:
         else:
             self.unsettled[delivery] = ref
         self.conn.mark_dirty()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": engine.link_name(self.link),
+            "role": "browser" if self.browse else "consumer",
+            "queue": self.queue.name,
+            "credit": self.credit(),
+            "unsettled": len(self.unsettled),
+            "selector": self.filter is not None,
+        }
 
     def detach(self, reason: str) -> None:
         self.conn.drop_link(self.link, "amqp:resource-deleted", reason)

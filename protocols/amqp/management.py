@@ -94,6 +94,9 @@ class ManagementLink:
         except BrokerError as exc:  # e.g. the reply address is gone: nobody to tell
             log.info("management reply not delivered", reason=exc.description)
 
+    def describe(self) -> dict[str, Any]:
+        return {"name": engine.link_name(self.link), "role": "management"}
+
     def close(self, remote_closed: bool) -> None:
         self.closed = True
 

@@ -77,6 +77,9 @@ class CoordinatorLink:
         engine.open_link(link, address=None)
         engine.link_flow(link, 100)
 
+    def describe(self) -> dict[str, Any]:
+        return {"name": engine.link_name(self.link), "role": "transaction coordinator"}
+
     def on_delivery(self, delivery: Any) -> None:
         if engine.delivery_partial(delivery):
             return

@@ -12,7 +12,7 @@ import pytest
 from proton import Message
 from proton.utils import ConnectionClosed, SendException
 
-from scow.core.testing import DEFAULT_PLUGINS
+from scow.core.testing import DEFAULT_PLUGINS, wait_for
 from tests.wire.helpers import connected, receive, send
 
 AUTH = {"admin": "secret"}
@@ -182,3 +182,29 @@ def test_move_and_retry_messages(managed):
     with connected(managed.url, **CREDENTIALS) as conn:
         back = receive(conn.create_receiver("inbox"), 2)
     assert sorted(m.body for m in back) == ["m0", "m2"]
+
+
+def test_connections_show_their_links(managed):
+    with connected(managed.url, container_id="linked", **CREDENTIALS) as conn:
+        conn.create_sender("in", name="producer")
+        conn.create_receiver("out", name="consumer", credit=7)
+        (connection,) = http(managed, "GET", "/api/connections")[1]
+        links = {link["name"]: link for link in connection["links"]}
+    assert links["producer"]["role"] == "producer" and links["producer"]["address"] == "in"
+    assert links["consumer"]["role"] == "consumer" and links["consumer"]["queue"] == "out"
+    assert links["consumer"]["credit"] == 7 and links["consumer"]["unsettled"] == 0
+
+
+def test_queue_rates_follow_what_is_sent_and_consumed(managed):
+    http(managed, "POST", "/api/queues", {"name": "rated", "routing-type": "ANYCAST"})
+    with connected(managed.url, **CREDENTIALS) as conn:
+        send(conn, "rated", *(Message(body=f"r{i}") for i in range(50)))
+        receive(conn.create_receiver("rated"), 50)
+
+    def rates() -> dict:
+        queue = http(managed, "GET", "/api/queues/rated")[1]
+        return queue if queue["messages-acknowledged-rate"] > 0 else {}
+
+    queue = wait_for(rates, what="the next samples to see the traffic")
+    assert 0 < queue["messages-added-rate"] <= 50
+    assert 0 < queue["messages-acknowledged-rate"] <= 50
