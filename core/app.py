@@ -183,6 +183,10 @@ class Server:
             page_stores=self.page_stores,
         )
         broker.hooks = self.plugins.hook
+        try:
+            broker.load_persisted_settings()
+        except BrokerError as exc:
+            raise StartupError(exc.description) from None
         self.plugins.register(_ConnectionRegistry(broker), "scow.connections")
         self.broker = broker
         formats = [p.message_format for p in self.protocol_types.values() if p.message_format]

@@ -8,9 +8,12 @@ producer and consumer happens here and in the queue objects.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -39,6 +42,9 @@ if TYPE_CHECKING:
     from scow.core.storage import PageRecovery, Recovered, RecoveredMessage, StorageManager
 
 log = structlog.get_logger("scow.broker")
+
+#: Address settings changed at run time and asked to be kept, in the data dir.
+PERSISTED_SETTINGS = "address-settings.json"
 
 FQQN_SEPARATOR = "::"
 
@@ -166,9 +172,40 @@ class Broker:
         log.debug("address created", address=name, routing=sorted(r.value for r in routing_types))
         return address
 
-    def set_address_settings(self, pattern: str, changes: Mapping[str, object]) -> None:
+    @property
+    def _persisted_settings_path(self) -> Path:
+        return Path(str(self.config.section("broker")["data-dir"])) / PERSISTED_SETTINGS
+
+    def load_persisted_settings(self) -> None:
+        """Apply the address settings a run-time change asked to keep (over the config)."""
+        path = self._persisted_settings_path
+        if not path.exists():
+            return
+        try:
+            layers = json.loads(path.read_text())
+            for pattern, layer in layers.items():
+                repository = self.config.address_settings
+                repository.add(pattern, {**(repository.explicit(pattern) or {}), **layer})
+        except (ValueError, AttributeError) as exc:
+            raise InvalidField(
+                f"{path}: {exc} (delete the file to start from the config)"
+            ) from None
+
+    def _persist_settings(self, pattern: str, changes: Mapping[str, object]) -> None:
+        path = self._persisted_settings_path
+        layers = json.loads(path.read_text()) if path.exists() else {}
+        layers[pattern] = {**layers.get(pattern, {}), **changes}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(layers, indent=2, sort_keys=True, default=str))
+        os.replace(partial, path)
+
+    def set_address_settings(
+        self, pattern: str, changes: Mapping[str, object], *, persist: bool = False
+    ) -> None:
         """Change the settings of `pattern` at run time (merged into what it had); every
-        matching address takes them at once. Not persisted: the config file stays as it is.
+        matching address takes them at once. With `persist`, they are also kept in the
+        data dir and applied at each start (over the config file, which stays as it is).
 
         Raises InvalidField naming the setting (and what is accepted), or ResourceLocked
         when an address with pages would change its address-full-policy (that needs a
@@ -201,7 +238,9 @@ class Broker:
             if address.on_space and not address.is_full():
                 for resume in list(address.on_space):
                     resume()  # a raised limit lets blocked producers go on
-        log.info("address settings changed", pattern=pattern, settings=dict(changes))
+        if persist:
+            self._persist_settings(pattern, changes)
+        log.info("address settings changed", pattern=pattern, settings=dict(changes), kept=persist)
 
     def _full_policy_for(self, address: AddressInfo) -> Any:
         """The address's full policy, if any limit (its own or the broker's) can fill it.

@@ -20,6 +20,7 @@ from scow.core.model import (
     NotFound,
     ResourceLimitExceeded,
     ResourceLocked,
+    RoutingType,
 )
 
 #: Attributes `create_queue` accepts, with what they mean.
@@ -97,6 +98,36 @@ class Management:
             queue.remove_delivering(ref)
             self.broker.discard(ref)
         return len(refs)
+
+    def create_address(self, name: str, routing_types: list[str]) -> dict[str, Any]:
+        """Create address `name` with the given routing types (ANYCAST, MULTICAST)."""
+        if not name:
+            raise InvalidField("an address needs a name")
+        if name in self.broker.addresses:
+            raise ResourceLocked(f"address '{name}' already exists")
+        try:
+            types = {RoutingType(str(r).upper()) for r in routing_types}
+        except ValueError:
+            raise InvalidField(
+                f"address '{name}': routing types {routing_types!r}: expected ANYCAST and/or "
+                "MULTICAST"
+            ) from None
+        if not types:
+            raise InvalidField(f"address '{name}': give at least one routing type")
+        self.broker.create_address(name, types)
+        return self.read_address(name)
+
+    def delete_address(self, name: str, *, force: bool = False) -> None:
+        """Delete address `name`; one with queues only with `force` (they go too)."""
+        address = self.broker.addresses.get(name)
+        if address is None:
+            raise NotFound(f"address '{name}' does not exist")
+        if address.queues and not force:
+            raise ResourceLocked(
+                f"address '{name}' has queues ({', '.join(sorted(address.queues))}); "
+                "force the delete to remove them with it"
+            )
+        self.broker.delete_address(name)
 
     def list_addresses(self) -> list[dict[str, Any]]:
         return [self.read_address(name) for name in sorted(self.broker.addresses)]
@@ -206,11 +237,14 @@ class Management:
             raise NotFound(f"connection {connection_id} is not open")
         info.close("closed by the broker's management")
 
-    def set_address_settings(self, pattern: str, changes: Mapping[str, Any]) -> dict[str, Any]:
-        """Apply `changes` to `pattern` now (not persisted); the pattern's settings."""
+    def set_address_settings(
+        self, pattern: str, changes: Mapping[str, Any], *, persist: bool = False
+    ) -> dict[str, Any]:
+        """Apply `changes` to `pattern` now (kept across restarts with `persist`); the
+        pattern's settings."""
         if not pattern:
             raise InvalidField("an address-settings pattern is needed, e.g. 'orders.#'")
-        self.broker.set_address_settings(pattern, changes)
+        self.broker.set_address_settings(pattern, changes, persist=persist)
         return {"pattern": pattern, **(self.broker.config.address_settings.explicit(pattern) or {})}
 
     def delete_queue(self, name: str, *, force: bool = False) -> None:

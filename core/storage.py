@@ -27,6 +27,7 @@ import json
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransaction
 
@@ -160,6 +161,15 @@ class StorageManager:
         self._next_id = 1
         self._id_limit = 0
         self._have_block = False  # the ID_BLOCK record exists in the bindings journal
+
+    def stats(self) -> dict[str, Any]:
+        """Each journal's own figures, when its backend reports some."""
+        out: dict[str, Any] = {}
+        for name, journal in (("bindings", self._bindings), ("messages", self._messages)):
+            stats = getattr(journal, "stats", None)
+            if journal is not None and stats is not None:
+                out[name] = stats()
+        return out
 
     @property
     def journals(self) -> list[Journal]:

@@ -30,6 +30,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -298,6 +299,18 @@ class FileJournal:
             prepared=[tx.to_prepared() for tx in prepared],
             max_id=replay.max_id,
         )
+
+    def stats(self) -> dict[str, Any]:
+        """Live records, open transactions, data files and the bytes they use."""
+        with self._lock:
+            files = list(self._files)
+            return {
+                "records": len(self._records),
+                "transactions": len(self._txs),
+                "files": len(files),
+                "free-files": len(self._free) + len(self._ready),
+                "bytes-used": sum(f.used for f in files),
+            }
 
     def append_add(
         self,

@@ -33,8 +33,14 @@ OPENAPI: dict[str, Any] = {
     "info": {"title": "Scow management API", "version": "1"},
     "paths": {
         "/api/broker": {"get": {"summary": "Broker figures: memory, disk, paging, connections"}},
-        "/api/addresses": {"get": {"summary": "Every address with its settings and paging"}},
-        "/api/addresses/{name}": {"get": {"summary": "One address"}},
+        "/api/addresses": {
+            "get": {"summary": "Every address with its settings and paging"},
+            "post": {"summary": 'Create an address: {"name": ..., "routing-types": [...]}'},
+        },
+        "/api/addresses/{name}": {
+            "get": {"summary": "One address"},
+            "delete": {"summary": "Delete an address (?force=true with its queues)"},
+        },
         "/api/queues": {
             "get": {"summary": "Every queue with its type, arguments and figures"},
             "post": {
@@ -59,7 +65,7 @@ OPENAPI: dict[str, Any] = {
         "/api/connections": {"get": {"summary": "Open client connections"}},
         "/api/connections/{id}": {"delete": {"summary": "Close a client connection"}},
         "/api/address-settings/{pattern}": {
-            "patch": {"summary": "Change settings of a pattern now (not persisted)"}
+            "patch": {"summary": "Change settings of a pattern now (?persist=true keeps them)"}
         },
         "/metrics": {"get": {"summary": "Prometheus metrics (Artemis's names)"}},
         "/console": {"get": {"summary": "The web console (one page, updates every second)"}},
@@ -96,7 +102,9 @@ class ManagementApi:
         app = web.Application(middlewares=[self._errors, self._authenticate])
         app.router.add_get("/api/broker", self.get_broker)
         app.router.add_get("/api/addresses", self.get_addresses)
+        app.router.add_post("/api/addresses", self.create_address)
         app.router.add_get("/api/addresses/{name}", self.get_address)
+        app.router.add_delete("/api/addresses/{name}", self.delete_address)
         app.router.add_get("/api/queues", self.get_queues)
         app.router.add_post("/api/queues", self.create_queue)
         app.router.add_get("/api/queues/{name}", self.get_queue)
@@ -147,6 +155,7 @@ class ManagementApi:
 
     async def get_broker(self, request: web.Request) -> web.Response:
         stats = self.broker.stats()
+        addresses = list(stats["address-stats"].values())
         return _json(
             {
                 "version": _version(),
@@ -164,6 +173,12 @@ class ManagementApi:
                 "paging-addresses": sorted(
                     name for name, a in stats["address-stats"].items() if a.get("paging")
                 ),
+                "paging": {
+                    "page-files": sum(a.get("page-count", 0) for a in addresses),
+                    "paged-bytes": sum(a.get("paged-bytes", 0) for a in addresses),
+                    "paged-messages": sum(a.get("messages-paged", 0) for a in addresses),
+                },
+                "journal": self.broker.storage.stats(),
                 **{k: v for k, v in stats.items() if k == "flow-to-disk"},
             }
         )
@@ -173,6 +188,20 @@ class ManagementApi:
 
     async def get_address(self, request: web.Request) -> web.Response:
         return _json(self.management.read_address(request.match_info["name"]))
+
+    async def create_address(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        if not isinstance(body.get("name"), str) or not isinstance(
+            body.get("routing-types", []), list
+        ):
+            return _error(400, 'expected {"name": ..., "routing-types": ["ANYCAST"]}')
+        created = self.management.create_address(body["name"], body.get("routing-types", []))
+        return _json(created, 201)
+
+    async def delete_address(self, request: web.Request) -> web.Response:
+        force = request.query.get("force", "false").lower() in ("1", "true", "yes")
+        self.management.delete_address(request.match_info["name"], force=force)
+        return web.Response(status=204)
 
     async def get_queues(self, request: web.Request) -> web.Response:
         return _json([{**q, **self.rates.of(q["name"])} for q in self.management.list_queues()])
@@ -255,7 +284,19 @@ class ManagementApi:
                 400, 'expected a JSON object of settings, e.g. {"max-size-bytes": "10MiB"}'
             )
         pattern = request.match_info["pattern"]
-        return _json(self.management.set_address_settings(pattern, body))
+        persist = request.query.get("persist", "false").lower() in ("1", "true", "yes")
+        return _json(self.management.set_address_settings(pattern, body, persist=persist))
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; 400 (through the error middleware) when it is not one."""
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as exc:
+        raise web.HTTPBadRequest(reason=f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(reason="expected a JSON object")
+    return body
 
 
 def _disk_usage(path: Path) -> float:

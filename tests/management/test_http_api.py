@@ -12,7 +12,13 @@ import pytest
 from proton import Message
 from proton.utils import ConnectionClosed, SendException
 
-from scow.core.testing import DEFAULT_PLUGINS, wait_for
+from scow.core.testing import (
+    DEFAULT_PLUGINS,
+    BrokerThread,
+    broker_config,
+    wait_for,
+    write_config,
+)
 from tests.wire.helpers import connected, receive, send
 
 AUTH = {"admin": "secret"}
@@ -208,3 +214,55 @@ def test_queue_rates_follow_what_is_sent_and_consumed(managed):
     queue = wait_for(rates, what="the next samples to see the traffic")
     assert 0 < queue["messages-added-rate"] <= 50
     assert 0 < queue["messages-acknowledged-rate"] <= 50
+
+
+def test_create_and_delete_addresses(managed):
+    status, created = http(
+        managed, "POST", "/api/addresses", {"name": "events", "routing-types": ["MULTICAST"]}
+    )
+    assert status == 201 and created["routing-types"] == ["MULTICAST"]
+    assert http(managed, "POST", "/api/addresses", {"name": "events"})[0] == 409
+    bad = http(managed, "POST", "/api/addresses", {"name": "x", "routing-types": ["BOTH"]})
+    assert bad[0] == 400 and "ANYCAST and/or MULTICAST" in bad[1]["error"]
+    http(managed, "POST", "/api/queues", {"name": "audit", "address": "events"})
+    refused = http(managed, "DELETE", "/api/addresses/events")
+    assert refused[0] == 409 and "audit" in refused[1]["error"]
+    assert http(managed, "DELETE", "/api/addresses/events?force=true")[0] == 204
+    assert http(managed, "GET", "/api/addresses/events")[0] == 404
+    assert http(managed, "GET", "/api/queues/audit")[0] == 404
+
+
+def test_broker_reports_journal_and_paging_figures(managed):
+    status, broker = http(managed, "GET", "/api/broker")
+    assert status == 200
+    assert set(broker["paging"]) == {"page-files", "paged-bytes", "paged-messages"}
+    assert isinstance(broker["journal"], dict)  # the memory journal reports nothing
+    assert 0 <= broker["disk-usage-percent"] <= 100 and broker["max-disk-usage"] == 90
+
+
+def test_a_kept_address_setting_survives_a_restart(tmp_path):
+    config = write_config(
+        tmp_path / "scow.toml",
+        broker_config(
+            tmp_path / "data",
+            plugins=[*DEFAULT_PLUGINS, "management"],
+            sections={"management": {"listen": "127.0.0.1:0"}},
+        ),
+    )
+    first = BrokerThread(config).start()
+    try:
+        first.http = first.call(lambda: first.broker.stats()["management"]["url"])
+        kept = http(first, "PATCH", "/api/address-settings/kept.%23?persist=true",
+                    {"max-delivery-attempts": 3}, auth=False)  # fmt: skip
+        assert kept[0] == 200
+        http(first, "PATCH", "/api/address-settings/gone.%23", {"max-delivery-attempts": 4},
+             auth=False)  # fmt: skip
+    finally:
+        first.stop()
+    second = BrokerThread(config).start()
+    try:
+        settings = second.call(lambda: second.broker.settings_for("kept.a").max_delivery_attempts)
+        assert settings == 3
+        assert second.call(lambda: second.broker.settings_for("gone.a").max_delivery_attempts) == 10
+    finally:
+        second.stop()
