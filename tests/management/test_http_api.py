@@ -221,6 +221,7 @@ def test_create_and_delete_addresses(managed):
         managed, "POST", "/api/addresses", {"name": "events", "routing-types": ["MULTICAST"]}
     )
     assert status == 201 and created["routing-types"] == ["MULTICAST"]
+    assert "events" in [a["name"] for a in http(managed, "GET", "/api/addresses")[1]]
     assert http(managed, "POST", "/api/addresses", {"name": "events"})[0] == 409
     bad = http(managed, "POST", "/api/addresses", {"name": "x", "routing-types": ["BOTH"]})
     assert bad[0] == 400 and "ANYCAST and/or MULTICAST" in bad[1]["error"]
