@@ -185,6 +185,10 @@ class Cursor(Protocol):
     def fill(self) -> None:
         """The queue has room: read more paged messages into it (asynchronously)."""
 
+    def purge(self, up_to: int) -> None:
+        """Drop, as it reads them (asynchronously), the paged messages whose id is at most
+        `up_to`: each is acknowledged instead of entering the queue."""
+
     def journal_ack(self, ref: MessageRef, tx_id: int | None) -> bool:
         """Journal that the queue is done with paged `ref`; True if anything was written."""
 

@@ -89,7 +89,8 @@ class Management:
         return [describe_queue(q) for _, q in sorted(self.broker.queues.items())]
 
     def purge_queue(self, name: str) -> int:
-        """Drop every waiting message of queue `name` (not those being delivered)."""
+        """Drop every waiting message of queue `name`, in memory and in pages (not those
+        being delivered); those in pages go as the cursor reads them, just after."""
         queue = self.broker.queues.get(name)
         if queue is None:
             raise NotFound(f"queue '{name}' does not exist")
@@ -97,7 +98,11 @@ class Management:
         for ref in refs:
             queue.remove_delivering(ref)
             self.broker.discard(ref)
-        return len(refs)
+        cursor = queue.cursor
+        paged = cursor.backlog if cursor is not None else 0
+        if paged:
+            cursor.purge(self.broker.next_id())  # what is in pages goes as it is read
+        return len(refs) + paged
 
     def create_address(self, name: str, routing_types: list[str]) -> dict[str, Any]:
         """Create address `name` with the given routing types (ANYCAST, MULTICAST)."""

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 #: Samples kept per queue, and how far back a rate looks.
 KEEP = 61
 WINDOW = 10.0
+#: The queue counters that get a rate: attribute, and the rate's name.
+COUNTERS = (
+    ("messages_added", "messages-added-rate"),
+    ("messages_acknowledged", "messages-acknowledged-rate"),
+    ("messages_expired", "messages-expired-rate"),
+    ("messages_killed", "messages-killed-rate"),
+)
 
 
 class Rates:
-    def __init__(self, broker: Any, clock: Any = time.monotonic) -> None:
+    def __init__(self, broker: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.broker = broker
         self.clock = clock
-        self._samples: dict[str, deque[tuple[float, int, int]]] = {}
+        self._samples: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
         self._last: float | None = None  # when the previous sample was taken
 
     def sample(self) -> None:
@@ -28,19 +36,19 @@ class Rates:
             if samples is None:
                 samples = self._samples[name] = deque(maxlen=KEEP)
                 if self._last is not None:  # created since: it had nothing then
-                    samples.append((self._last, 0, 0))
-            samples.append((now, queue.messages_added, queue.messages_acknowledged))
+                    samples.append((self._last, (0,) * len(COUNTERS)))
+            samples.append((now, tuple(getattr(queue, c) for c, _ in COUNTERS)))
         self._last = now
 
     def of(self, name: str) -> dict[str, float]:
-        """Messages added and acknowledged per second over the last WINDOW seconds."""
+        """Each counter's change per second over the last WINDOW seconds."""
         samples = self._samples.get(name)
         if not samples or len(samples) < 2:
-            return {"messages-added-rate": 0.0, "messages-acknowledged-rate": 0.0}
+            return {rate: 0.0 for _, rate in COUNTERS}
         newest = samples[-1]
         oldest = next((s for s in samples if newest[0] - s[0] <= WINDOW), samples[0])
         elapsed = newest[0] - oldest[0] or 1.0
         return {
-            "messages-added-rate": round((newest[1] - oldest[1]) / elapsed, 1),
-            "messages-acknowledged-rate": round((newest[2] - oldest[2]) / elapsed, 1),
+            rate: round((new - old) / elapsed, 1)
+            for (_, rate), new, old in zip(COUNTERS, newest[1], oldest[1], strict=True)
         }

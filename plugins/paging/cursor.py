@@ -67,6 +67,8 @@ class QueueCursor:
         #: Messages in the backlog per priority 0-9; unknown for a recovered backlog.
         self.paged_priorities = [0] * 10
         self.priorities_known = True
+        #: While set, records with an id up to it are acknowledged as read (a purge).
+        self.purging: int | None = None
         self.closed = False
         #: Page reads from the store (a cursor that keeps up never reads).
         self.reads = 0
@@ -108,6 +110,8 @@ class QueueCursor:
     def _allowance(self) -> tuple[int, int]:
         """How many more messages, and bytes, the queue may read from pages right now."""
         queue = self.queue
+        if self.purging is not None:
+            return 1 << 62, 1 << 62  # what it reads now is dropped, not kept
         if not queue.consumers():
             return 0, 0
         settings = self.pager.address.settings
@@ -227,7 +231,10 @@ class QueueCursor:
             self._reading = False
             if not self.closed:
                 self._windows[slot] = _Window(page, offset, data)
-                self.queue.dispatch()  # fills consumers and browsers, whoever asked
+                if self.purging is not None:
+                    self.fill()  # a purge reads on whether or not anyone consumes
+                else:
+                    self.queue.dispatch()  # fills consumers and browsers, whoever asked
 
         self.pager.manager.read(self.pager.store, page, offset, done)
         return None
@@ -377,6 +384,11 @@ class QueueCursor:
         counts = self.paged_priorities
         return next((p for p in range(9, -1, -1) if counts[p]), -1)
 
+    def purge(self, up_to: int) -> None:
+        if self.backlog:
+            self.purging = up_to
+            self.fill()
+
     def _deliver_message(self, page: int, at: int, message: Message) -> None:
         counts = self.counts.get(page)
         ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
@@ -387,6 +399,13 @@ class QueueCursor:
         elif not self.backlog:
             self.priorities_known = True  # the recovered backlog is read: counts from now
         self.pager.address.add_memory(len(message.data))
+        purging = self.purging
+        if purging is not None and message.id <= purging:
+            if not self.backlog:
+                self.purging = None
+            self.pager.broker.discard(ref)  # purged: acknowledged without entering the queue
+            return
+        self.purging = None
         self.queue.enqueue(ref)
 
     # ------------------------------------------------------------------ browsers

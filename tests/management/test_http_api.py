@@ -267,3 +267,21 @@ def test_a_kept_address_setting_survives_a_restart(tmp_path):
         assert second.call(lambda: second.broker.settings_for("gone.a").max_delivery_attempts) == 10
     finally:
         second.stop()
+
+
+def test_purge_reaches_messages_in_pages(scow_broker):
+    broker = scow_broker(
+        plugins=[*DEFAULT_PLUGINS, "management"],
+        sections={"management": {"listen": "127.0.0.1:0"}},
+        address_settings={"deep": {"max-size-bytes": 10_000, "page-size-bytes": 8_000}},
+    )
+    broker.http = broker.call(lambda: broker.broker.stats()["management"]["url"])
+    with connected(broker.url) as conn:
+        send(conn, "deep", *(Message(body=f"{i}:" + "x" * 500) for i in range(200)))
+    assert broker.queue_stats("deep")["messages-paged"] > 150
+    status, purged = http(broker, "POST", "/api/queues/deep/purge", auth=False)
+    assert status == 200 and purged == {"purged": 200}
+    wait_for(lambda: broker.queue_stats("deep")["message-count"] == 0, what="pages purged")
+    with connected(broker.url) as conn:
+        send(conn, "deep", Message(body="after"))
+        assert [m.body for m in receive(conn.create_receiver("deep"), 1)] == ["after"]
