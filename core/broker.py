@@ -400,6 +400,7 @@ class Broker:
             address.unbind(name)
         for ref in queue.take():
             self.discard(ref)
+        queue.close()
         if queue.durable:
             self.storage.delete_binding(queue.id)
         log.debug("queue deleted", queue=name)
@@ -511,6 +512,9 @@ class Broker:
                 queues = self._dead_letter_targets(settings.dead_letter_address, message)
             if not queues:
                 return RouteStatus.NO_ROUTE
+        for queue in queues:  # a queue may refuse what it cannot hold: nothing is stored yet
+            if queue.admit is not None:
+                queue.admit(message)
         message.id = self.next_id()
         self.messages_routed += 1
         return message, queues, full

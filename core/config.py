@@ -52,6 +52,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "standard-queues",
     "priority-queues",
     "last-value-queues",
+    "qpid-paged-queues",
     "full-policies",
     "paging",
 )

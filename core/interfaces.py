@@ -247,6 +247,10 @@ class Queue(Protocol):
     durable: bool
     #: The queue's own filter (subscription selectors): messages it refuses never enter.
     filter: Callable[[Message], bool] | None
+    #: Called with each message routed to the queue, before it is stored or enqueued
+    #: anywhere: raises BrokerError (e.g. ResourceLimitExceeded) to refuse the send as a
+    #: whole. None for queues that take whatever their filter accepts.
+    admit: Callable[[Message], None] | None
     #: Its position in the address's pages while the address has any (set by the pager).
     cursor: Cursor | None
     #: Bytes of the messages in memory (waiting and delivering); delivered and unsettled
@@ -286,6 +290,10 @@ class Queue(Protocol):
 
     def dispatch(self) -> None:
         """Offer pending messages to consumers with credit."""
+
+    def close(self) -> None:
+        """The queue is deleted (its messages taken): release what it holds outside
+        memory, such as files."""
 
     def acknowledge(self, ref: MessageRef) -> None:
         """The consumer is done with a delivered `ref`."""

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 class StandardQueue:
     """A queue; released messages go back to their original place in its waiting list."""
 
+    #: Refuses messages while they are routed (see `Queue.admit`); a standard queue
+    #: takes everything, and None keeps routing free of the call.
+    admit: Callable[[Message], None] | None = None
+
     def __init__(
         self, spec: QueueSpec, broker: Broker, queue_id: int = 0, waiting: Waiting | None = None
     ) -> None:
@@ -89,6 +93,9 @@ class StandardQueue:
         attached = self._attached
         self._consumers = attached[:1] if self.spec.exclusive else attached
         self._filtered = any(c.filter is not None for c in self._consumers)
+
+    def close(self) -> None:
+        """Deleted: a standard queue holds nothing outside memory."""
 
     def consumer_count(self) -> int:
         return len(self._attached) + len(self._browsers)

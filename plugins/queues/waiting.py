@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from scow.core.message import Entry, Message, MessageRef
@@ -34,8 +34,9 @@ class Waiting(Protocol):
 
     def put_back(self, ref: MessageRef) -> Entry | None: ...
 
-    def newer_than(self, message_id: int) -> list[Entry]:
-        """Entries that arrived after `message_id`, in arrival order."""
+    def newer_than(self, message_id: int) -> Iterable[Entry]:
+        """Entries that arrived after `message_id`, in arrival order (callers iterate,
+        and may stop early: a paged list yields them lazily)."""
 
     def remove_if(
         self, predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None = None

@@ -347,6 +347,7 @@ def test_packaged_default_config_loads() -> None:
         "standard-queues",
         "priority-queues",
         "last-value-queues",
+        "qpid-paged-queues",
         "full-policies",
         "paging",
         "management",
