@@ -122,6 +122,8 @@ class FlowToDisk:
                 threshold=self.threshold,
                 in_memory=self.in_memory(),
             )
+            if over:  # the messages already in memory flow too, not only new ones
+                asyncio.get_running_loop().call_soon(self.housekeeping)
 
     def housekeeping(self) -> int:
         """Divide the threshold between queues by size; move what is past each share.
