@@ -199,7 +199,7 @@ class ManagementApi:
         return _json(created, 201)
 
     async def delete_address(self, request: web.Request) -> web.Response:
-        force = request.query.get("force", "false").lower() in ("1", "true", "yes")
+        force = _flag(request, "force")
         self.management.delete_address(request.match_info["name"], force=force)
         return web.Response(status=204)
 
@@ -229,17 +229,14 @@ class ManagementApi:
     # ------------------------------------------------------------------ acting
 
     async def create_queue(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as exc:
-            return _error(400, f"the body is not JSON: {exc}")
-        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        body = await _json_body(request)
+        if not isinstance(body.get("name"), str):
             return _error(400, 'expected a JSON object with a "name", e.g. {"name": "orders"}')
         attributes = {k: v for k, v in body.items() if k != "name"}
         return _json(self.management.create_queue(body["name"], attributes), 201)
 
     async def delete_queue(self, request: web.Request) -> web.Response:
-        force = request.query.get("force", "false").lower() in ("1", "true", "yes")
+        force = _flag(request, "force")
         self.management.delete_queue(request.match_info["name"], force=force)
         return web.Response(status=204)
 
@@ -247,11 +244,8 @@ class ManagementApi:
         return _json({"purged": self.management.purge_queue(request.match_info["name"])})
 
     async def move_messages(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as exc:
-            return _error(400, f"the body is not JSON: {exc}")
-        if not isinstance(body, dict) or not isinstance(body.get("to"), str):
+        body = await _json_body(request)
+        if not isinstance(body.get("to"), str):
             return _error(400, 'expected {"to": "<address>"} and optionally "filter"')
         name = request.match_info["name"]
         return _json(self.management.move_messages(name, body["to"], selector=body.get("filter")))
@@ -275,17 +269,15 @@ class ManagementApi:
         return web.Response(status=204)
 
     async def set_address_settings(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as exc:
-            return _error(400, f"the body is not JSON: {exc}")
-        if not isinstance(body, dict):
-            return _error(
-                400, 'expected a JSON object of settings, e.g. {"max-size-bytes": "10MiB"}'
-            )
+        body = await _json_body(request)
         pattern = request.match_info["pattern"]
-        persist = request.query.get("persist", "false").lower() in ("1", "true", "yes")
+        persist = _flag(request, "persist")
         return _json(self.management.set_address_settings(pattern, body, persist=persist))
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    """A yes/no query parameter (`?force=true`)."""
+    return request.query.get(name, "false").lower() in ("1", "true", "yes")
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -87,6 +87,8 @@ def test_create_purge_and_delete_a_queue(managed):
     assert status == 201 and created["queue-type"] == "priority"
     status, refused = http(managed, "POST", "/api/queues", {"name": "jobs"})
     assert status == 409 and "already exists" in refused["error"]
+    status, bad = http(managed, "POST", "/api/queues", ["not", "an", "object"])
+    assert status == 400 and "expected a JSON object" in bad["error"]
     status, bad = http(managed, "POST", "/api/queues", {"name": "x", "arguments": {"a": 1}})
     assert status == 400 and "unknown argument 'a'" in bad["error"]
     with connected(managed.url, **CREDENTIALS) as conn:
