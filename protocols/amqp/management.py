@@ -81,6 +81,9 @@ class ManagementLink:
             return run(name, request.body, properties)
         except BrokerError as exc:
             return status_of(exc), exc.description, None
+        except Exception:  # a bug must cost this request only, not the client's connection
+            log.exception("management request failed", operation=operation, type=kind)
+            return 500, f"{operation} {kind} failed inside the broker (see its log)", None
 
     def _reply(self, request: ProtonMessage, status: int, description: str, body: Any) -> None:
         reply = ProtonMessage(
@@ -157,9 +160,13 @@ def _done(_: None) -> tuple[int, str, Any]:
 
 
 def _query(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The AMQP Management QUERY answer: attribute names once, then a row per object."""
-    names = list(rows[0]) if rows else []
-    return {"attributeNames": names, "results": [[_wire(row[n]) for n in names] for row in rows]}
+    """The AMQP Management QUERY answer: attribute names once, then a row per object
+    (objects of several kinds may have attributes the others lack: null there)."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return {
+        "attributeNames": names,
+        "results": [[_wire(row.get(n)) for n in names] for row in rows],
+    }
 
 
 def _wire(value: Any) -> Any:

@@ -10,7 +10,7 @@ import pytest
 from proton import Message
 from proton.utils import ConnectionClosed, LinkDetached
 
-from scow.core.testing import free_port
+from scow.core.testing import DEFAULT_PLUGINS, free_port
 
 from .helpers import bodies, connected, receive, send
 
@@ -46,6 +46,18 @@ def test_create_a_typed_queue_list_it_and_use_it(scow_broker):
     assert table[1].split()[:4] == ["jobs", "jobs", "priority", "ANYCAST"]
     with connected(broker.url) as conn:
         assert bodies(receive(conn.create_receiver("jobs"), 3)) == ["p9", "p6", "p3"]
+
+
+def test_list_shows_queues_of_types_with_their_own_figures(scow_broker):
+    broker = scow_broker(plugins=[*DEFAULT_PLUGINS, "qpid-paged-queues"])
+    for name, argument in (("plain", "x-queue-type=standard"), ("paged", "qpid.paging=true")):
+        made = scow_queue(broker.url, "create", name, "--argument", argument)
+        assert made.returncode == 0, made.stderr
+    listed = scow_queue(broker.url, "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    queues = {q["name"]: q for q in json.loads(listed.stdout)}
+    assert queues["paged"]["queue-type"] == "qpid-paged" and queues["paged"]["pages"] >= 0
+    assert queues["plain"]["queue-type"] == "standard" and queues["plain"]["pages"] is None
 
 
 def test_refusals_name_the_reason_and_exit_non_zero(scow_broker):
