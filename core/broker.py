@@ -407,8 +407,10 @@ class Broker:
         if (
             address is not None
             and not address.queues
-            and address.auto_created
-            and address.settings.auto_delete_addresses
+            and (
+                address.temporary  # a dynamic reply address goes with its queue
+                or (address.auto_created and address.settings.auto_delete_addresses)
+            )
         ):
             self.delete_address(address.name)
 

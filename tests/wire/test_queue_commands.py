@@ -10,7 +10,7 @@ import pytest
 from proton import Message
 from proton.utils import ConnectionClosed, LinkDetached
 
-from scow.core.testing import DEFAULT_PLUGINS, free_port
+from scow.core.testing import DEFAULT_PLUGINS, free_port, wait_for
 
 from .helpers import bodies, connected, receive, send
 
@@ -140,3 +140,9 @@ def test_stat_purge_and_the_address_and_connection_commands(scow_broker):
             conn.wait(lambda: False, timeout=5, msg="the broker to close the connection")
     missing = scow("connection", "close", "424242", "--url", broker.url)
     assert missing.returncode == 1 and "connection 424242 is not open" in missing.stderr
+    # each command's reply address went with its connection
+
+    def reply_addresses() -> list[str]:
+        return broker.call(lambda: [a for a in broker.broker.addresses if a.startswith("temp.")])
+
+    wait_for(lambda: reply_addresses() == [], what="the reply addresses to go")
