@@ -83,6 +83,7 @@ from scow.core.message import (
 )
 from scow.core.model import BrokerError, ResourceLimitExceeded
 from scow.plugins.queues.standard import StandardQueue
+from scow.plugins.queues.waiting import Unaware
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
@@ -309,7 +310,7 @@ def _no_books(entries: list[Entry]) -> None:
     return None
 
 
-class PagedWaiting:
+class PagedWaiting(Unaware):
     """The waiting list of a qpid-paged queue (the `Waiting` protocol of `waiting.py`).
 
     Arrival order, in pages of at most `page_size` bytes of records, `max_loaded` of them
@@ -317,8 +318,6 @@ class PagedWaiting:
     and `on_loaded(entries)` of those that came back (the queue keeps the broker's memory
     books with them); pinned entries never leave, so neither hears of them.
     """
-
-    may_supersede = False
 
     def __init__(
         self,
@@ -397,15 +396,6 @@ class PagedWaiting:
         return held
 
     # ------------------------------------------------------------------ the Waiting protocol
-
-    def superseded(self, entry: Entry) -> bool:
-        return False
-
-    def paged(self, message: Message) -> Entry | None:
-        return None
-
-    def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
-        return None
 
     def append(self, entry: Entry) -> Entry | None:
         """At the tail page: in memory only, serialized when the page is written (an

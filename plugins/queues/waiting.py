@@ -84,8 +84,9 @@ def _remove_if(
     return taken, keep
 
 
-class Fifo(deque[Entry]):
-    """Arrival order (message id order): the standard queue's list."""
+class Unaware:
+    """The `Waiting` answers of a list that neither supersedes messages nor wants any out
+    of its address's pages ahead of its turn (lists that do override them)."""
 
     may_supersede = False
 
@@ -97,6 +98,10 @@ class Fifo(deque[Entry]):
 
     def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
         return None
+
+
+class Fifo(Unaware, deque[Entry]):
+    """Arrival order (message id order): the standard queue's list."""
 
     def put_back(self, ref: MessageRef) -> Entry | None:
         _insert_by_id(self, ref)
@@ -120,7 +125,7 @@ class Fifo(deque[Entry]):
         return taken
 
 
-class ByPriority:
+class ByPriority(Unaware):
     """Highest priority first, arrival order within a priority (Qpid's priority queue).
 
     `levels` distinct levels take the top priorities: with 10 every AMQP priority
@@ -128,8 +133,6 @@ class ByPriority:
     qpidd maps them). With `fairshare` > 0, a level hands out at most that many
     messages in a row while a lower level has some waiting, instead of strict order.
     """
-
-    may_supersede = False
 
     def __init__(self, levels: int = 10, fairshare: int = 0) -> None:
         self.levels = [Fifo() for _ in range(levels)]
@@ -139,17 +142,11 @@ class ByPriority:
         self._streak_level = -1
         self._size = 0
 
-    def superseded(self, entry: Entry) -> bool:
-        return False
-
     def level_of(self, entry: Entry) -> int:
         return self._level(entry.message.priority)
 
     def _level(self, priority: int) -> int:
         return max(min(max(priority, 0), 9) - self._lowest, 0)
-
-    def paged(self, message: Message) -> Entry | None:
-        return None
 
     def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
         """Paged messages of a level above the lowest one waiting: they go out before it
