@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from paging_bench import PLUGINS, Broker, client, mib, sampling
+from paging_bench import PLUGINS, Broker, backlog_client, mib, sampling
 from run_perf import platform_line
 
 
@@ -31,14 +31,8 @@ def run(root: Path, name: str, args: argparse.Namespace, *, flow: bool) -> dict[
         idle = broker.rss()
         samples: list[int] = []
         with sampling(broker, samples):
-            sent = client(
-                f"{broker.url}/backlog", "--mode", "send", "--count", str(args.count),
-                "--size", str(args.size),
-            )  # fmt: skip
-            received = client(
-                f"{broker.url}/backlog", "--mode", "receive", "--count", str(args.count),
-                "--size", str(args.size),
-            )  # fmt: skip
+            sent = backlog_client(f"{broker.url}/backlog", "send", args)
+            received = backlog_client(f"{broker.url}/backlog", "receive", args)
     finally:
         broker.stop()
     return {

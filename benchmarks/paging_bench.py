@@ -139,6 +139,11 @@ def client(url: str, *args: str, timeout: float = 3600) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def backlog_client(url: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`scow perf client --mode send|receive` of the backlog: --count messages of --size."""
+    return client(url, "--mode", mode, "--count", str(args.count), "--size", str(args.size))
+
+
 @contextlib.contextmanager
 def sampling(broker: Broker, samples: list[int]) -> Iterator[None]:
     stop_event = threading.Event()
@@ -173,15 +178,9 @@ def backlog(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         idle = broker.rss()
         samples: list[int] = []
         with sampling(broker, samples):
-            sent = client(
-                f"{broker.url}/backlog", "--mode", "send", "--count", str(args.count),
-                "--size", str(args.size),
-            )  # fmt: skip
+            sent = backlog_client(f"{broker.url}/backlog", "send", args)
         paged = du(root / "backlog" / "data" / "paging")
-        received = client(
-            f"{broker.url}/backlog", "--mode", "receive", "--count", str(args.count),
-            "--size", str(args.size),
-        )  # fmt: skip
+        received = backlog_client(f"{broker.url}/backlog", "receive", args)
         final = broker.rss()
     finally:
         broker.stop()

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from paging_bench import PLUGINS, Broker, client, du, mib, sampling
+from paging_bench import PLUGINS, Broker, backlog_client, du, mib, sampling
 from run_perf import platform_line
 
 PLUGIN = "qpid-paged-queues"
@@ -46,17 +46,11 @@ def run(root: Path, name: str, args: argparse.Namespace, arguments: str) -> dict
         idle = broker.rss()
         sending: list[int] = []
         with sampling(broker, sending):
-            sent = client(
-                f"{broker.url}/bench", "--mode", "send", "--count", str(args.count),
-                "--size", str(args.size),
-            )  # fmt: skip
+            sent = backlog_client(f"{broker.url}/bench", "send", args)
         page_file = du(root / name / "data" / "pq")
         receiving: list[int] = []
         with sampling(broker, receiving):
-            received = client(
-                f"{broker.url}/bench", "--mode", "receive", "--count", str(args.count),
-                "--size", str(args.size),
-            )  # fmt: skip
+            received = backlog_client(f"{broker.url}/bench", "receive", args)
     finally:
         broker.stop()
     return {
