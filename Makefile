@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(TSTAMP): pyproject.toml $(STAMP)
-	$(BIN)/pip install -q -e '.[test,management]'
+	$(BIN)/pip install -q -e '.[test,management,database,spark]'
 	touch $@
 
 run: $(STAMP)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         QueueType,
     )
     from scow.core.interfaces import Service
+    from scow.core.management import ManagementOperation
     from scow.core.model import ConnectionInfo
 
 hookspec = pluggy.HookspecMarker("scow")
@@ -81,6 +82,18 @@ def scow_register_full_policies() -> list[FullPolicyType]:
 @hookspec
 def scow_register_protocols() -> list[ProtocolType]:
     """Wire protocols this plugin serves. Results are concatenated."""
+    raise NotImplementedError
+
+
+@hookspec
+def scow_management_operations(broker: Broker) -> dict[str, dict[str, ManagementOperation]]:
+    """Management operations this plugin adds: per managed type (e.g. "stream"), per
+    operation name (upper case, e.g. "READ"), a function (name, body, properties) ->
+    (statusCode, statusDescription, body) as `scow.core.management.ManagementOperation`.
+
+    Called once per management client (AMQP `$management` link). Results are merged; a
+    plugin may add operations to a built-in type but not replace one.
+    """
     raise NotImplementedError
 
 

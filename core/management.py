@@ -23,6 +23,11 @@ from scow.core.model import (
     RoutingType,
 )
 
+#: A management operation: (object name, request body, request properties) ->
+#: (statusCode, statusDescription, response body). Plugins add them through the
+#: `scow_management_operations` hook; they raise `BrokerError`s for refusals.
+ManagementOperation = Callable[[str, Any, Mapping[str, Any]], tuple[int, str, Any]]
+
 #: Attributes `create_queue` accepts, with what they mean.
 QUEUE_ATTRIBUTES = {
     "address": "the address it is bound to (default: the queue's name)",

@@ -222,6 +222,9 @@ class ConsumerLink:
         self.conn = conn
         self.link = link
         self.filter: Any = None
+        #: The source's filter map as the client sent it (name -> described value), for
+        #: queue types that read more than the selector (e.g. a stream's start position).
+        self.filters: dict[str, Any] = source.filters
         self.browse = source.distribution_mode == engine.DIST_MODE_COPY
         self.unsettled: dict[Any, MessageRef] = {}
         self.presettled = engine.link_snd_settle_mode(link) == engine.SND_SETTLED

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from proton import Message as ProtonMessage
 
-from scow.core.management import Management, status_of
+from scow.core.management import Management, ManagementOperation, status_of
 from scow.core.model import BrokerError, InvalidField
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.format import AMQP_FORMAT
@@ -43,6 +43,7 @@ class ManagementLink:
         self.closed = False
         self.management = Management(conn.broker)
         self.operations = _operations(self.management)
+        _add_plugin_operations(self.operations, conn.broker)
         engine.open_link(link, address=MANAGEMENT_NODE)
         engine.link_flow(link, _CREDIT)
 
@@ -104,7 +105,7 @@ class ManagementLink:
         self.closed = True
 
 
-Operation = Callable[[str, Any, dict[str, Any]], tuple[int, str, Any]]
+Operation = ManagementOperation
 
 
 def _operations(m: Management) -> dict[str, dict[str, Operation]]:
@@ -138,6 +139,17 @@ def _operations(m: Management) -> dict[str, dict[str, Operation]]:
             "DELETE": lambda name, _, __: _done(m.close_connection(_number(name))),
         },
     }
+
+
+def _add_plugin_operations(table: dict[str, dict[str, Operation]], broker: Any) -> None:
+    """Merge what plugins add (`scow_management_operations`); built-in ones stay."""
+    if broker.hooks is None:
+        return
+    for added in broker.hooks.scow_management_operations(broker=broker):
+        for kind, operations in added.items():
+            ops = table.setdefault(kind, {})
+            for name, run in operations.items():
+                ops.setdefault(name.upper(), run)
 
 
 def _attributes(body: Any) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""The database store: page store and journal over SQL (SQLAlchemy Core)."""
