@@ -28,9 +28,17 @@ from scow.core import app
 from scow.core import logging as scow_logging
 from scow.core.broker import Broker
 from scow.core.config import to_toml
+from scow.core.journal_suite import JournalConformance
 from scow.core.page_store_suite import PageStoreConformance
 
-__all__ = ["BrokerProcess", "BrokerThread", "PageStoreConformance", "broker_config", "wait_for"]
+__all__ = [
+    "BrokerProcess",
+    "BrokerThread",
+    "JournalConformance",
+    "PageStoreConformance",
+    "broker_config",
+    "wait_for",
+]
 
 T = TypeVar("T")
 

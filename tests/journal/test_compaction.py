@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from scow.core.journal_suite import Model
 from scow.plugins.file_journal import COMPACTION_STAGES, ControlFileError, FileJournal
 
-from .conformance import Model
 from .helpers import load, open_journal, run_child, settings, valid_records, wait_until
 from .scripted import Op, apply, during, history
 

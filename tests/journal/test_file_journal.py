@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from scow.core.interfaces import RecordInfo
+from scow.core.journal_suite import JournalConformance
 from scow.plugins.file_journal import FileJournal, JournalSettings
 
-from .conformance import JournalConformance
 from .helpers import SMALL_FILE, load, open_journal, settings, wait_until
 
 

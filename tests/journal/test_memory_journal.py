@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from scow.core.journal_suite import JournalConformance
 from scow.plugins.memory_journal import MemoryJournal
-
-from .conformance import JournalConformance
 
 
 class TestMemoryJournalConformance(JournalConformance):

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from scow.core.journal_suite import Model
 from scow.plugins.file_journal import COMPACTION_STAGES, FileJournal
 
-from .conformance import Model
 from .helpers import load, settings
 from .scripted import Op, apply
 

@@ -12,10 +12,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from scow.core.interfaces import RecordInfo
+from scow.core.journal_suite import Completions
 from scow.plugins.file_journal import FileJournal, JournalError, writer
 from scow.plugins.file_journal.writer import probe_direct_io
 
-from .conformance import Completions
 from .helpers import load, open_journal, records_on_disk, settings
 
 

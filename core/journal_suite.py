@@ -1,4 +1,4 @@
-"""The conformance suite every `Journal` backend must pass.
+"""The conformance suite every `Journal` backend passes (built-in and third-party).
 
 Subclass `JournalConformance` in a test module and provide a `make_journal` fixture: a
 callable that takes a directory (a `pathlib.Path`) and returns a *new, not yet loaded*
