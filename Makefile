@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TSTAMP := $(VENV)/.installed-test
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean spark-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 $(TSTAMP): pyproject.toml $(STAMP)
 	$(BIN)/pip install -q -e '.[test,management,database,spark]'
+	$(BIN)/pip install -q -e examples/scow-stomp
 	touch $@
 
 run: $(STAMP)
@@ -30,6 +31,9 @@ lint: $(TSTAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_perf.py
+
+spark-demo: $(TSTAMP)
+	$(BIN)/python examples/spark/demo.py
 
 clean:
 	rm -rf $(VENV) data

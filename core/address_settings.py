@@ -35,7 +35,8 @@ __all__ = [
     "validate_settings",
 ]
 
-AddressFullPolicy = Literal["PAGE", "DROP", "FAIL", "BLOCK"]
+#: PAGE, DROP, FAIL, BLOCK, or the name of a policy a plugin registers.
+AddressFullPolicy = str
 RoutingType = Literal["ANYCAST", "MULTICAST"]
 
 ADDRESS_FULL_POLICIES: tuple[str, ...] = ("PAGE", "DROP", "FAIL", "BLOCK")
@@ -126,7 +127,7 @@ def parse_duration_ms(value: object, setting_name: str) -> int:
 @dataclass(frozen=True, slots=True)
 class _Spec:
     name: str
-    kind: str  # "int" | "size" | "duration" | "bool" | "str" | "choice"
+    kind: str  # "int" | "size" | "duration" | "bool" | "str" | "choice" | "policy"
     default: object
     doc: str
     choices: tuple[str, ...] = ()
@@ -151,9 +152,9 @@ _SPECS: tuple[_Spec, ...] = (
     _Spec("page-max-cache-size", "int", 5,
           "Accepted for compatibility and not used (as in Artemis since 2.24): each queue "
           "holds only the part of a page it is reading.", minimum=0),
-    _Spec("address-full-policy", "choice", "PAGE",
-          "What happens when the address is full: PAGE to disk, DROP, FAIL the producer or "
-          "BLOCK it.", choices=ADDRESS_FULL_POLICIES),
+    _Spec("address-full-policy", "policy", "PAGE",
+          "What happens when the address is full: PAGE to disk, DROP, FAIL the producer, "
+          "BLOCK it, or a policy a plugin provides.", choices=ADDRESS_FULL_POLICIES),
     _Spec("max-read-page-messages", "int", -1,
           "Paged messages read back into memory per queue; -1 is unlimited.", minimum=-1),
     _Spec("max-read-page-bytes", "size", 2 * DEFAULT_PAGE_SIZE_BYTES,
@@ -292,6 +293,14 @@ def _normalize(spec: _Spec, value: object) -> object:
             setting=name,
             value=value,
         )
+    elif kind == "policy":  # a plugin may add policies: startup checks the enabled ones
+        if not isinstance(value, str) or not value.strip():
+            raise SettingError(
+                f"{name} = {value!r}: expected a policy name such as {', '.join(spec.choices)}",
+                setting=name,
+                value=value,
+            )
+        return value.strip().upper()
     else:  # pragma: no cover - a bug in _SPECS
         raise AssertionError(kind)
     if spec.minimum is not None and result < spec.minimum:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import gc
 import signal
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from typing import Any
 import structlog
 
 from scow.core import hookimpl
+from scow.core.address_settings import ADDRESS_FULL_POLICIES
 from scow.core.broker import Broker
 from scow.core.config import (
     QUEUES_SECTION,
@@ -21,8 +23,9 @@ from scow.core.config import (
     load_config,
     read_plugin_list,
 )
+from scow.core.descriptors import JournalBackend
 from scow.core.disk_monitor import DiskMonitor
-from scow.core.interfaces import Completion, ProtocolServer, Service
+from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
@@ -125,6 +128,14 @@ class Server:
             policy = settings.address_full_policy
             if policy in self.full_policies:
                 continue
+            if policy not in ADDRESS_FULL_POLICIES:  # not even a built-in name: a typo
+                known = sorted({*ADDRESS_FULL_POLICIES, *self.full_policies})
+                close = difflib.get_close_matches(policy, known, n=1)
+                raise StartupError(
+                    f'[address-settings."{pattern}"] address-full-policy = "{policy}": no '
+                    f"enabled plugin provides it (known: {', '.join(known)})"
+                    + (f"; did you mean '{close[0]}'?" if close else "")
+                )
             limited = settings.max_size_bytes >= 0 or settings.max_size_messages >= 0
             provider = "; enable the 'paging' plugin" if policy == "PAGE" else ""
             available = ", ".join(sorted(self.full_policies)) or "none"
@@ -143,36 +154,18 @@ class Server:
                 )
 
     def _storage(self) -> StorageManager:
-        broker_cfg = self.config.section("broker")
-        if not broker_cfg["persistence-enabled"]:
-            return StorageManager(None, None)
-        name = broker_cfg["journal"]
-        if not name:
-            if len(self.journals) != 1:
-                raise StartupError(
-                    "[broker] journal: choose one of the enabled journal backends "
-                    f"({', '.join(sorted(self.journals)) or 'none: enable file-journal'})"
-                )
-            name = next(iter(self.journals))
-        backend = self.journals.get(name)
-        if backend is None:
-            raise StartupError(
-                f"[broker] journal = {name!r}: no enabled plugin provides it "
-                f"(enabled journals: {', '.join(sorted(self.journals)) or 'none'})"
-            )
-        data_dir = Path(broker_cfg["data-dir"])
-        section = backend.config_section
-        settings = self.config.section(section) if section in self.config.section_names else {}
-        bindings = backend.factory(data_dir, "bindings", settings)
-        messages = backend.factory(data_dir, "messages", settings)
-        sync = bool(settings.get("journal-sync-non-transactional", True))
-        return StorageManager(bindings, messages, sync_non_transactional=sync)
+        return open_storage(self.journals, self.config)
 
     async def start(self) -> Broker:
         loop = asyncio.get_running_loop()
         storage = self._storage()
         storage.set_dispatcher(lambda batch: loop.call_soon_threadsafe(_run_all, batch))
-        recovered = await loop.run_in_executor(None, storage.load)
+        try:
+            recovered = await loop.run_in_executor(None, storage.load)
+        except Exception as exc:
+            await loop.run_in_executor(None, storage.stop)
+            journal = self.config.section("broker")["journal"]
+            raise StartupError(f"[broker] journal = {journal!r}: recovery failed: {exc}") from exc
         broker = Broker(
             self.config,
             storage,
@@ -286,6 +279,44 @@ class Server:
         await stop.wait()
         log.info("shutting down")
         await self.stop()
+
+
+def open_storage(journals: Mapping[str, JournalBackend], config: Config) -> StorageManager:
+    """The storage manager over the journal backend `[broker] journal` names (not loaded).
+
+    A backend that cannot open (a bad directory, an unreachable database, a lock held by
+    another broker) stops startup: StartupError naming the backend and the cause.
+    """
+    broker_cfg = config.section("broker")
+    if not broker_cfg["persistence-enabled"]:
+        return StorageManager(None, None)
+    name = broker_cfg["journal"]
+    if not name:
+        if len(journals) != 1:
+            raise StartupError(
+                "[broker] journal: choose one of the enabled journal backends "
+                f"({', '.join(sorted(journals)) or 'none: enable file-journal'})"
+            )
+        name = next(iter(journals))
+    backend = journals.get(name)
+    if backend is None:
+        raise StartupError(
+            f"[broker] journal = {name!r}: no enabled plugin provides it "
+            f"(enabled journals: {', '.join(sorted(journals)) or 'none'})"
+        )
+    data_dir = Path(broker_cfg["data-dir"])
+    section = backend.config_section
+    settings = config.section(section) if section in config.section_names else {}
+    opened: list[Journal] = []
+    try:
+        for kind in ("bindings", "messages"):
+            opened.append(backend.factory(data_dir, kind, settings))
+    except Exception as exc:
+        for journal in opened:
+            journal.stop()
+        raise StartupError(f"[broker] journal = {name!r}: {exc}") from exc
+    sync = bool(settings.get("journal-sync-non-transactional", True))
+    return StorageManager(opened[0], opened[1], sync_non_transactional=sync)
 
 
 class ExpiryReaper:

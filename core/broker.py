@@ -33,6 +33,7 @@ from scow.core.model import (
     derived_global_max_size,
 )
 from scow.core.queue_types import typed, with_defaults
+from scow.core.security import Security
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
@@ -47,6 +48,9 @@ log = structlog.get_logger("scow.broker")
 PERSISTED_SETTINGS = "address-settings.json"
 
 FQQN_SEPARATOR = "::"
+
+#: `authorize(permission, address)`: raises Unauthorized when the client may not.
+Authorize = Callable[[str, str], None]
 
 
 class Transaction:
@@ -118,6 +122,8 @@ class Broker:
         self.messages_unrouted = 0
         self.messages_expired = 0
         self.messages_dead_lettered = 0
+        #: Logins, permissions and connection limits (`scow.core.security`).
+        self.security = Security.from_config(config)
 
     # ------------------------------------------------------------------ settings and ids
 
@@ -211,6 +217,12 @@ class Broker:
         when an address with pages would change its address-full-policy (that needs a
         restart).
         """
+        policy = changes.get("address-full-policy")
+        if isinstance(policy, str) and policy.upper() not in self.full_policies:
+            raise InvalidField(
+                f"address-full-policy = {policy!r}: no enabled plugin provides it "
+                f"(accepted: {', '.join(sorted(self.full_policies))})"
+            )
         repository = self.config.address_settings
         old = repository.explicit(pattern)
         try:
@@ -290,14 +302,22 @@ class Broker:
         if address.record_id is not None:
             self.storage.delete_binding(address.record_id)
 
-    def address_for(self, name: str, routing_type: RoutingType | None) -> AddressInfo:
-        """The address `name`, auto-created if its settings allow; NotFound otherwise."""
+    def address_for(
+        self, name: str, routing_type: RoutingType | None, authorize: Authorize | None = None
+    ) -> AddressInfo:
+        """The address `name`, auto-created if its settings allow; NotFound otherwise.
+
+        `authorize(permission, address)` raises Unauthorized when the client may not
+        create it (createAddress).
+        """
         address = self.addresses.get(name)
         if address is not None:
             return address
         settings = self.settings_for(name)
         if not settings.auto_create_addresses:
             raise NotFound(f"address '{name}' does not exist and auto-create-addresses is off")
+        if authorize is not None:
+            authorize("createAddress", name)
         rtype = routing_type or RoutingType(settings.default_address_routing_type)
         return self.create_address(name, {rtype}, auto_created=True)
 
@@ -674,12 +694,15 @@ class Broker:
         global_: bool = False,
         subscription: str | None = None,
         client_id: str = "",
+        authorize: Authorize | None = None,
     ) -> Any:
         """Attach `consumer` to the queue it asked for, creating it where allowed.
 
         Anycast: the queue named like the address (or `address::queue`). Multicast: a
         subscription queue: temporary, or durable and named `client_id.subscription`
-        (just `subscription` for global shared ones).
+        (just `subscription` for global shared ones). `authorize(permission, address)`
+        is asked before anything is created (createAddress, createDurableQueue,
+        createNonDurableQueue) and raises Unauthorized to refuse.
         """
         if FQQN_SEPARATOR in address_name:
             address_name, queue_name = address_name.split(FQQN_SEPARATOR, 1)
@@ -701,9 +724,13 @@ class Broker:
                     raise NotFound(
                         f"queue '{address_name}' does not exist and auto-create-queues is off"
                     )
+                if authorize is not None:
+                    if address is None:
+                        authorize("createAddress", address_name)
+                    authorize("createDurableQueue", address_name)
                 queue = self._auto_queue(address_name, RoutingType.ANYCAST)
             return self._attach(consumer, queue, selector)
-        self.address_for(address_name, RoutingType.MULTICAST)
+        self.address_for(address_name, RoutingType.MULTICAST, authorize)
         name = _subscription_queue_name(durable, shared, global_, subscription, client_id)
         queue = self.queues.get(name) if name else None
         if queue is not None and (queue.spec.filter != selector or queue.address != address_name):
@@ -711,9 +738,15 @@ class Broker:
                 raise ResourceLocked(
                     f"subscription '{name}' is in use with a different address or selector"
                 )
+            if authorize is not None:
+                authorize("deleteDurableQueue", address_name)
             self.delete_queue(queue.name)  # a changed subscription starts afresh
             queue = None
         if queue is None:
+            if authorize is not None:
+                authorize(
+                    "createDurableQueue" if durable else "createNonDurableQueue", address_name
+                )
             queue = self.create_queue(
                 QueueSpec(
                     name or f"{address_name}.{uuid.uuid4()}",
@@ -747,9 +780,12 @@ class Broker:
         queue.add_consumer(consumer)
         return queue
 
-    def subscribe_temporary(self, consumer: Consumer) -> Any:
-        """A dynamic (reply-to) queue for `consumer`, deleted when it goes."""
+    def subscribe_temporary(self, consumer: Consumer, authorize: Authorize | None = None) -> Any:
+        """A dynamic (reply-to) queue for `consumer`, deleted when it goes (its address
+        `temp.<uuid>` needs createNonDurableQueue when `authorize` is given)."""
         name = f"temp.{uuid.uuid4()}"
+        if authorize is not None:
+            authorize("createNonDurableQueue", name)
         queue = self.create_queue(
             QueueSpec(
                 name,

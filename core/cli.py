@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
 from scow.core.model import derived_global_max_size
 from scow.core.plugins import PluginManager, describe_plugins, installed_plugins
+from scow.core.scram import DEFAULT_ITERATIONS
+from scow.core.users import UsersFileError, add_user, read_users, remove_user
 
 
 def command_group(
@@ -73,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner = asyncio.run
     try:
         runner(server.run_forever())
-    except app.StartupError as exc:
+    except (app.StartupError, ConfigError) as exc:
         print(f"scow: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -115,6 +118,76 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _users_file(args: argparse.Namespace) -> Path:
+    """--users-file, else the config's [security] users-file."""
+    if args.users_file is not None:
+        return Path(args.users_file)
+    configured = str(app.load(_config_path(args))[1].section("security")["users-file"])
+    if not configured:
+        raise UsersFileError(
+            f"{_config_path(args)}: [security] users-file is not set; give --users-file"
+        )
+    return Path(configured)
+
+
+def _password(args: argparse.Namespace) -> str:
+    if args.password is not None:
+        return str(args.password)
+    if args.password_file is not None:
+        return Path(args.password_file).read_text().rstrip("\n")
+    if not sys.stdin.isatty():
+        raise UsersFileError("give --password or --password-file (no terminal to ask on)")
+    first = getpass.getpass("password: ")
+    if getpass.getpass("again: ") != first:
+        raise UsersFileError("the passwords differ")
+    return first
+
+
+def cmd_user(args: argparse.Namespace) -> int:
+    try:
+        path = _users_file(args)
+        if args.user_command == "add":
+            user = add_user(
+                path, args.name, _password(args), args.role or (), iterations=args.iterations
+            )
+            print(f"user {user.name!r} saved in {path} (roles: {', '.join(sorted(user.roles))})")
+        elif args.user_command == "remove":
+            remove_user(path, args.name)
+            print(f"user {args.name!r} removed from {path}")
+        else:
+            for user in sorted(read_users(path).values(), key=lambda u: u.name):
+                print(f"{user.name:<24} {', '.join(sorted(user.roles))}")
+    except (UsersFileError, app.StartupError, OSError) as exc:
+        print(f"scow: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_user_commands(sub: argparse._SubParsersAction) -> None:
+    user = sub.add_parser("user", help="manage the users file (names, roles, credentials)")
+    user_sub = user.add_subparsers(dest="user_command", required=True)
+    add = user_sub.add_parser("add", help="add a user, or change its password and roles")
+    add.add_argument("name")
+    add.add_argument("--password", help="the password (or --password-file, or asked)")
+    add.add_argument("--password-file", type=Path, help="read the password from this file")
+    add.add_argument("--role", action="append", help="a role, repeatable")
+    add.add_argument(
+        "--iterations",
+        type=int,
+        default=DEFAULT_ITERATIONS,
+        help=f"PBKDF2 rounds of the SCRAM credential (default {DEFAULT_ITERATIONS})",
+    )
+    remove = user_sub.add_parser("remove", help="remove a user")
+    remove.add_argument("name")
+    listing = user_sub.add_parser("list", help="the users and their roles")
+    for parser in (add, remove, listing):
+        _config_arg(parser)
+        parser.add_argument(
+            "--users-file", type=Path, help="the users file (default: [security] users-file)"
+        )
+        parser.set_defaults(handler=cmd_user)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scow", description="Scow, an AMQP 1.0 broker")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(check)
     check.set_defaults(handler=cmd_config_check)
 
+    _add_user_commands(sub)
+
     tools = PluginManager()
     for name, ep in sorted(installed_plugins().items()):
         try:
@@ -152,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if hasattr(signal, "SIGPIPE"):  # `scow data print | head` ends quietly
+    if argv is None and hasattr(signal, "SIGPIPE"):
+        # as the `scow` program: `scow data print | head` ends quietly (not when called in a
+        # process that has sockets of its own, such as a test run)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -33,7 +33,9 @@ from scow.core.address_settings import (
 __all__ = [
     "ADDRESS_SETTINGS_SECTION",
     "DEFAULT_PLUGINS",
+    "PERMISSIONS",
     "QUEUES_SECTION",
+    "SECURITY_SETTINGS_SECTION",
     "Config",
     "ConfigError",
     "ConfigSection",
@@ -55,6 +57,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "qpid-paged-queues",
     "full-policies",
     "paging",
+    "spark",
 )
 
 _KINDS = ("plain", "size", "duration-ms", "host-port-list")
@@ -372,14 +375,108 @@ SECURITY_SECTION = ConfigSection(
             "Accept connections that do not authenticate (SASL ANONYMOUS or none).",
         ),
         Setting(
-            "users",
-            dict,
-            {},
-            "User names mapped to passwords, for SASL PLAIN.",
+            "users-file",
+            str,
+            "",
+            "The users file (`scow user add` writes it): names, roles and SCRAM-SHA-256 "
+            "credentials, never passwords. Relative to the working directory; empty: no users.",
+        ),
+        Setting(
+            "anonymous-roles",
+            list,
+            [],
+            "Roles an anonymous client has where [security-settings] apply.",
             item_type=str,
         ),
+        Setting(
+            "login-failure-delay",
+            (int, str),
+            500,
+            "How long (ms) a failed login waits before it is answered.",
+            kind="duration-ms",
+            minimum=0,
+        ),
+        Setting(
+            "max-connections",
+            int,
+            -1,
+            "Client connections open at once, all protocols together; -1 is unlimited.",
+            minimum=-1,
+        ),
+        Setting(
+            "max-connections-per-user",
+            int,
+            -1,
+            "Connections one user (anonymous counts as one) may have open; -1 is unlimited.",
+            minimum=-1,
+        ),
+        Setting(
+            "audit-log",
+            str,
+            "",
+            "File for the audit log (logins, refusals, management actions) as JSON lines; "
+            "empty: the broker's log, logger scow.audit.",
+        ),
     ),
-    "Authentication.",
+    "Authentication, connection limits and the audit log.",
+)
+
+SECURITY_SETTINGS_SECTION = "security-settings"
+
+#: Permissions a `[security-settings."pattern"]` table grants to roles (Artemis's names).
+PERMISSIONS: tuple[str, ...] = (
+    "send",
+    "consume",
+    "browse",
+    "createAddress",
+    "deleteAddress",
+    "createDurableQueue",
+    "deleteDurableQueue",
+    "createNonDurableQueue",
+    "deleteNonDurableQueue",
+    "manage",
+)
+
+SECURITY_SETTINGS_CONFIG_SECTION = ConfigSection(
+    SECURITY_SETTINGS_SECTION,
+    (),
+    'Permissions per address pattern: [security-settings."orders.#"] send = ["producers"]; '
+    "the most specific matching pattern decides. With none, every client may do anything.",
+    open_keys=True,
+)
+
+TLS_SECTION = ConfigSection(
+    "tls",
+    (
+        Setting("cert-file", str, "", "The server's certificate chain (PEM)."),
+        Setting("key-file", str, "", "The server certificate's private key (PEM)."),
+        Setting(
+            "ca-file",
+            str,
+            "",
+            "CA certificates (PEM) that client certificates must chain to; empty: the system's.",
+        ),
+        Setting(
+            "min-version",
+            str,
+            "TLSv1.2",
+            "Oldest TLS version accepted.",
+            choices=("TLSv1.2", "TLSv1.3"),
+        ),
+        Setting(
+            "need-client-auth",
+            bool,
+            False,
+            "Refuse TLS clients without a certificate the ca-file vouches for.",
+        ),
+        Setting(
+            "want-client-auth",
+            bool,
+            False,
+            "Ask TLS clients for a certificate (for SASL EXTERNAL) but accept them without.",
+        ),
+    ),
+    "TLS for the listeners that ask for it ([amqp] listen-tls).",
 )
 
 ADDRESS_SETTINGS_CONFIG_SECTION = ConfigSection(
@@ -442,6 +539,8 @@ def core_sections() -> list[ConfigSection]:
         BROKER_SECTION,
         PLUGINS_SECTION,
         SECURITY_SECTION,
+        SECURITY_SETTINGS_CONFIG_SECTION,
+        TLS_SECTION,
         ADDRESS_SETTINGS_CONFIG_SECTION,
         QUEUES_CONFIG_SECTION,
     ]
@@ -466,6 +565,44 @@ def _queues(table: Mapping[str, object], source: Path | str) -> dict[str, dict[s
             filled["address"] = name
         queues[name] = filled
     return queues
+
+
+def _security_settings(
+    table: Mapping[str, object], source: Path | str
+) -> dict[str, dict[str, list[str]]]:
+    """Each `[security-settings."pattern"]` table: permission names -> lists of roles."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for pattern, grants in table.items():
+        where = f'[{SECURITY_SETTINGS_SECTION}."{pattern}"]'
+        if not isinstance(grants, Mapping):
+            raise ConfigError(
+                f'{where} = {grants!r}: expected a table of permissions, e.g. send = ["producers"]',
+                path=source,
+                section=SECURITY_SETTINGS_SECTION,
+                key=pattern,
+            )
+        checked: dict[str, list[str]] = {}
+        for permission, roles in grants.items():
+            if permission not in PERMISSIONS:
+                hint = _suggest(permission, PERMISSIONS)
+                raise ConfigError(
+                    f"{where} unknown permission {permission!r}"
+                    + (f"; did you mean {hint!r}?" if hint else "")
+                    + f" known permissions: {', '.join(PERMISSIONS)}",
+                    path=source,
+                    section=SECURITY_SETTINGS_SECTION,
+                    key=permission,
+                )
+            if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+                raise ConfigError(
+                    f"{where} {permission} = {roles!r}: expected a list of role names",
+                    path=source,
+                    section=SECURITY_SETTINGS_SECTION,
+                    key=permission,
+                )
+            checked[permission] = list(roles)
+        out[pattern] = checked
+    return out
 
 
 def default_config_path() -> Path:
@@ -727,6 +864,12 @@ def load_config(
     values: dict[str, dict[str, object]] = {}
     for name, section in known.items():
         if name == ADDRESS_SETTINGS_SECTION:
+            continue
+        if name == SECURITY_SETTINGS_SECTION:
+            grants: dict[str, object] = {}
+            grants.update(_security_settings(raw.get(name, {}), source))
+            grants.update(_security_settings(cleaned.get(name, {}), "overrides"))
+            values[name] = grants
             continue
         if name == QUEUES_SECTION:
             queues: dict[str, object] = {}

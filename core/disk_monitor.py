@@ -20,6 +20,8 @@ import structlog
 
 from scow.core.model import MemoryLimits
 
+_REASON = "disk"
+
 log = structlog.get_logger("scow.disk")
 
 
@@ -59,15 +61,13 @@ class DiskMonitor:
         """Scan once and block or unblock producers accordingly."""
         problem = self.problem()
         limits = self.limits
-        if problem is not None and not limits.disk_full:
-            limits.disk_full = True
+        blocked = limits.blocked_by(_REASON)
+        if problem is not None and not blocked:
+            limits.block(_REASON)
             log.warning("disk full: producers blocked until space returns", reason=problem)
-        elif problem is None and limits.disk_full:
-            limits.disk_full = False
+        elif problem is None and blocked:
             log.info("disk has room again: producers resume")
-            waiting, limits.on_disk_space[:] = list(limits.on_disk_space), []
-            for resume in waiting:
-                resume()
+            limits.unblock(_REASON)
 
     async def start(self) -> None:
         if self.max_disk_usage >= 0 or self.min_disk_free >= 0:

@@ -3,6 +3,11 @@
 Hooks run at startup, per connection and at shutdown; never per message. Implementations
 must be plain functions (the plugin manager rejects coroutines): long-running work goes
 into a `Service` returned from `scow_services`.
+
+The hook API is versioned (`HOOK_API_VERSION`, major.minor): a new hook or a new
+optional descriptor field raises the minor version, a changed or removed one the major.
+A plugin declares the versions it works with in a module attribute,
+`SCOW_HOOK_API = ">=1.0,<2"`, and is refused at startup outside that range.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ if TYPE_CHECKING:
     from scow.core.interfaces import Service
     from scow.core.management import ManagementOperation
     from scow.core.model import ConnectionInfo
+
+#: The version of the hooks below and of what they take and return (see the module doc).
+HOOK_API_VERSION = "1.0"
 
 hookspec = pluggy.HookspecMarker("scow")
 

@@ -213,6 +213,7 @@ class Cursor(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
 class Consumer(Protocol):
     """Something that takes messages from a queue: a protocol's sending link."""
 
@@ -371,6 +372,7 @@ class Pager(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
+@runtime_checkable
 class FullPolicy(Protocol):
     """What an address does with a new message once it holds `max-size-bytes`."""
 

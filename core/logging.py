@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -31,4 +33,26 @@ def configure(log_format: str = "console", level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
+    )
+
+
+AUDIT_LOGGER = "scow.audit"
+
+
+def audit_logger(path: str | Path | None) -> Any:
+    """The audit stream: JSON lines appended to `path`, kept apart from the broker's log
+    whatever `configure` set; without a path, the broker's log under `scow.audit`."""
+    if not path:
+        return structlog.get_logger(AUDIT_LOGGER)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    out = open(target, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives with the broker
+    return structlog.wrap_logger(
+        structlog.PrintLogger(out),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(),
+        ],
+        logger_name=AUDIT_LOGGER,
     )

@@ -3,7 +3,13 @@
 Protocol plugins expose these (AMQP's `$management` node; the management plugin's HTTP
 API later): each operation takes plain values, returns plain data (JSON-able dicts and
 lists) and raises `BrokerError` subclasses whose `status` is the HTTP-style code the
-AMQP management draft also uses (400 bad request, 404 not found, 409 conflict).
+AMQP management draft also uses (400 bad request, 404 not found, 409 conflict, 403
+forbidden).
+
+Each operation needs the `manage` permission: on the address of the queue or address it
+acts on, or on `$management` for listings, connections and address settings; creating
+and deleting need the create/delete permission too. Every change is written to the audit
+log with the user who asked.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ from scow.core.model import (
     ResourceLimitExceeded,
     ResourceLocked,
     RoutingType,
+    Unauthorized,
 )
+from scow.core.security import Principal
+
+#: The address `manage` is checked on for operations on the broker as a whole.
+MANAGEMENT_ADDRESS = "$management"
 
 #: A management operation: (object name, request body, request properties) ->
 #: (statusCode, statusDescription, response body). Plugins add them through the
@@ -49,14 +60,33 @@ def status_of(error: BrokerError) -> int:
         return 409
     if isinstance(error, (InvalidField, ResourceLimitExceeded)):
         return 400
+    if isinstance(error, Unauthorized):
+        return 403
     return 500
 
 
 class Management:
-    """The operations, bound to one broker; call them on its event loop."""
+    """The operations, bound to one broker and the user asking; call them on its loop."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, principal: Principal | None = None) -> None:
         self.broker = broker
+        self.principal = principal
+        self.security = broker.security
+
+    def _authorize(self, permission: str, address: str) -> None:
+        self.security.check(self.principal, permission, address)
+
+    def _audit(self, action: str, **details: Any) -> None:
+        self.security.management_action(self.principal, action, **details)
+
+    def _queue(self, name: str) -> Any:
+        """Queue `name`, once `manage` on its address is checked."""
+        queue = self.broker.queues.get(name)
+        if queue is None:
+            self._authorize("manage", MANAGEMENT_ADDRESS)
+            raise NotFound(f"queue '{name}' does not exist")
+        self._authorize("manage", queue.address)
+        return queue
 
     def create_queue(self, name: str, attributes: Mapping[str, Any]) -> dict[str, Any]:
         """Create queue `name`; returns what `read_queue` would."""
@@ -71,34 +101,37 @@ class Management:
         arguments = attributes.get("arguments") or {}
         if not isinstance(arguments, Mapping):
             raise InvalidField(f"queue '{name}': arguments = {arguments!r}: expected a map")
+        address = _optional(attributes, "address", str, name) or name
+        durable = _optional(attributes, "durable", bool, name, default=True)
+        self._authorize("manage", address)
+        if address not in self.broker.addresses:
+            self._authorize("createAddress", address)
+        self._authorize("createDurableQueue" if durable else "createNonDurableQueue", address)
         self.broker.declare_queue(
             name,
-            address=_optional(attributes, "address", str, name),
+            address=address,
             routing_type=_optional(attributes, "routing-type", str, name),
-            durable=_optional(attributes, "durable", bool, name, default=True),
+            durable=durable,
             filter=_optional(attributes, "filter", str, name),
             arguments=dict(arguments),
             max_consumers=_optional(attributes, "max-consumers", int, name, default=-1),
             exclusive=_optional(attributes, "exclusive", bool, name),
             non_destructive=_optional(attributes, "non-destructive", bool, name),
         )
+        self._audit("create queue", queue=name, address=address, durable=durable)
         return self.read_queue(name)
 
     def read_queue(self, name: str) -> dict[str, Any]:
-        queue = self.broker.queues.get(name)
-        if queue is None:
-            raise NotFound(f"queue '{name}' does not exist")
-        return describe_queue(queue)
+        return describe_queue(self._queue(name))
 
     def list_queues(self) -> list[dict[str, Any]]:
+        self._authorize("manage", MANAGEMENT_ADDRESS)
         return [describe_queue(q) for _, q in sorted(self.broker.queues.items())]
 
     def purge_queue(self, name: str) -> int:
         """Drop every waiting message of queue `name`, in memory and in pages (not those
         being delivered); those in pages go as the cursor reads them, just after."""
-        queue = self.broker.queues.get(name)
-        if queue is None:
-            raise NotFound(f"queue '{name}' does not exist")
+        queue = self._queue(name)
         refs = queue.take()
         for ref in refs:
             queue.remove_delivering(ref)
@@ -107,12 +140,15 @@ class Management:
         paged = cursor.backlog if cursor is not None else 0
         if paged:
             cursor.purge(self.broker.next_id())  # what is in pages goes as it is read
+        self._audit("purge queue", queue=name, purged=len(refs) + paged)
         return len(refs) + paged
 
     def create_address(self, name: str, routing_types: list[str]) -> dict[str, Any]:
         """Create address `name` with the given routing types (ANYCAST, MULTICAST)."""
         if not name:
             raise InvalidField("an address needs a name")
+        self._authorize("manage", name)
+        self._authorize("createAddress", name)
         if name in self.broker.addresses:
             raise ResourceLocked(f"address '{name}' already exists")
         try:
@@ -125,10 +161,13 @@ class Management:
         if not types:
             raise InvalidField(f"address '{name}': give at least one routing type")
         self.broker.create_address(name, types)
+        self._audit("create address", address=name, routing_types=sorted(t.value for t in types))
         return self.read_address(name)
 
     def delete_address(self, name: str, *, force: bool = False) -> None:
         """Delete address `name`; one with queues only with `force` (they go too)."""
+        self._authorize("manage", name)
+        self._authorize("deleteAddress", name)
         address = self.broker.addresses.get(name)
         if address is None:
             raise NotFound(f"address '{name}' does not exist")
@@ -138,11 +177,17 @@ class Management:
                 "force the delete to remove them with it"
             )
         self.broker.delete_address(name)
+        self._audit("delete address", address=name, force=force)
 
     def list_addresses(self) -> list[dict[str, Any]]:
-        return [self.read_address(name) for name in sorted(self.broker.addresses)]
+        self._authorize("manage", MANAGEMENT_ADDRESS)
+        return [self._describe_address(name) for name in sorted(self.broker.addresses)]
 
     def read_address(self, name: str) -> dict[str, Any]:
+        self._authorize("manage", name)
+        return self._describe_address(name)
+
+    def _describe_address(self, name: str) -> dict[str, Any]:
         address = self.broker.addresses.get(name)
         if address is None:
             raise NotFound(f"address '{name}' does not exist")
@@ -154,6 +199,7 @@ class Management:
         }
 
     def list_connections(self) -> list[dict[str, Any]]:
+        self._authorize("manage", MANAGEMENT_ADDRESS)
         return [
             {
                 "id": info.id,
@@ -173,7 +219,9 @@ class Management:
         address `target`, as new messages; each leaves the queue once routed."""
         if not target:
             raise InvalidField(f"queue '{name}': moving needs a target address")
-        return self._resend(name, lambda _message: target, selector)
+        moved = self._resend(name, lambda _message: target, selector)
+        self._audit("move messages", queue=name, to=target, filter=selector, **moved)
+        return moved
 
     def retry_messages(self, name: str) -> dict[str, int]:
         """Send dead-lettered or expired messages of queue `name` back to the address they
@@ -183,14 +231,14 @@ class Management:
             annotations = message.format.describe(message.data, 0)["annotations"]
             return annotations.get("x-opt-ORIG-ADDRESS")
 
-        return self._resend(name, origin, None)
+        retried = self._resend(name, origin, None)
+        self._audit("retry messages", queue=name, **retried)
+        return retried
 
     def _resend(
         self, name: str, target_of: Callable[[Message], str | None], selector: str | None
     ) -> dict[str, int]:
-        queue = self.broker.queues.get(name)
-        if queue is None:
-            raise NotFound(f"queue '{name}' does not exist")
+        queue = self._queue(name)
         matches = self.broker.compile_filter(selector) if selector else None
         targets: dict[int, str] = {}
 
@@ -221,9 +269,7 @@ class Management:
 
     def browse_queue(self, name: str, limit: int = 10, preview: int = 256) -> list[dict[str, Any]]:
         """The first `limit` messages waiting in memory, without taking them."""
-        queue = self.broker.queues.get(name)
-        if queue is None:
-            raise NotFound(f"queue '{name}' does not exist")
+        queue = self._queue(name)
         out = []
         for entry in itertools.islice(queue.waiting(), max(limit, 0)):
             message = entry.message
@@ -242,10 +288,12 @@ class Management:
         return out
 
     def close_connection(self, connection_id: int) -> None:
+        self._authorize("manage", MANAGEMENT_ADDRESS)
         info = self.broker.connections.get(connection_id)
         if info is None or info.close is None:
             raise NotFound(f"connection {connection_id} is not open")
         info.close("closed by the broker's management")
+        self._audit("close connection", connection=connection_id, remote=info.remote)
 
     def set_address_settings(
         self, pattern: str, changes: Mapping[str, Any], *, persist: bool = False
@@ -254,20 +302,23 @@ class Management:
         pattern's settings."""
         if not pattern:
             raise InvalidField("an address-settings pattern is needed, e.g. 'orders.#'")
+        self._authorize("manage", MANAGEMENT_ADDRESS)
         self.broker.set_address_settings(pattern, changes, persist=persist)
+        self._audit("set address settings", pattern=pattern, changes=dict(changes))
         return {"pattern": pattern, **(self.broker.config.address_settings.explicit(pattern) or {})}
 
     def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete queue `name` and its messages; one with consumers only with `force`."""
-        queue = self.broker.queues.get(name)
-        if queue is None:
-            raise NotFound(f"queue '{name}' does not exist")
+        queue = self._queue(name)
+        permission = "deleteDurableQueue" if queue.spec.durable else "deleteNonDurableQueue"
+        self._authorize(permission, queue.address)
         consumers = queue.consumer_count()
         if consumers and not force:
             raise ResourceLocked(
                 f"queue '{name}' has {consumers} consumer(s); force the delete to detach them"
             )
         self.broker.delete_queue(name)
+        self._audit("delete queue", queue=name, force=force)
 
 
 def describe_queue(queue: Any) -> dict[str, Any]:

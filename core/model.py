@@ -58,6 +58,13 @@ class ResourceLimitExceeded(BrokerError):
     condition = "amqp:resource-limit-exceeded"
 
 
+class Unauthorized(BrokerError):
+    """The client's user lacks a permission (or did not authenticate); the description
+    names the permission, the user and the address."""
+
+    condition = "amqp:unauthorized-access"
+
+
 def derived_global_max_size() -> int:
     """`global-max-size` when left at -1: 1/16 of physical memory, at most 128 MiB.
 
@@ -75,11 +82,13 @@ class MemoryLimits:
     """Broker-wide memory used by messages, against `global-max-size` / `global-max-messages`.
 
     Every address adds its in-memory messages here as well as to its own size, so each
-    address's full check also sees the broker as a whole. `disk_full` is set by the disk
-    monitor; while it is set, producers get no credit anywhere.
+    address's full check also sees the broker as a whole. `disk_full` is set while storage
+    cannot take more (the disk monitor's "disk", a database store's "database", ...: see
+    `block`); while it is set, producers get no credit anywhere.
     """
 
     __slots__ = (
+        "_blocked_by",
         "disk_full",
         "flow_above",
         "max_messages",
@@ -97,9 +106,29 @@ class MemoryLimits:
         #: Past this `size`, each new message is offered to the broker's `flow_to_disk`
         #: (set by the flow-to-disk plugin; never, without it).
         self.flow_above = 1 << 62
+        #: True while any reason blocks storage (read per producer: a plain attribute).
         self.disk_full = False
-        #: Called with no arguments when the disk has room again.
+        self._blocked_by: set[str] = set()
+        #: Called with no arguments when storage takes messages again.
         self.on_disk_space: list[Callable[[], None]] = []
+
+    def block(self, reason: str) -> None:
+        """Storage cannot take more because of `reason`: producers get no more credit."""
+        self._blocked_by.add(reason)
+        self.disk_full = True
+
+    def unblock(self, reason: str) -> None:
+        """`reason` is gone; once no reason is left, waiting producers resume."""
+        self._blocked_by.discard(reason)
+        if self._blocked_by or not self.disk_full:
+            return
+        self.disk_full = False
+        waiting, self.on_disk_space[:] = list(self.on_disk_space), []
+        for resume in waiting:
+            resume()
+
+    def blocked_by(self, reason: str) -> bool:
+        return reason in self._blocked_by
 
     def is_full(self) -> bool:
         return (0 <= self.max_size <= self.size) or (0 <= self.max_messages <= self.messages)
@@ -111,6 +140,7 @@ class MemoryLimits:
             "messages-in-memory": self.messages,
             "global-max-messages": self.max_messages,
             "disk-full": self.disk_full,
+            "storage-blocked-by": sorted(self._blocked_by),
         }
 
 

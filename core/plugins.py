@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import operator
 import os
+import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
@@ -22,6 +24,19 @@ from scow.core import hookspecs
 
 ENTRY_POINT_GROUP = "scow.plugins"
 
+#: The module attribute in which a plugin declares the hook API versions it supports.
+API_ATTRIBUTE = "SCOW_HOOK_API"
+
+_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)?)\s*$")
+_COMPARE: dict[str, Callable[[tuple[int, int], tuple[int, int]], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+
 
 class PluginError(Exception):
     """A plugin could not be found, loaded or validated."""
@@ -30,6 +45,47 @@ class PluginError(Exception):
 def installed_plugins() -> dict[str, EntryPoint]:
     """Every plugin installed in this environment, by name."""
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
+
+
+def api_supported(declared: str, version: str = hookspecs.HOOK_API_VERSION) -> bool:
+    """Whether hook API `version` lies in `declared`, comma-separated clauses such as
+    ">=1.0,<2" (operators >=, <=, ==, !=, >, <; versions major or major.minor).
+
+    Raises ValueError naming the clause it cannot read and what is accepted.
+    """
+    current = _version(version)
+    for clause in declared.split(","):
+        match = _CLAUSE.match(clause)
+        if match is None:
+            raise ValueError(
+                f"cannot read {clause.strip()!r} in {declared!r}; expected clauses like "
+                "'>=1.0' or '<2' (operators >= <= == != > <), separated by commas"
+            )
+        if not _COMPARE[match[1]](current, _version(match[2])):
+            return False
+    return True
+
+
+def check_api_version(plugin: object, name: str) -> None:
+    """Refuse `plugin` when the hook API range it declares excludes this broker's."""
+    declared = getattr(plugin, API_ATTRIBUTE, None)
+    if declared is None:
+        return
+    try:
+        supported = api_supported(str(declared))
+    except ValueError as exc:
+        raise PluginError(f"plugin '{name}': {API_ATTRIBUTE} {exc}") from None
+    if not supported:
+        raise PluginError(
+            f"plugin '{name}' supports Scow hook API {declared} but this broker provides "
+            f"hook API {hookspecs.HOOK_API_VERSION}; install a version of the plugin made "
+            "for it"
+        )
 
 
 def _suggest(name: str, known: Iterable[str]) -> str:
@@ -57,9 +113,11 @@ class PluginManager:
             self.pm.enable_tracing()
 
     def register(self, plugin: ModuleType | object, name: str) -> None:
-        """Register one plugin object, rejecting async hook implementations."""
+        """Register one plugin object, rejecting async hook implementations and hook API
+        versions it does not declare support for."""
         if self.pm.has_plugin(name):
             raise PluginError(f"plugin '{name}' is registered twice")
+        check_api_version(plugin, name)
         for attr in dir(plugin):
             if attr.startswith("scow_"):
                 fn = getattr(plugin, attr)

@@ -27,15 +27,17 @@ import pytest
 from scow.core import app
 from scow.core import logging as scow_logging
 from scow.core.broker import Broker
-from scow.core.config import to_toml
+from scow.core.config import Config, load_config, read_plugin_list, to_toml
 from scow.core.journal_suite import JournalConformance
 from scow.core.page_store_suite import PageStoreConformance
+from scow.core.plugins import PluginManager
 
 __all__ = [
     "BrokerProcess",
     "BrokerThread",
     "JournalConformance",
     "PageStoreConformance",
+    "amqp_client",
     "broker_config",
     "wait_for",
 ]
@@ -96,21 +98,40 @@ def broker_config(
 
 
 class BrokerThread:
-    """A broker on its own event-loop thread in this process."""
+    """A broker on its own event-loop thread in this process.
 
-    def __init__(self, config_path: Path) -> None:
+    `plugin_objects` (name -> module or object with hook implementations) are registered
+    as plugins besides those the config enables, without being installed: a plugin under
+    test needs no entry point.
+    """
+
+    def __init__(
+        self, config_path: Path, plugin_objects: Mapping[str, object] | None = None
+    ) -> None:
         self.config_path = config_path
+        self.plugin_objects = dict(plugin_objects or {})
         self.loop = asyncio.new_event_loop()
         self.server: app.Server | None = None
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def start(self) -> BrokerThread:
-        plugins, config = app.load(self.config_path)
+        plugins, config = self._load()
         scow_logging.configure("console", config.section("broker")["log-level"])
         self.server = app.Server(plugins, config)
         self._thread.start()
         self.call_async(self.server.start())
         return self
+
+    def _load(self) -> tuple[PluginManager, Config]:
+        """`app.load`, with `plugin_objects` registered before the enabled plugins."""
+        if not self.plugin_objects:
+            return app.load(self.config_path)
+        plugins = PluginManager()
+        for name, plugin in self.plugin_objects.items():
+            plugins.register(plugin, name)
+        plugins.load(read_plugin_list(self.config_path))
+        sections = plugins.collect("scow_config_sections")
+        return plugins, load_config(self.config_path, sections)
 
     @property
     def broker(self) -> Broker:
@@ -125,6 +146,11 @@ class BrokerThread:
     @property
     def url(self) -> str:
         return f"amqp://127.0.0.1:{self.port}"
+
+    def port_of(self, protocol: str) -> int:
+        """The port the listener of `protocol` (a `ProtocolType` name) bound first."""
+        assert self.server is not None
+        return self.server.protocols[protocol].bound[0][1]
 
     def call(self, fn: Callable[[], T], timeout: float = 10) -> T:
         """Run `fn` on the broker's loop thread (broker state is not thread-safe)."""
@@ -150,12 +176,28 @@ class BrokerThread:
         return self.call(stats)
 
     def stop(self) -> None:
+        """Stop the broker and its loop; idempotent (a test may stop it to restart)."""
+        if self.loop.is_closed():
+            return
         if self.server is not None and self._thread.is_alive():
             self.call_async(self.server.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         if not self.loop.is_running():
             self.loop.close()
+
+
+@contextlib.contextmanager
+def amqp_client(broker: BrokerThread | BrokerProcess, timeout: float = 10.0) -> Iterator[Any]:
+    """A proton `BlockingConnection` to `broker`, closed however the block ends."""
+    from proton.utils import BlockingConnection
+
+    conn = BlockingConnection(broker.url, timeout=timeout)
+    try:
+        yield conn
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def free_port() -> int:
@@ -224,15 +266,16 @@ def write_config(path: Path, tables: Mapping[str, Mapping[str, Any]]) -> Path:
 
 @pytest.fixture
 def scow_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerThread]]:
-    """Factory: `scow_broker(address_settings=..., sections=..., plugins=...)` -> running broker."""
+    """Factory: `scow_broker(address_settings=..., sections=..., plugins=...,
+    plugin_objects=...)` -> a running broker, stopped at the end of the test."""
     started: list[BrokerThread] = []
 
-    def start(**kwargs: Any) -> BrokerThread:
+    def start(plugin_objects: Mapping[str, object] | None = None, **kwargs: Any) -> BrokerThread:
         n = len(started)
         config = write_config(
             tmp_path / f"scow-{n}.toml", broker_config(tmp_path / f"data-{n}", **kwargs)
         )
-        broker = BrokerThread(config).start()
+        broker = BrokerThread(config, plugin_objects).start()
         started.append(broker)
         return broker
 

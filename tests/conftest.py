@@ -1,1 +1,48 @@
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.database.postgres import PostgresServer, binaries
+
 pytest_plugins = ["scow.core.testing"]
+
+#: The databases the database store's tests run on; PostgreSQL ones are marked `postgres`.
+DATABASES = [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A private PostgreSQL server for the session (skips the test when not installed)."""
+    bin_dir = binaries()
+    if bin_dir is None:
+        pytest.skip(
+            "PostgreSQL server binaries (initdb, pg_ctl) are not on PATH nor under "
+            "/usr/lib/postgresql/*/bin; install Debian's postgresql package"
+        )
+    # not under pytest's tmp dir: its 0700 parent keeps the postgres user out
+    directory = Path(tempfile.mkdtemp(prefix="scow-pg-"))
+    server = PostgresServer(directory, bin_dir)
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """A SQLAlchemy URL of a new, empty PostgreSQL database."""
+    return postgres_server.url(postgres_server.create_database())
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL of an empty database: a SQLite file, then a PostgreSQL database."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return f"sqlite:///{tmp_path / 'test.db'}"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from scow.core import app
 from scow.core.cli import command_group
 from scow.core.export import ExportError, export, import_
 from scow.core.storage import (
@@ -22,10 +24,13 @@ from scow.core.storage import (
     QUEUE,
     StorageManager,
 )
+from scow.plugins.file_journal import configured
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.plugins.file_journal.tools import compact_offline, iter_records, measure_sync_rate
 from scow.plugins.paging import tools as page_tools
+
+Handler = Callable[[argparse.Namespace], int]
 
 RECORD_TYPES = {
     MESSAGE: "MESSAGE",
@@ -43,6 +48,28 @@ RECORD_TYPES = {
 
 def _data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="default: ./data")
+
+
+def _configurable(parser: argparse.ArgumentParser, files: Handler, configured: Handler) -> None:
+    """`--data-dir` reads the file journal there; `--config F` opens the storage F selects
+    (any journal and page store plugin, e.g. the database store)."""
+    parser.add_argument("--data-dir", type=Path, help="default: ./data, or [broker] data-dir")
+    parser.add_argument("--config", type=Path, help="use the journal and page store F selects")
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            if args.config is not None:
+                return configured(args)
+            args.data_dir = args.data_dir or Path("data")
+            return files(args)
+        except app.StartupError as exc:
+            print(f"scow: {exc}", file=sys.stderr)
+            return 2
+        except (ExportError, ValueError, OSError) as exc:  # a bad or unreadable import file
+            print(f"scow: {getattr(args, 'input', None) or 'data'}: {exc}", file=sys.stderr)
+            return 2
+
+    parser.set_defaults(handler=run)
 
 
 def _storage(data_dir: Path) -> StorageManager:
@@ -95,9 +122,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         with open(args.input, encoding="utf-8") as source:
             counts = import_(storage, source, pages.add)
-    except (ExportError, ValueError) as exc:
-        print(f"scow: {args.input}: {exc}", file=sys.stderr)
-        return 2
     finally:
         pages.close()
         storage.stop()
@@ -126,17 +150,14 @@ def cmd_perf_journal(args: argparse.Namespace) -> int:
 def add_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     data = command_group(subparsers, "data", "inspect, export, import and compact a data dir")
     p = data.add_parser("print", help="list every journal record (broker stopped)")
-    _data_dir(p)
+    _configurable(p, cmd_print, configured.cmd_print)
     p.add_argument("--bodies", action="store_true", help="also print live message bodies")
-    p.set_defaults(handler=cmd_print)
     p = data.add_parser("export", help="write topology and messages to a portable file")
-    _data_dir(p)
+    _configurable(p, cmd_export, configured.cmd_export)
     p.add_argument("--output", required=True, type=Path)
-    p.set_defaults(handler=cmd_export)
-    p = data.add_parser("import", help="load an export into a fresh data dir")
-    _data_dir(p)
+    p = data.add_parser("import", help="load an export into empty storage")
+    _configurable(p, cmd_import, configured.cmd_import)
     p.add_argument("--input", required=True, type=Path)
-    p.set_defaults(handler=cmd_import)
     p = data.add_parser("compact", help="compact the journals (broker stopped)")
     _data_dir(p)
     p.set_defaults(handler=cmd_compact)

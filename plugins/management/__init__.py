@@ -70,7 +70,7 @@ class ManagementService:
         host, port = parse_host_port(str(config.section("management")["listen"]))
         security = config.section("security")
         anonymous = bool(security["allow-anonymous"]) and _loopback(host)
-        api = ManagementApi(self.broker, security["users"], anonymous, time.monotonic())
+        api = ManagementApi(self.broker, anonymous, time.monotonic())
         self.sampler = asyncio.get_running_loop().create_task(_every_second(api.rates.sample))
         self.runner = web.AppRunner(api.app(), access_log=None)
         await self.runner.setup()

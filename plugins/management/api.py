@@ -2,31 +2,34 @@
 
 Every handler calls `scow.core.management` (the operations `$management` serves over
 AMQP) and answers JSON; refusals are `{"error": "..."}` with the operation's status.
-Requests are authenticated with HTTP Basic against the broker's users; anonymous ones
-are served only when `allow-anonymous` is on and the listener is on loopback.
+Requests are authenticated with HTTP Basic against the broker's users file; anonymous
+ones are served only when `allow-anonymous` is on and the listener is on loopback. Where
+security settings apply, every request needs the `manage` permission on `$management`
+(403 otherwise), and each operation checks its own permissions as over AMQP.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import json
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from scow.core.management import Management, status_of
+from scow.core.management import MANAGEMENT_ADDRESS, Management, status_of
 from scow.core.model import BrokerError
 from scow.plugins.management.metrics import exposition, registry_for
 from scow.plugins.management.rates import Rates
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: The operations on behalf of the request's authenticated user.
+_MANAGEMENT = web.RequestKey("management", Management)
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.0.3",
@@ -84,12 +87,9 @@ def _error(status: int, message: str) -> web.Response:
 class ManagementApi:
     """The routes, bound to one broker."""
 
-    def __init__(
-        self, broker: Any, users: Mapping[str, str], anonymous: bool, started: float
-    ) -> None:
+    def __init__(self, broker: Any, anonymous: bool, started: float) -> None:
         self.broker = broker
-        self.management = Management(broker)
-        self.users = dict(users)
+        self.security = broker.security
         self.anonymous = anonymous
         self.started = started
         self.registry = registry_for(broker, lambda: len(broker.connections))
@@ -137,19 +137,27 @@ class ManagementApi:
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
+        peer = f"{request.remote}" if request.remote else "?"
         if header.startswith("Basic "):
             try:
                 user, _, password = base64.b64decode(header[6:]).decode().partition(":")
             except (binascii.Error, UnicodeDecodeError):
                 user, password = "", ""
-            known = self.users.get(user)
-            if known is not None and hmac.compare_digest(known, password):
-                return await handler(request)
+            principal = self.security.authenticate(user, password, peer, "HTTP-BASIC")
+            if principal is not None:
+                return await self._authorized(request, handler, principal)
         elif self.anonymous:
-            return await handler(request)
+            return await self._authorized(request, handler, None)
         response = _error(401, "authentication required: HTTP Basic with a broker user")
         response.headers["WWW-Authenticate"] = 'Basic realm="scow"'
         return response
+
+    async def _authorized(
+        self, request: web.Request, handler: Handler, principal: Any
+    ) -> web.StreamResponse:
+        self.security.check(principal, "manage", MANAGEMENT_ADDRESS)  # 403 when refused
+        request[_MANAGEMENT] = Management(self.broker, principal)
+        return await handler(request)
 
     # ------------------------------------------------------------------ reading
 
@@ -184,10 +192,10 @@ class ManagementApi:
         )
 
     async def get_addresses(self, request: web.Request) -> web.Response:
-        return _json(self.management.list_addresses())
+        return _json(_management(request).list_addresses())
 
     async def get_address(self, request: web.Request) -> web.Response:
-        return _json(self.management.read_address(request.match_info["name"]))
+        return _json(_management(request).read_address(request.match_info["name"]))
 
     async def create_address(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -195,23 +203,25 @@ class ManagementApi:
             body.get("routing-types", []), list
         ):
             return _error(400, 'expected {"name": ..., "routing-types": ["ANYCAST"]}')
-        created = self.management.create_address(body["name"], body.get("routing-types", []))
+        created = _management(request).create_address(body["name"], body.get("routing-types", []))
         return _json(created, 201)
 
     async def delete_address(self, request: web.Request) -> web.Response:
         force = _flag(request, "force")
-        self.management.delete_address(request.match_info["name"], force=force)
+        _management(request).delete_address(request.match_info["name"], force=force)
         return web.Response(status=204)
 
     async def get_queues(self, request: web.Request) -> web.Response:
-        return _json([{**q, **self.rates.of(q["name"])} for q in self.management.list_queues()])
+        return _json(
+            [{**q, **self.rates.of(q["name"])} for q in _management(request).list_queues()]
+        )
 
     async def get_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        return _json({**self.management.read_queue(name), **self.rates.of(name)})
+        return _json({**_management(request).read_queue(name), **self.rates.of(name)})
 
     async def get_connections(self, request: web.Request) -> web.Response:
-        return _json(self.management.list_connections())
+        return _json(_management(request).list_connections())
 
     async def get_openapi(self, request: web.Request) -> web.Response:
         return _json(OPENAPI)
@@ -233,46 +243,53 @@ class ManagementApi:
         if not isinstance(body.get("name"), str):
             return _error(400, 'expected a JSON object with a "name", e.g. {"name": "orders"}')
         attributes = {k: v for k, v in body.items() if k != "name"}
-        return _json(self.management.create_queue(body["name"], attributes), 201)
+        return _json(_management(request).create_queue(body["name"], attributes), 201)
 
     async def delete_queue(self, request: web.Request) -> web.Response:
         force = _flag(request, "force")
-        self.management.delete_queue(request.match_info["name"], force=force)
+        _management(request).delete_queue(request.match_info["name"], force=force)
         return web.Response(status=204)
 
     async def purge_queue(self, request: web.Request) -> web.Response:
-        return _json({"purged": self.management.purge_queue(request.match_info["name"])})
+        return _json({"purged": _management(request).purge_queue(request.match_info["name"])})
 
     async def move_messages(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         if not isinstance(body.get("to"), str):
             return _error(400, 'expected {"to": "<address>"} and optionally "filter"')
         name = request.match_info["name"]
-        return _json(self.management.move_messages(name, body["to"], selector=body.get("filter")))
+        return _json(
+            _management(request).move_messages(name, body["to"], selector=body.get("filter"))
+        )
 
     async def retry_messages(self, request: web.Request) -> web.Response:
-        return _json(self.management.retry_messages(request.match_info["name"]))
+        return _json(_management(request).retry_messages(request.match_info["name"]))
 
     async def browse_queue(self, request: web.Request) -> web.Response:
         try:
             limit = int(request.query.get("limit", "10"))
         except ValueError:
             return _error(400, f"limit={request.query['limit']!r}: expected an integer")
-        return _json(self.management.browse_queue(request.match_info["name"], limit))
+        return _json(_management(request).browse_queue(request.match_info["name"], limit))
 
     async def close_connection(self, request: web.Request) -> web.Response:
         try:
             connection = int(request.match_info["id"])
         except ValueError:
             return _error(400, f"connection id {request.match_info['id']!r} is not a number")
-        self.management.close_connection(connection)
+        _management(request).close_connection(connection)
         return web.Response(status=204)
 
     async def set_address_settings(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
         pattern = request.match_info["pattern"]
         persist = _flag(request, "persist")
-        return _json(self.management.set_address_settings(pattern, body, persist=persist))
+        return _json(_management(request).set_address_settings(pattern, body, persist=persist))
+
+
+def _management(request: web.Request) -> Management:
+    """The operations on behalf of the request's user."""
+    return request[_MANAGEMENT]
 
 
 def _flag(request: web.Request, name: str) -> bool:

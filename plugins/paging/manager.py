@@ -63,8 +63,13 @@ class PagingManager:
             )
         self.backend: PageStoreBackend = backend
         section = backend.config_section
-        self.store_settings = config.section(section) if section else {}
         data_dir = Path(str(config.section("broker")["data-dir"]))
+        #: The backend's own section, and the data dir its relative locations start from.
+        self.store_settings: Mapping[str, Any] = (
+            {**config.section(section), "data-dir": str(data_dir)} if section else {}
+        )
+        #: A backend's cap on page-size-bytes (Artemis's jdbc-max-page-size-bytes).
+        self.max_page_size = int(self.store_settings.get("jdbc-max-page-size-bytes") or 1 << 62)
         self.directory = data_dir / str(self.settings["paging-directory"])
         loop = asyncio.get_running_loop()
         self.loop = loop

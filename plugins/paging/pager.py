@@ -155,7 +155,9 @@ class AddressPager:
             [q.id for q in queues],
             message.data,
         )
-        if self.write_offset >= self.address.settings.page_size_bytes:
+        if self.write_offset >= min(
+            self.address.settings.page_size_bytes, self.manager.max_page_size
+        ):
             self._roll()
         page, offset = self.write_page, self.write_offset
         info = self.pages.get(page)

@@ -7,9 +7,10 @@ each acknowledged.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from scow.core.interfaces import PageStore
 from scow.core.page_frames import frame, iter_frames
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 from scow.plugins.paging import record
@@ -31,11 +32,18 @@ def _acked(recovered: Recovered) -> dict[tuple[int, int], set[int]]:
     return {key: rec.acked for key, rec in recovered.pages.cursor_pages.items()}
 
 
-def describe(data_dir: Path, recovered: Recovered) -> Iterator[str]:
-    """Lines describing every address's pages and each durable queue's place in them."""
+def describe(
+    data_dir: Path, recovered: Recovered, stores: Iterable[PageStore] | None = None
+) -> Iterator[str]:
+    """Lines describing every address's pages and each durable queue's place in them.
+
+    `stores` are the stores to read (each closed once read); the page files under
+    `data_dir` when None.
+    """
     names = {q["id"]: q["name"] for q in recovered.queues}
-    for store in _stores(data_dir):
-        yield f"# pages of {store.address!r}: {store.folder}"
+    for store in _stores(data_dir) if stores is None else stores:
+        folder = getattr(store, "folder", None)  # file stores say where their files are
+        yield f"# pages of {store.address!r}" + (f": {folder}" if folder else "")
         for page in store.page_numbers():
             buf = store.read(page)
             records = sum(1 for _ in iter_frames(buf))
@@ -55,11 +63,16 @@ def describe(data_dir: Path, recovered: Recovered) -> Iterator[str]:
         store.close()
 
 
-def paged_messages(data_dir: Path, recovered: Recovered) -> Iterator[RecoveredMessage]:
-    """Every durable paged message still held by a queue, with its delivery counts."""
+def paged_messages(
+    data_dir: Path, recovered: Recovered, stores: Iterable[PageStore] | None = None
+) -> Iterator[RecoveredMessage]:
+    """Every durable paged message still held by a queue, with its delivery counts.
+
+    `stores` as for `describe`.
+    """
     queue_ids = {q["id"] for q in recovered.queues}
     counts = recovered.pages.cursor_pages
-    for store in _stores(data_dir):
+    for store in _stores(data_dir) if stores is None else stores:
         for rec in durable_records(store, queue_ids, _acked(recovered), recovered.pages.page_txs):
             queues = {}
             for queue_id in rec.queue_ids:

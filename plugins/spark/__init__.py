@@ -1,1 +1,59 @@
-"""The spark plugin: stream queues with offsets and cursors, and a PySpark data source."""
+"""The spark plugin: stream queues with offsets and cursors, and a PySpark data source.
+
+Broker side (this module's hooks): the `stream` queue type (`x-queue-type = "stream"`),
+the `stream-staging` type behind exactly-once writes, and the `$management` operations
+on streams (READ, SEEK, CURSOR-READ/MOVE/DELETE) and sinks (STAGE, COMMIT, ABORT, READ).
+
+Spark side: `scow.plugins.spark.source` (imports pyspark and pyarrow, so it is imported
+only by Spark users) registers the `scow` data source:
+`spark.dataSource.register(ScowDataSource)`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scow.core import hookimpl
+from scow.core.config import ConfigSection
+from scow.core.descriptors import QueueType
+from scow.plugins.spark import staging, stream
+from scow.plugins.spark.plugin import SECTION, Streams
+
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+    from scow.core.interfaces import Service
+    from scow.core.management import ManagementOperation
+
+
+@hookimpl
+def scow_config_sections() -> list[ConfigSection]:
+    return [SECTION]
+
+
+@hookimpl
+def scow_register_queue_types() -> list[QueueType]:
+    return [
+        QueueType(
+            "stream",
+            lambda spec, broker: Streams.of(broker).new_queue(spec),
+            "Every message kept with a sequence number; consumers read from a position",
+            arguments=stream.ARGUMENTS,
+            check=stream.check,
+        ),
+        QueueType(
+            staging.STAGING_TYPE,
+            staging.StagingQueue,
+            "Staging area of exactly-once writes: no consumers; emptied by a sink's COMMIT",
+            arguments=staging.STAGING_ARGUMENTS,
+        ),
+    ]
+
+
+@hookimpl
+def scow_management_operations(broker: Broker) -> dict[str, dict[str, ManagementOperation]]:
+    return Streams.of(broker).operations()
+
+
+@hookimpl
+def scow_services(broker: Broker) -> list[Service]:
+    return [Streams.of(broker)]

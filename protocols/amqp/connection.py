@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.model import BrokerError, ConnectionInfo
+from scow.core.model import BrokerError, ConnectionInfo, ResourceLimitExceeded
+from scow.core.security import Principal
+from scow.core.tls import subject_name
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.links import ConsumerLink, ProducerLink
 from scow.protocols.amqp.management import MANAGEMENT_NODE, ManagementLink
@@ -39,11 +41,14 @@ class AmqpConnection(asyncio.Protocol):
         self.engine = engine.Engine(
             max_frame=server.max_frame_size, idle_timeout_ms=server.idle_timeout
         )
-        self.sasl = SaslServer(
-            mechanisms=server.sasl_mechanisms,
-            users=server.users,
-            allow_anonymous=server.allow_anonymous,
-        )
+        self.security = server.broker.security
+        self.sasl: SaslServer | None = None
+        #: Who the client is, once SASL is done (the anonymous principal without SASL).
+        self.principal: Principal | None = None
+        #: `authorize(permission, address)` for the broker, None while nothing is enforced.
+        self.authorize: Any = None
+        #: Sessions this connection opened (refused ones are not counted).
+        self.sessions: set[Any] = set()
         self.links: dict[Any, ProducerLink | ConsumerLink | CoordinatorLink | ManagementLink] = {}
         #: Declared, undischarged transactions by their AMQP txn-id.
         self.transactions: dict[bytes, Transaction] = {}
@@ -56,6 +61,9 @@ class AmqpConnection(asyncio.Protocol):
         self._dirty = False
         self._timer: asyncio.TimerHandle | None = None
         self._opened = False
+        self._admitted = False
+        #: Bytes of partial (still arriving) messages held by this connection's links.
+        self.partial_bytes = 0
 
     # ------------------------------------------------------------------ socket side
 
@@ -63,28 +71,67 @@ class AmqpConnection(asyncio.Protocol):
         self.socket = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        tls = transport.get_extra_info("ssl_object")
+        self.sasl = SaslServer(
+            mechanisms=self.server.sasl_mechanisms,
+            security=self.security,
+            peer=self.info.remote,
+            certificate_name=subject_name(tls.getpeercert()) if tls is not None else None,
+        )
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        if self.sasl.state is not State.AMQP:
-            out, data = self.sasl.feed(data)
+        sasl = self.sasl
+        if sasl is None and self.principal is None:
+            return  # the login failed: nothing more is read
+        if sasl is not None:
+            out, data = sasl.feed(data)
             if out and self.socket is not None:
                 self.socket.write(out)
-            if self.sasl.state is State.FAILED:
-                log.info("connection refused", remote=self.info.remote, reason=self.sasl.error)
-                self._close_socket()
+            if sasl.state is State.FAILED:
+                self._refuse_login(sasl)
                 return
             if not data:
                 return
-            self.info.user = self.sasl.user
+            self._authenticated(sasl.principal)
         if not self.engine.push(data):
             self.engine.close_input()
         self.process()
 
+    def _authenticated(self, principal: Principal | None) -> None:
+        """SASL is done: from now on bytes go straight to proton."""
+        self.sasl = None
+        self.principal = principal
+        self.info.user = principal.name if principal is not None else None
+        security = self.security
+        if security.enforcing:
+            self.authorize = lambda permission, address: security.check(
+                principal, permission, address
+            )
+
+    def _refuse_login(self, sasl: SaslServer) -> None:
+        """Close after a failed login; a wrong password hears so only after the delay."""
+        log.info("connection refused", remote=self.info.remote, reason=sasl.error)
+        self.sasl = None
+        if not sasl.deferred or self.socket is None:
+            self._close_socket()
+            return
+        self.socket.pause_reading()
+
+        def answer() -> None:
+            if self.socket is not None and not self.socket.is_closing():
+                self.socket.write(sasl.deferred)
+            self._close_socket()
+
+        asyncio.get_running_loop().call_later(self.security.login_failure_delay, answer)
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:
+            return
+        if self.principal is None:  # gone before AMQP began: proton never saw a byte
+            self._cleanup()
             return
         self.engine.close_input()
         self.engine.close_output()
@@ -206,9 +253,22 @@ class AmqpConnection(asyncio.Protocol):
         elif kind == engine.CONNECTION_REMOTE_CLOSE:
             engine.close_connection(self.engine.connection)
         elif kind == engine.SESSION_REMOTE_OPEN:
-            engine.open_session(engine.event_session(event))
+            session = engine.event_session(event)
+            if not self._admitted:
+                return  # the connection was refused at open: it is closing
+            limit = self.server.max_sessions
+            if limit and len(self.sessions) >= limit:
+                engine.refuse_session(
+                    session,
+                    "amqp:resource-limit-exceeded",
+                    f"the connection has its max-sessions-per-connection ({limit}) open",
+                )
+            else:
+                self.sessions.add(session)
+                engine.open_session(session)
         elif kind == engine.SESSION_REMOTE_CLOSE:
             session = engine.event_session(event)
+            self.sessions.discard(session)
             for link in [lk for lk in self.links if engine.link_session(lk) == session]:
                 self._drop_link(link, remote_closed=False)
             engine.close_session(session)
@@ -234,6 +294,14 @@ class AmqpConnection(asyncio.Protocol):
         connection = self.engine.connection
         self.container_id = engine.remote_container(connection)
         self.info.container_id = self.container_id
+        try:
+            self.security.admit(self.principal)
+        except ResourceLimitExceeded as exc:
+            log.info("connection refused", remote=self.info.remote, reason=exc.description)
+            engine.open_connection(connection, self.server.container_id, {})
+            engine.close_connection(connection, exc.condition, exc.description)
+            return
+        self._admitted = True
         engine.open_connection(
             connection,
             self.server.container_id,
@@ -247,7 +315,14 @@ class AmqpConnection(asyncio.Protocol):
         self.server.hooks.scow_connection_opened(info=self.info)
 
     def _on_link_open(self, link: Any) -> None:
+        if not self._admitted or engine.link_session(link) not in self.sessions:
+            return  # the connection or the session was refused: it is closing
         try:
+            limit = self.server.max_links
+            if limit and len(self.links) >= limit:
+                raise ResourceLimitExceeded(
+                    f"the connection has its max-links-per-connection ({limit}) attached"
+                )
             if engine.link_is_sender(link):
                 self.links[link] = ConsumerLink(self, link, engine.remote_source(link))
             else:
@@ -284,6 +359,8 @@ class AmqpConnection(asyncio.Protocol):
         for link in list(self.links):
             self._drop_link(link, remote_closed=False)
         self.server.connections.discard(self)
+        if self._admitted:
+            self.security.release(self.principal)
         if self._opened:
             self.server.hooks.scow_connection_closed(info=self.info)
         self.engine.free()

@@ -174,9 +174,11 @@ class Engine:
             view = view[pushed:]
         if lib.pn_transport_capacity(self.transport) < 0:
             # proton stops reading a frame it cannot decode without saying why: say it, so
-            # the peer gets a close with decode-error rather than silence
+            # the peer gets a close with decode-error rather than silence (a peer's close
+            # also ends the input: that one is no error)
             cond = lib.pn_transport_condition(self.transport)
-            if not lib.pn_condition_is_set(cond):
+            remote_closed = lib.pn_connection_state(self.connection) & lib.PN_REMOTE_CLOSED
+            if not lib.pn_condition_is_set(cond) and not remote_closed:
                 _set_condition(cond, "amqp:decode-error", "malformed frame: cannot decode it")
             lib.pn_transport_close_tail(self.transport)
             return False
@@ -214,6 +216,7 @@ class Engine:
         lib.pn_transport_unbind(self.transport)
         lib.pn_decref(self.transport)
         lib.pn_connection_release(self.connection)
+        lib.pn_decref(self.connection)  # pn_connection() handed us a reference
         lib.pn_collector_free(self.collector)
 
 
@@ -244,6 +247,13 @@ def open_session(session: CData) -> None:
 
 
 def close_session(session: CData) -> None:
+    lib.pn_session_close(session)
+
+
+def refuse_session(session: CData, condition: str, description: str) -> None:
+    """Begin then end a session the peer asked for, with an error saying why."""
+    _set_condition(lib.pn_session_condition(session), condition, description)
+    lib.pn_session_open(session)
     lib.pn_session_close(session)
 
 

@@ -30,6 +30,8 @@ _OUTCOMES = frozenset(
     (engine.ACCEPTED, engine.RELEASED, engine.MODIFIED, engine.REJECTED, TRANSACTIONAL_STATE)
 )
 _TAG = struct.Struct(">Q")
+#: Target addresses an anonymous-relay link remembers its permission for.
+_RELAY_CACHE = 1024
 
 
 def routing_hint(capabilities: frozenset[str]) -> RoutingType | None:
@@ -60,7 +62,7 @@ _NODE_KEYS = frozenset(
 )
 
 
-def create_on_demand(broker: Any, terminus: engine.TerminusInfo) -> None:
+def create_on_demand(broker: Any, terminus: engine.TerminusInfo, authorize: Any = None) -> None:
     """Create the queue a terminus names, as qpidd does for Qpid Messaging clients.
 
     With the capability `create-on-demand` and no such queue yet, the terminus's node
@@ -69,18 +71,24 @@ def create_on_demand(broker: Any, terminus: engine.TerminusInfo) -> None:
     address), `durable` and `exclusive` set those, and any other key, such as
     `qpid.priorities` or `last-value-key`, is a queue argument. Lifetime policies,
     alternate exchanges and exchange types have no Scow equivalent and are ignored.
+    `authorize(permission, address)`, when given, refuses what the client may not create.
     """
     name = terminus.address
     if not name or "create-on-demand" not in terminus.capabilities or name in broker.queues:
         return
     properties = {str(k): v for k, v in terminus.properties.items()}
     if properties.get("supported-dist-modes") == "copy":
-        broker.address_for(name, RoutingType.MULTICAST)
+        broker.address_for(name, RoutingType.MULTICAST, authorize)
         return
+    durable = bool(properties.get("durable", False))
+    if authorize is not None:
+        if name not in broker.addresses:
+            authorize("createAddress", name)
+        authorize("createDurableQueue" if durable else "createNonDurableQueue", name)
     broker.declare_queue(
         name,
         routing_type="ANYCAST",
-        durable=bool(properties.get("durable", False)),
+        durable=durable,
         exclusive=bool(properties["exclusive"]) if "exclusive" in properties else None,
         arguments={k: v for k, v in properties.items() if k not in _NODE_KEYS},
     )
@@ -100,9 +108,19 @@ class ProducerLink:
         self.waiting: list[Any] | None = None
         self.closed = False
         self.max_size = conn.server.max_message_size
+        #: Bytes of the partial message this link holds (counted in conn.partial_bytes).
+        self.partial = 0
+        authorize = conn.authorize
+        #: Anonymous relay under enforced permissions: target address -> the refusal
+        #: (None: allowed), so each address is checked once per link.
+        self.checked: dict[str, BrokerError | None] | None = None
         if self.address is not None:
-            create_on_demand(conn.broker, target)
-            conn.broker.address_for(self.address, self.routing_type)
+            if authorize is not None:
+                authorize("send", self.address)
+            create_on_demand(conn.broker, target, authorize)
+            conn.broker.address_for(self.address, self.routing_type, authorize)
+        elif authorize is not None:
+            self.checked = {}
         engine.set_max_message_size(link, self.max_size)
         engine.open_link(link, address=self.address)
         engine.link_flow(link, self.credit)
@@ -115,7 +133,11 @@ class ProducerLink:
             self._too_large(size)
             return
         if engine.delivery_partial(delivery):
+            if self.max_size and not engine.delivery_aborted(delivery):
+                self._hold_partial(size)
             return
+        if self.partial:
+            self._release_partial()
         link = self.link
         if engine.delivery_aborted(delivery):
             engine.delivery_settle(delivery)
@@ -129,6 +151,8 @@ class ProducerLink:
                 address = AMQP_FORMAT.target_address(data)
                 if not address:
                     raise _NoAddress("anonymous relay: the message has no 'to' address")
+                if self.checked is not None:
+                    self._authorize_relay(address)
             transactional = transaction_of(self.conn, delivery)
             if transactional is not None:
                 tx = transactional[0]
@@ -153,6 +177,45 @@ class ProducerLink:
         except ValueError as exc:  # a message our codec cannot read
             self._refuse(delivery, presettled, "amqp:decode-error", str(exc))
         self._replenish()
+
+    def _authorize_relay(self, address: str) -> None:
+        """Raise the refusal when this link may not send to `address` (checked once)."""
+        checked = self.checked
+        assert checked is not None
+        if address not in checked:
+            if len(checked) >= _RELAY_CACHE:
+                checked.clear()  # addresses can be unbounded (per-client replies)
+            try:
+                self.conn.authorize("send", address)
+                if address not in self.conn.broker.addresses:
+                    self.conn.authorize("createAddress", address)
+                    return  # not cached: once it exists, send alone decides
+                checked[address] = None
+            except BrokerError as exc:
+                checked[address] = exc
+        refusal = checked[address]
+        if refusal is not None:
+            raise refusal
+
+    def _hold_partial(self, size: int) -> None:
+        """Count a message still arriving; past max-message-size for the whole
+        connection, this link is closed (others' partial messages carry on)."""
+        conn = self.conn
+        conn.partial_bytes += size - self.partial
+        self.partial = size
+        if conn.partial_bytes > self.max_size:
+            held = conn.partial_bytes
+            self._release_partial()
+            conn.drop_link(
+                self.link,
+                "amqp:resource-limit-exceeded",
+                f"partial messages on this connection hold {held} bytes, more than "
+                f"max-message-size {self.max_size}",
+            )
+
+    def _release_partial(self) -> None:
+        self.conn.partial_bytes -= self.partial
+        self.partial = 0
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -212,6 +275,8 @@ class ProducerLink:
 
     def close(self, remote_closed: bool) -> None:
         self.closed = True
+        if self.partial:
+            self._release_partial()
         self._stop_waiting()
 
 
@@ -230,17 +295,21 @@ class ConsumerLink:
         self.presettled = engine.link_snd_settle_mode(link) == engine.SND_SETTLED
         self._tag = 0
         self.closed = False
+        self.max_unsettled = conn.server.max_unsettled
         broker = conn.broker
         caps = source.capabilities
         self.durable = False
+        authorize = conn.authorize
         if source.dynamic:
-            self.queue = broker.subscribe_temporary(self)
+            self.queue = broker.subscribe_temporary(self, authorize)
             address = self.queue.name
         else:
             address = source.address
             if not address:
                 raise _NoAddress("a receiving link needs a source address (or dynamic)")
-            create_on_demand(broker, source)
+            if authorize is not None:
+                authorize("browse" if self.browse else "consume", address.split("::", 1)[0])
+            create_on_demand(broker, source, authorize)
             routing = routing_hint(caps)
             shared = "shared" in caps
             self.durable = source.durable and source.expiry_never
@@ -255,11 +324,16 @@ class ConsumerLink:
                 global_="global" in caps,
                 subscription=name.split("|", 1)[0] if shared else name,
                 client_id=conn.container_id,
+                authorize=authorize,
             )
         engine.open_link(link, address=address, dynamic=source.dynamic)
 
     def credit(self) -> int:
-        return engine.link_credit(self.link)  # type: ignore[no-any-return]
+        credit: int = engine.link_credit(self.link)
+        if self.max_unsettled:
+            room = self.max_unsettled - len(self.unsettled)
+            return credit if credit < room else max(room, 0)
+        return credit
 
     def deliver(self, ref: MessageRef) -> None:
         message: Message = ref.message
@@ -302,6 +376,8 @@ class ConsumerLink:
         engine.delivery_settle(delivery)
         if ref is None:
             return
+        if self.max_unsettled and len(self.unsettled) == self.max_unsettled - 1:
+            self.queue.dispatch()  # it was held at the limit: send what its credit allows
         broker = self.conn.broker
         if state == TRANSACTIONAL_STATE:
             try:
@@ -337,4 +413,10 @@ class ConsumerLink:
         broker = self.conn.broker
         for ref in refs:
             broker.release(ref, delivered=True)
-        broker.unsubscribe(self, queue, remove_subscription=remote_closed and self.durable)
+        remove = remote_closed and self.durable
+        if remove and self.conn.authorize is not None:
+            try:
+                self.conn.authorize("deleteDurableQueue", queue.address)
+            except BrokerError:
+                remove = False  # refused: the subscription stays (the audit log says so)
+        broker.unsubscribe(self, queue, remove_subscription=remove)

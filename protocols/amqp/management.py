@@ -2,25 +2,31 @@
 
 Requests and responses have the shape of the OASIS AMQP Management draft: a request
 carries application properties `operation`, `type` and `name` (queue: CREATE, READ,
-DELETE, QUERY, PURGE, MOVE (property `to`, optional `filter`), RETRY; address: READ,
-QUERY; connection: QUERY, DELETE, which closes it),
+DELETE, QUERY, PURGE, MOVE (property `to`, optional `filter`), RETRY; address: CREATE
+(body {"routing-types": [...]}), DELETE (property `force`), READ, QUERY; connection:
+QUERY, DELETE, which closes it),
 a map body for CREATE (the queue's attributes) and a `reply-to`;
 the response goes to that address with `correlation-id` = the request's message-id and
-application properties `statusCode` (200, 201, 204, or 400/404/409/501 with
+application properties `statusCode` (200, 201, 204, or 400/403/404/409/501 with
 `statusDescription` saying why). QUERY answers `{"attributeNames": [...], "results":
 [[...], ...]}`. This is what `scow queue` speaks; the HTTP API serves the same operations.
+Attaching needs the `manage` permission on `$management`; each operation checks its own.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from proton import Message as ProtonMessage
 
-from scow.core.management import Management, ManagementOperation, status_of
+from scow.core.management import (
+    MANAGEMENT_ADDRESS,
+    Management,
+    ManagementOperation,
+    status_of,
+)
 from scow.core.model import BrokerError, InvalidField
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.format import AMQP_FORMAT
@@ -30,7 +36,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("scow.amqp")
 
-MANAGEMENT_NODE = "$management"
+MANAGEMENT_NODE = MANAGEMENT_ADDRESS
 _CREDIT = 100
 
 
@@ -41,7 +47,9 @@ class ManagementLink:
         self.conn = conn
         self.link = link
         self.closed = False
-        self.management = Management(conn.broker)
+        if conn.authorize is not None:
+            conn.authorize("manage", MANAGEMENT_NODE)
+        self.management = Management(conn.broker, conn.principal)
         self.operations = _operations(self.management)
         _add_plugin_operations(self.operations, conn.broker)
         engine.open_link(link, address=MANAGEMENT_NODE)
@@ -131,6 +139,14 @@ def _operations(m: Management) -> dict[str, dict[str, Operation]]:
             "RETRY": lambda name, _, __: (200, "OK", m.retry_messages(name)),
         },
         "address": {
+            "CREATE": lambda name, body, _: (
+                201,
+                "Created",
+                m.create_address(name, _routing_types(body)),
+            ),
+            "DELETE": lambda name, _, props: _done(
+                m.delete_address(name, force=bool(props.get("force", False)))
+            ),
             "READ": lambda name, _, __: (200, "OK", m.read_address(name)),
             "QUERY": lambda *_: (200, "OK", _query(m.list_addresses())),
         },
@@ -158,6 +174,15 @@ def _attributes(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidField(f"CREATE needs a map of attributes, not {body!r}")
     return _plain(body)
+
+
+def _routing_types(body: Any) -> list[str]:
+    """CREATE address's body: {"routing-types": ["ANYCAST", ...]} (default ANYCAST)."""
+    attributes = _attributes(body)
+    types = attributes.get("routing-types", ["ANYCAST"])
+    if not isinstance(types, list):
+        raise InvalidField(f"routing-types = {types!r}: expected a list, e.g. ['ANYCAST']")
+    return [str(t) for t in types]
 
 
 def _number(name: str) -> int:

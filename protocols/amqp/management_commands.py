@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from proton import Message
+from proton import Message, SSLDomain
 from proton.utils import BlockingConnection
 
 from scow.protocols.amqp.management import MANAGEMENT_NODE
@@ -90,7 +90,12 @@ def request(
     user, password = _credentials(args)
     try:
         conn = BlockingConnection(
-            args.url, timeout=args.timeout, user=user, password=password, allow_insecure_mechs=True
+            args.url,
+            timeout=args.timeout,
+            user=user,
+            password=password,
+            allow_insecure_mechs=True,
+            ssl_domain=_tls(args),
         )
     except Exception as exc:  # proton reports refused connections and bad logins alike
         raise CommandError(f"cannot connect to {args.url}: {exc}", 2) from None
@@ -248,6 +253,20 @@ def _run(handler: Any) -> Any:
     return run
 
 
+def _tls(args: argparse.Namespace) -> SSLDomain | None:
+    """For amqps://: check the broker's certificate and name (against --ca-file when
+    given); with --cert-file and --key-file, present a client certificate (EXTERNAL)."""
+    if not args.url.startswith("amqps:"):
+        return None
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    if args.ca_file is not None:
+        domain.set_trusted_ca_db(str(args.ca_file))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    if args.cert_file is not None:
+        domain.set_credentials(str(args.cert_file), str(args.key_file or args.cert_file), None)
+    return domain
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the broker (default {DEFAULT_URL})")
     parser.add_argument("--user", help="SASL user (or SCOW_USER)")
@@ -255,6 +274,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--password-file", type=Path, help="read the password from this file")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--ca-file", type=Path, help="CA (PEM) to trust for amqps:// URLs")
+    parser.add_argument("--cert-file", type=Path, help="client certificate (PEM) for amqps://")
+    parser.add_argument("--key-file", type=Path, help="its private key (PEM)")
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:

@@ -22,6 +22,7 @@ import os
 import selectors
 import signal
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -102,12 +103,25 @@ _out_buf, _out_view = engine.new_buffer(_IO_SIZE)
 class Wire:
     """One non-blocking socket and its proton engine, without an event collector."""
 
-    __slots__ = ("connection", "engine", "eof", "sock", "transport", "want_write")
+    __slots__ = (
+        "connection",
+        "engine",
+        "eof",
+        "pending",
+        "retry",
+        "sock",
+        "transport",
+        "want_write",
+    )
 
     def __init__(self, sock: socket.socket, *, server: bool) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
+        #: Decrypted bytes TLS holds that the selector cannot see (0 without TLS).
+        self.pending = sock.pending if isinstance(sock, ssl.SSLSocket) else _nothing
+        #: A TLS write that would block must be retried with the same length.
+        self.retry = 0
         self.engine = engine.Engine(max_frame=_MAX_FRAME, idle_timeout_ms=0, server=server)
         engine.stop_events(self.engine)  # endpoint states and links are polled instead
         self.transport = self.engine.transport
@@ -125,7 +139,7 @@ class Wire:
                 return
             try:
                 got = recv_into(_in_view, min(room, _IO_SIZE))
-            except (BlockingIOError, InterruptedError):
+            except _WOULD_BLOCK:
                 return
             except OSError:
                 got = 0
@@ -136,7 +150,7 @@ class Wire:
             if push(transport, _in_buf, got) < 0:
                 self.eof = True
                 return
-            if got < room:
+            if got < room and not self.pending():
                 return
 
     def write(self) -> None:
@@ -148,14 +162,16 @@ class Wire:
                 self.eof = self.eof or pending < 0
                 self.want_write = False
                 return
-            got = engine.transport_peek(transport, _out_buf, min(pending, _IO_SIZE))
+            got = engine.transport_peek(transport, _out_buf, self.retry or min(pending, _IO_SIZE))
             if got <= 0:
                 self.want_write = False
                 return
             try:
                 sent = send(_out_view[:got])
-            except (BlockingIOError, InterruptedError):
+                self.retry = 0
+            except _WOULD_BLOCK:
                 sent = 0
+                self.retry = got
             except OSError:
                 self.eof = True
                 self.want_write = False
@@ -173,9 +189,21 @@ class Wire:
             self.engine.free()
 
 
-def _connect(host: str, port: int) -> socket.socket:
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+def _nothing() -> int:
+    return 0
+
+
+def _connect(host: str, port: int, options: dict[str, Any]) -> socket.socket:
+    """A connected socket; for amqps, with its TLS handshake done (blocking)."""
     try:
-        return socket.create_connection((host, port), timeout=10)
+        sock = socket.create_connection((host, port), timeout=10)
+        if options.get("tls"):
+            context = ssl.create_default_context(cafile=options.get("ca_file") or None)
+            sock = context.wrap_socket(sock, server_hostname=host)
+        return sock
     except OSError as exc:
         raise PerfError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from exc
 
@@ -505,7 +533,7 @@ def _drive(
     workers: list[Any] = []
     selector = selectors.DefaultSelector()
     for index in range(options["pairs"]):
-        worker = maker(Wire(_connect(host, port), server=False), address, index, per_pair)
+        worker = maker(Wire(_connect(host, port, options), server=False), address, index, per_pair)
         workers.append(worker)
         selector.register(worker.wire.sock, _READ, worker)
     deadline = time.monotonic() + options["timeout"]
@@ -635,6 +663,7 @@ def run_client(url: str, options: dict[str, Any]) -> dict[str, Any]:
     if conflict:
         raise PerfError(conflict)
     host, port, address = parse_url(url)
+    options["tls"] = url.startswith("amqps:")
     make_message(options["size"], durable=options["durable"])  # fail early on a bad size
     ctx = multiprocessing.get_context("fork")
     go, abort = ctx.Event(), ctx.Event()
@@ -783,15 +812,15 @@ def format_summary(result: dict[str, Any]) -> str:
 
 
 def parse_url(url: str) -> tuple[str, int, str]:
-    """`amqp://HOST:PORT/ADDRESS` as (host, port, address)."""
+    """`amqp://HOST:PORT/ADDRESS` (or amqps://, TLS) as (host, port, address)."""
     parts = urlsplit(url)
-    if parts.scheme != "amqp":
-        raise PerfError(f"--url {url!r}: scheme must be amqp (amqp://HOST:PORT/ADDRESS)")
+    if parts.scheme not in ("amqp", "amqps"):
+        raise PerfError(f"--url {url!r}: scheme must be amqp or amqps (amqp://HOST:PORT/ADDRESS)")
     address = parts.path.lstrip("/")
     if not address:
         raise PerfError(f"--url {url!r}: no address; expected amqp://HOST:PORT/ADDRESS")
     try:
-        port = parts.port or 5672
+        port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
     except ValueError as exc:
         raise PerfError(f"--url {url!r}: {exc}") from exc
     return parts.hostname or "localhost", port, address
@@ -1094,6 +1123,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         "max_pending": args.max_pending,
         "timeout": args.timeout,
         "mode": args.mode,
+        "ca_file": args.ca_file,
     }
     conflict = mode_conflict(options)
     if conflict:
@@ -1154,7 +1184,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         help="producer/consumer pairs: send and receive rates, end-to-end latency; "
         "or producers only (--mode send) or consumers only (--mode receive)",
     )
-    client.add_argument("--url", required=True, help="amqp://HOST:PORT/ADDRESS")
+    client.add_argument("--url", required=True, help="amqp://HOST:PORT/ADDRESS (amqps:// for TLS)")
+    client.add_argument(
+        "--ca-file", help="CA certificates (PEM) to trust for amqps (default: the system's)"
+    )
     client.add_argument(
         "--count",
         type=_positive,

@@ -10,6 +10,7 @@ from scow.core import hookimpl
 from scow.core.config import ConfigSection, Setting
 from scow.core.descriptors import ProtocolType
 from scow.protocols.amqp.format import AMQP_FORMAT
+from scow.protocols.amqp.sasl import MECHANISMS
 
 SECTION = ConfigSection(
     "amqp",
@@ -20,6 +21,14 @@ SECTION = ConfigSection(
             ["localhost:5672"],
             "Addresses to accept AMQP connections on; a host name binds every address "
             "it resolves to, port 0 picks a free port.",
+            kind="host-port-list",
+        ),
+        Setting(
+            "listen-tls",
+            list,
+            [],
+            "Addresses to accept AMQP over TLS on (amqps; its usual port is 5671), with "
+            "the certificate of the [tls] section.",
             kind="host-port-list",
         ),
         Setting(
@@ -41,9 +50,11 @@ SECTION = ConfigSection(
         Setting(
             "sasl-mechanisms",
             list,
-            ["ANONYMOUS", "PLAIN"],
-            "SASL mechanisms offered (ANONYMOUS only while [security] allow-anonymous).",
+            ["ANONYMOUS", "PLAIN", "SCRAM-SHA-256", "EXTERNAL"],
+            "SASL mechanisms offered: ANONYMOUS only while [security] allow-anonymous, "
+            "EXTERNAL only to TLS clients with a certificate.",
             item_type=str,
+            choices=MECHANISMS,
         ),
         Setting(
             "producer-credit",
@@ -53,11 +64,36 @@ SECTION = ConfigSection(
             minimum=1,
         ),
         Setting(
+            "max-sessions-per-connection",
+            int,
+            1024,
+            "Sessions one connection may have open; past it a begin is answered with "
+            "amqp:resource-limit-exceeded. 0 means no limit.",
+            minimum=0,
+        ),
+        Setting(
+            "max-links-per-connection",
+            int,
+            10000,
+            "Links one connection may have attached; past it an attach is refused with "
+            "amqp:resource-limit-exceeded. 0 means no limit.",
+            minimum=0,
+        ),
+        Setting(
+            "max-unsettled-per-link",
+            int,
+            0,
+            "Messages a consumer may hold unsettled on one link; past it the broker sends "
+            "no more until it settles some, whatever credit it gives. 0 means no limit.",
+            minimum=0,
+        ),
+        Setting(
             "max-message-size",
             int,
             104_857_600,
             "Largest message accepted (bytes); a bigger one closes its link with "
-            "amqp:link:message-size-exceeded. 0 means no limit.",
+            "amqp:link:message-size-exceeded. Also bounds the partial messages one "
+            "connection holds at once, all links together. 0 means no limit.",
             kind="size",
             minimum=0,
         ),
@@ -69,14 +105,12 @@ SECTION = ConfigSection(
 def _factory(broker: Any, settings: Mapping[str, Any]) -> Any:
     from scow.protocols.amqp.server import AmqpServer
 
-    security = broker.config.section("security")
     return AmqpServer(
         broker,
         settings,
         hooks=broker.hooks,
-        users=security["users"],
-        allow_anonymous=security["allow-anonymous"],
         container_id=broker.config.section("broker")["name"],
+        tls=broker.config.section("tls"),
     )
 
 

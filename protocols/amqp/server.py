@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.config import parse_host_port
+from scow.core.config import ConfigError, parse_host_port
+from scow.core.tls import server_context
 from scow.protocols.amqp.connection import AmqpConnection
 
 if TYPE_CHECKING:
@@ -34,39 +36,58 @@ class AmqpServer:
         settings: Mapping[str, Any],
         *,
         hooks: Any,
-        users: Mapping[str, str],
-        allow_anonymous: bool,
         container_id: str,
+        tls: Mapping[str, Any] | None = None,
     ) -> None:
         self.broker = broker
         #: pluggy's hook relay, for the per-connection hooks
         self.hooks = hooks
         self.listen = [parse_host_port(item) for item in settings["listen"]]
+        self.listen_tls = [parse_host_port(item) for item in settings["listen-tls"]]
+        self.tls_settings = tls
         self.idle_timeout = int(settings["idle-timeout"])
         self.max_frame_size = int(settings["max-frame-size"])
         self.sasl_mechanisms = list(settings["sasl-mechanisms"])
         self.producer_credit = int(settings["producer-credit"])
         self.max_message_size = int(settings["max-message-size"])
-        self.users = dict(users)
-        self.allow_anonymous = allow_anonymous
+        self.max_sessions = int(settings["max-sessions-per-connection"])
+        self.max_links = int(settings["max-links-per-connection"])
+        self.max_unsettled = int(settings["max-unsettled-per-link"])
         self.container_id = container_id
         self.version = _version()
         self.connections: set[AmqpConnection] = set()
         self.bound: list[tuple[str, int]] = []
+        self.bound_tls: list[tuple[str, int]] = []
         self._servers: list[asyncio.AbstractServer] = []
         self._dirty: list[AmqpConnection] = []
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        context = None
+        if self.listen_tls:
+            try:
+                context = server_context(self.tls_settings or {})
+            except ValueError as exc:
+                raise ConfigError(str(exc), section="tls") from None
         for host, port in self.listen:
-            server = await loop.create_server(
-                lambda: AmqpConnection(self), host or None, port, reuse_address=True
-            )
-            self._servers.append(server)
-            for sock in server.sockets:
-                addr = sock.getsockname()
-                self.bound.append((addr[0], addr[1]))
-        log.info("amqp listening", on=[f"{h}:{p}" for h, p in self.bound])
+            self.bound += await self._listen(host, port, None)
+        for host, port in self.listen_tls:
+            self.bound_tls += await self._listen(host, port, context)
+        log.info(
+            "amqp listening",
+            on=[f"{h}:{p}" for h, p in self.bound],
+            tls=[f"{h}:{p}" for h, p in self.bound_tls],
+        )
+
+    async def _listen(
+        self, host: str, port: int, context: ssl.SSLContext | None
+    ) -> list[tuple[str, int]]:
+        # TLS stays in the transport (asyncio's, or uvloop's): the protocol sees plain
+        # bytes, so the per-message path is the same engine calls with or without it.
+        server = await asyncio.get_running_loop().create_server(
+            lambda: AmqpConnection(self), host or None, port, reuse_address=True, ssl=context
+        )
+        self._servers.append(server)
+        return [sock.getsockname()[:2] for sock in server.sockets]
 
     async def stop(self) -> None:
         for server in self._servers:
@@ -91,4 +112,8 @@ class AmqpServer:
             connection.flush()
 
     def stats(self) -> dict[str, Any]:
-        return {"connections": len(self.connections), "listening": self.bound}
+        return {
+            "connections": len(self.connections),
+            "listening": self.bound,
+            "listening-tls": self.bound_tls,
+        }

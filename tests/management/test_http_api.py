@@ -19,19 +19,21 @@ from scow.core.testing import (
     wait_for,
     write_config,
 )
+from tests.security.helpers import users_file
 from tests.wire.helpers import connected, receive, send
 
-AUTH = {"admin": "secret"}
+AUTH = {"admin": ("secret", ["admins"])}
 CREDENTIALS = {"user": "admin", "password": "secret", "allow_insecure_mechs": True}
 
 
 @pytest.fixture
-def managed(scow_broker):
+def managed(scow_broker, tmp_path):
+    users = users_file(tmp_path / "users.toml", AUTH)
     broker = scow_broker(
         plugins=[*DEFAULT_PLUGINS, "management"],
         sections={
             "management": {"listen": "127.0.0.1:0"},
-            "security": {"users": AUTH, "allow-anonymous": False},
+            "security": {"users-file": str(users), "allow-anonymous": False},
         },
     )
     broker.http = broker.call(lambda: broker.broker.stats()["management"]["url"])

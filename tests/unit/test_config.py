@@ -53,7 +53,7 @@ log-format = "json"
 
 [security]
 allow-anonymous = false
-users = { alice = "secret", bob = "hunter2" }
+users-file = "/etc/scow/users.toml"
 
 [amqp]
 listen = ["0.0.0.0:5672", "[::1]:5673"]
@@ -73,7 +73,7 @@ address-full-policy = "BLOCK"
     assert config.enabled_plugins == ("amqp", "file-journal")
     assert config.section("broker")["name"] == "b1"
     assert config.section("broker")["log-format"] == "json"
-    assert config.section("security")["users"] == {"alice": "secret", "bob": "hunter2"}
+    assert config.section("security")["users-file"] == "/etc/scow/users.toml"
     amqp = config.section("amqp")
     assert amqp["listen"] == ["0.0.0.0:5672", "[::1]:5673"]
     assert amqp["idle-timeout"] == 30_000
@@ -102,7 +102,15 @@ def test_defaults_are_filled(tmp_path: Path) -> None:
         "log-level": "info",
     }
     assert config.section("amqp")["sasl-mechanisms"] == ["ANONYMOUS", "PLAIN"]
-    assert config.section("security") == {"allow-anonymous": True, "users": {}}
+    assert config.section("security") == {
+        "allow-anonymous": True,
+        "users-file": "",
+        "anonymous-roles": [],
+        "login-failure-delay": 500,
+        "max-connections": -1,
+        "max-connections-per-user": -1,
+        "audit-log": "",
+    }
     assert config.enabled_plugins == DEFAULT_PLUGINS
     assert config.address_settings.get("anything").max_delivery_attempts == 10
 
@@ -122,7 +130,16 @@ def test_defaults_are_not_shared_between_configs() -> None:
 def test_effective_lists_every_section_with_defaults(tmp_path: Path) -> None:
     path = write(tmp_path, '[address-settings."q"]\nmax-size-bytes = "1KiB"\n')
     eff = load_config(path, [AMQP]).effective()
-    assert set(eff) == {"broker", "plugins", "security", "address-settings", "amqp", "queues"}
+    assert set(eff) == {
+        "broker",
+        "plugins",
+        "security",
+        "security-settings",
+        "tls",
+        "address-settings",
+        "amqp",
+        "queues",
+    }
     assert eff["amqp"]["producer-credit"] == 1000
     assert eff["address-settings"] == {"q": {"max-size-bytes": 1024}}
 
@@ -176,7 +193,8 @@ def test_open_keys_section_accepts_any_key(tmp_path: Path) -> None:
         ("[broker]\nname = 5\n", "[broker] name = 5: expected a string"),
         ("[plugins]\nenable = 'amqp'\n", "[plugins] enable = 'amqp': expected a list"),
         ("[plugins]\nenable = ['amqp', 3]\n", "expected list items to be a string; 3 is not"),
-        ("[security]\nusers = { alice = 5 }\n", "expected table values to be a string; 5 is not"),
+        ("[security]\nusers = { alice = 'x' }\n",
+         "[security] unknown key 'users'; did you mean 'users-file'?"),
         ("[amqp]\nproducer-credit = true\n", "expected an integer"),
         ("[amqp]\nproducer-credit = -3\n", "expected a value >= 0"),
         ("[amqp]\nlisten = ['localhost']\n", "'localhost' is not host:port"),
@@ -329,12 +347,14 @@ def test_parse_host_port() -> None:
 
 
 def _plugin_sections() -> list[ConfigSection]:
+    from scow.plugins.database_store.settings import SECTION as DATABASE
     from scow.plugins.file_journal.plugin import SECTION as JOURNAL
     from scow.plugins.management import SECTION as MANAGEMENT
     from scow.plugins.paging import PAGING_SECTION
+    from scow.plugins.spark.plugin import SECTION as SPARK
     from scow.protocols.amqp.plugin import SECTION as REAL_AMQP
 
-    return [REAL_AMQP, JOURNAL, PAGING_SECTION, MANAGEMENT]
+    return [REAL_AMQP, JOURNAL, PAGING_SECTION, MANAGEMENT, SPARK, DATABASE]
 
 
 def test_packaged_default_config_loads() -> None:
@@ -351,6 +371,7 @@ def test_packaged_default_config_loads() -> None:
         "full-policies",
         "paging",
         "management",
+        "spark",
     )
     assert config.section("broker")["data-dir"] == "./data"
     assert config.section("amqp")["listen"] == ["localhost:5672"]
@@ -374,19 +395,22 @@ def test_packaged_default_config_shows_every_kernel_and_builtin_plugin_setting()
 
 
 def test_commented_defaults_in_packaged_config_are_the_real_defaults(tmp_path: Path) -> None:
-    """Uncommenting every `# key = value` line of the packaged file must change nothing."""
-    known = {
-        s.name for section in [*core_sections(), *_plugin_sections()] for s in section.settings
-    }
+    """Uncommenting every `# key = value` line of the packaged file (and the `# [section]`
+    line of a plugin section shown commented out) must change nothing."""
+    sections = [*core_sections(), *_plugin_sections()]
+    known = {s.name for section in sections for s in section.settings}
+    headers = {f"# [{section.name}]" for section in sections}
     known |= set(ADDRESS_SETTING_DOCS)
     # shown as examples of what to write, not as defaults
-    examples = {"users", "page-full-policy", "default-last-value-key"}
+    examples = {"page-full-policy", "default-last-value-key"}
     setting_line = re.compile(r"^# ([a-z-]+) = (.*?)(\s{2,}#.*)?$")
     lines = []
     for line in default_config_path().read_text().splitlines():
         m = setting_line.match(line)
         if m and m.group(1) in known and m.group(1) not in examples:
             line = f"{m.group(1)} = {m.group(2)}"
+        elif line in headers:
+            line = line[2:]
         lines.append(line)
     path = write(tmp_path, "\n".join(lines))
     full = load_config(path, _plugin_sections())

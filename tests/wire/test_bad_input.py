@@ -13,6 +13,7 @@ from proton import ConnectionException, Message
 from proton.handlers import TransactionalClientHandler
 
 from scow.core.testing import wait_for
+from tests.security.helpers import users_file
 
 from .helpers import (
     AMQP_HEADER,
@@ -53,8 +54,11 @@ def test_unsupported_amqp_version_gets_the_supported_header(scow_broker):
     round_trip(broker.url)
 
 
-def test_plain_amqp_header_gets_the_sasl_header_when_anonymous_is_off(scow_broker):
-    broker = scow_broker(sections={"security": {"allow-anonymous": False, "users": {"a": "b"}}})
+def test_plain_amqp_header_gets_the_sasl_header_when_anonymous_is_off(scow_broker, tmp_path):
+    users = users_file(tmp_path / "users.toml", {"a": ("b", [])})
+    broker = scow_broker(
+        sections={"security": {"allow-anonymous": False, "users-file": str(users)}}
+    )
     reply = exchange(broker.port, AMQP_HEADER)  # skipping SASL is not allowed
     assert reply == SASL_HEADER
     round_trip(broker.url, user="a", password="b", allowed_mechs="PLAIN")
@@ -103,11 +107,20 @@ def test_malformed_performative_leaves_the_broker_serving(scow_broker):
 
 # --------------------------------------------------------------------------- SASL
 
-SECURE = {"security": {"users": {"alice": "secret"}, "allow-anonymous": False}}
+
+def secure(tmp_path) -> dict:
+    users = users_file(tmp_path / "users.toml", {"alice": ("secret", [])})
+    return {
+        "security": {
+            "users-file": str(users),
+            "allow-anonymous": False,
+            "login-failure-delay": 0,
+        }
+    }
 
 
-def test_sasl_plain_with_a_configured_user_can_send_and_receive(scow_broker):
-    broker = scow_broker(sections=SECURE)
+def test_sasl_plain_with_a_configured_user_can_send_and_receive(scow_broker, tmp_path):
+    broker = scow_broker(sections=secure(tmp_path))
     round_trip(broker.url, user="alice", password="secret", allowed_mechs="PLAIN")
     # the broker knows who is connected
     with connected(broker.url, user="alice", password="secret", allowed_mechs="PLAIN"):
@@ -119,8 +132,8 @@ def test_sasl_plain_with_a_configured_user_can_send_and_receive(scow_broker):
 @pytest.mark.parametrize(
     ("user", "password"), [("alice", "wrong"), ("mallory", "secret")], ids=["password", "user"]
 )
-def test_sasl_plain_with_bad_credentials_is_refused(scow_broker, user, password):
-    broker = scow_broker(sections=SECURE)
+def test_sasl_plain_with_bad_credentials_is_refused(scow_broker, user, password, tmp_path):
+    broker = scow_broker(sections=secure(tmp_path))
     with (
         pytest.raises(ConnectionException) as refused,
         connected(broker.url, user=user, password=password, allowed_mechs="PLAIN"),
@@ -130,8 +143,8 @@ def test_sasl_plain_with_bad_credentials_is_refused(scow_broker, user, password)
     round_trip(broker.url, user="alice", password="secret", allowed_mechs="PLAIN")
 
 
-def test_anonymous_client_is_refused_when_anonymous_is_off(scow_broker):
-    broker = scow_broker(sections=SECURE)
+def test_anonymous_client_is_refused_when_anonymous_is_off(scow_broker, tmp_path):
+    broker = scow_broker(sections=secure(tmp_path))
     with (
         pytest.raises(ConnectionException) as refused,
         connected(broker.url, allowed_mechs="ANONYMOUS"),

@@ -167,3 +167,13 @@ def test_size_limit_with_a_policy_no_plugin_provides_stops_startup(tmp_path):
     )
     assert '[address-settings."orders.#"] address-full-policy = "PAGE"' in stderr
     assert "available: BLOCK, DROP, FAIL" in stderr
+
+
+def test_a_full_policy_nobody_provides_stops_startup_with_the_close_name(tmp_path):
+    stderr = run_rejected(
+        tmp_path,
+        PLUGINS + '[address-settings."orders.#"]\naddress-full-policy = "BLOKC"\n',
+        names_file=False,
+    )
+    assert '[address-settings."orders.#"] address-full-policy = "BLOKC"' in stderr
+    assert "did you mean 'BLOCK'?" in stderr

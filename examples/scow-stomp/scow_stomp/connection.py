@@ -1,0 +1,499 @@
+"""One STOMP client connection: frames in, broker calls, frames out.
+
+Every failure the client caused (a malformed frame, a refused SEND, an unknown
+subscription) is answered with an ERROR frame and the connection is closed, as STOMP
+1.2 requires; other connections are not affected. Receipts keep the order of the frames
+that asked for them: a RECEIPT is written only once every earlier durable SEND or
+COMMIT is on disk, so the receipt of a DISCONNECT covers everything before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from scow.core import BrokerError, ConnectionInfo, MessageRef, RouteStatus, Transaction
+from scow_stomp import convert, frames
+from scow_stomp.login import LoginRefused, authorizer, login
+from scow_stomp.subscription import Subscription
+
+if TYPE_CHECKING:
+    from scow_stomp.server import StompServer
+
+log = structlog.get_logger("scow.stomp")
+
+VERSION = "1.2"
+#: Connection ids apart from other protocols' (which count from 1) until the kernel
+#: hands out connection ids itself.
+_ids = itertools.count(1 << 32)
+#: Destinations a connection remembers its send permission for.
+MAX_CHECKED = 1024
+
+
+class ClientError(Exception):
+    """The client asked for something that cannot be done: ERROR, then close."""
+
+    def __init__(self, message: str, receipt: str | None = None) -> None:
+        super().__init__(message)
+        #: The receipt the failed frame asked for, echoed as the ERROR's receipt-id.
+        self.receipt = receipt
+
+
+@dataclass
+class _Tx:
+    tx: Transaction
+    #: NACKed messages, released when the transaction ends either way.
+    nacks: list[MessageRef] = field(default_factory=list)
+
+
+def _required(frame: frames.Frame, name: str) -> str:
+    value = frame.headers.get(name)
+    if not value:
+        raise ClientError(f"{frame.command} frame without the required '{name}' header")
+    return value
+
+
+class StompConnection(asyncio.Protocol):
+    """asyncio protocol for one STOMP socket."""
+
+    def __init__(self, server: StompServer) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.parser = frames.Parser(server.max_frame_size)
+        self.socket: asyncio.Transport | None = None
+        self.info = ConnectionInfo(
+            next(_ids), "stomp", "", close=self.close_forced, links=self.describe_links
+        )
+        self.connected = False
+        #: The STOMP version agreed at CONNECT (1.1 or 1.2).
+        self.version = VERSION
+        #: Who logged in (the broker security's principal); None while anonymous.
+        self.principal: Any = None
+        #: `authorize(permission, address)`, None while the broker enforces nothing.
+        self.authorize: Any = None
+        #: Destinations this connection may send to, checked once each.
+        self._may_send: set[str] = set()
+        #: Counted by the broker security's connection limits.
+        self._admitted = False
+        self.closed = False
+        #: True while asyncio has paused writing: subscriptions take no messages.
+        self.paused = False
+        self.subscriptions: dict[str, Subscription] = {}
+        #: Which subscription holds each unacknowledged ack id.
+        self.acks: dict[str, Subscription] = {}
+        self.transactions: dict[str, _Tx] = {}
+        self._ack_ids = itertools.count(1)
+        self._out: list[bytes] = []
+        #: Durable sends and commits not yet on disk, and the receipts waiting for them.
+        self._unstored = 0
+        self._receipts: list[bytes] = []
+        #: DISCONNECT arrived: frames after it are ignored, the socket closes once stored.
+        self._closing = False
+        self._last_read = time.monotonic()
+        self._last_write = time.monotonic()
+        self._timers: list[asyncio.TimerHandle] = []
+
+    # ------------------------------------------------------------------ socket side
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.socket = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self._closing:
+            return
+        self._last_read = time.monotonic()
+        try:
+            for frame in self.parser.feed(data):
+                self._handle(frame)
+                if self.closed or self._closing:
+                    return
+        except frames.FrameError as exc:
+            self.fail(f"malformed frame: {exc}")
+        except ClientError as exc:
+            self.fail(str(exc), receipt=exc.receipt)
+        except Exception:  # a bug must cost this connection only, never the broker
+            log.exception("stomp connection failed", remote=self.info.remote)
+            self.fail("the broker failed on this connection")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cleanup()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        for subscription in list(self.subscriptions.values()):
+            subscription.queue.dispatch()
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the socket; written together after the current callback."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and self.socket is not None and not self.socket.is_closing():
+            self.socket.write(b"".join(out))
+            self._last_write = time.monotonic()
+
+    def fail(self, message: str, receipt: str | None = None) -> None:
+        """Answer ERROR (the first line of `message` as its header), then close."""
+        if self.closed:
+            return
+        log.info("stomp connection failed", remote=self.info.remote, reason=message)
+        headers = {"message": message.splitlines()[0][:200], "content-type": "text/plain"}
+        if receipt:
+            headers["receipt-id"] = receipt
+        self.write(frames.encode("ERROR", headers, message.encode()))
+        self._close()
+
+    def close_forced(self, reason: str) -> None:
+        """Close at the broker's request (management), telling the client why."""
+        self.fail(f"connection closed by the broker: {reason}")
+
+    def _close(self) -> None:
+        self._flush()
+        if self.socket is not None and not self.socket.is_closing():
+            self.socket.close()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for timer in self._timers:
+            timer.cancel()
+        for state in self.transactions.values():
+            self._abort(state)
+        self.transactions.clear()
+        for subscription in list(self.subscriptions.values()):
+            subscription.close(remove_subscription=False)
+        self.subscriptions.clear()
+        self.server.connections.discard(self)
+        if self._admitted:
+            self.broker.security.release(self.principal)
+        if self.connected:
+            self.broker.hooks.scow_connection_closed(info=self.info)
+
+    def describe_links(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": sub.id,
+                "role": "consumer",
+                "queue": sub.queue.name,
+                "ack": sub.ack,
+                "unsettled": len(sub.pending),
+                "selector": sub.filter is not None,
+            }
+            for sub in self.subscriptions.values()
+        ]
+
+    def next_ack_id(self) -> str:
+        return str(next(self._ack_ids))
+
+    # ------------------------------------------------------------------ frames
+
+    def _handle(self, frame: frames.Frame) -> None:
+        command = frame.command
+        if not self.connected:
+            if command not in ("CONNECT", "STOMP"):
+                raise ClientError(f"{command} before CONNECT: the first frame must be CONNECT")
+            self._connect(frame)
+            return
+        handler = self._handlers.get(command)
+        if handler is None:  # a second CONNECT
+            raise ClientError(f"{command}: this connection is already connected")
+        receipt = frame.headers.get("receipt")
+        try:
+            handler(self, frame)
+        except BrokerError as exc:
+            raise ClientError(f"{command} refused: {exc.description}", receipt) from None
+        except ClientError as exc:
+            exc.receipt = receipt
+            raise
+        if command != "DISCONNECT" and receipt is not None:
+            self._receipt(receipt)
+
+    def _receipt(self, receipt_id: str) -> None:
+        data = frames.encode("RECEIPT", {"receipt-id": receipt_id})
+        if self._unstored:
+            self._receipts.append(data)  # after the durable frames before it
+        else:
+            self.write(data)
+
+    def _stored(self) -> None:
+        self._unstored -= 1
+        if not self._unstored and not self.closed:
+            for data in self._receipts:
+                self.write(data)
+            self._receipts.clear()
+            if self._closing:
+                self._close()
+
+    def _connect(self, frame: frames.Frame) -> None:
+        versions = frame.headers.get("accept-version", "1.0").split(",")
+        if VERSION not in versions and "1.1" not in versions:
+            self.write(
+                frames.encode(
+                    "ERROR",
+                    {"version": "1.1,1.2", "content-type": "text/plain"},
+                    f"unsupported STOMP version {','.join(versions)} (accepted: 1.1, 1.2)".encode(),
+                )
+            )
+            self._close()
+            return
+        username = frame.headers.get("login")
+        try:
+            self.principal = login(
+                self.broker, username, frame.headers.get("passcode"), self.info.remote
+            )
+        except LoginRefused as exc:
+            self._refuse_login(str(exc), exc.delayed)
+            return
+        self._admitted = True
+        self.authorize = authorizer(self.broker, self.principal)
+        self.info.user = username
+        self.info.container_id = frame.headers.get("client-id", "")
+        self.version = VERSION if VERSION in versions else "1.1"
+        send_ms, receive_ms = self._heart_beat(frame.headers.get("heart-beat", "0,0"))
+        self.connected = True
+        self.write(
+            frames.encode(
+                "CONNECTED",
+                {
+                    "version": self.version,
+                    "session": str(self.info.id),
+                    "server": f"scow-stomp/{self.server.version}",
+                    "heart-beat": f"{send_ms},{receive_ms}",
+                },
+            )
+        )
+        self.broker.hooks.scow_connection_opened(info=self.info)
+
+    def _refuse_login(self, message: str, delayed: bool) -> None:
+        """ERROR and close; a wrong password hears so only after the security's delay."""
+        delay = self.broker.security.login_failure_delay if delayed else 0
+        if not delay or self.socket is None:
+            self.fail(message)
+            return
+        self._closing = True  # nothing more is read from this client
+        self.socket.pause_reading()
+        self._timers.append(asyncio.get_running_loop().call_later(delay, self.fail, message))
+
+    def _heart_beat(self, value: str) -> tuple[int, int]:
+        """Negotiate heart-beats (STOMP 1.2 "Heart-beating"); start the timers."""
+        try:
+            cx, cy = (int(v) for v in value.split(","))
+        except ValueError:
+            raise ClientError(f"heart-beat {value!r}: expected two integers 'cx,cy'") from None
+        sx, sy = self.server.heart_beat_send, self.server.heart_beat_receive
+        send_every = max(sx, cy) if sx and cy else 0
+        expect_every = max(cx, sy) if cx and sy else 0
+        loop = asyncio.get_running_loop()
+        if send_every:
+            self._timers.append(loop.call_later(send_every / 1000, self._beat, send_every / 1000))
+        if expect_every:
+            # the client may be late by as much again before it counts as gone
+            grace = 2 * expect_every / 1000
+            self._timers.append(loop.call_later(grace, self._check_alive, grace))
+        return sx, sy
+
+    def _beat(self, every: float) -> None:
+        if self.closed:
+            return
+        if time.monotonic() - self._last_write >= every * 0.9 and not self._out:
+            self.write(b"\n")
+        self._timers.append(asyncio.get_running_loop().call_later(every, self._beat, every))
+
+    def _check_alive(self, grace: float) -> None:
+        if self.closed:
+            return
+        if time.monotonic() - self._last_read > grace:
+            self.fail(f"no frame or heart-beat from the client for {grace:.1f} s")
+            return
+        self._timers.append(
+            asyncio.get_running_loop().call_later(grace / 2, self._check_alive, grace)
+        )
+
+    def _send(self, frame: frames.Frame) -> None:
+        destination = _required(frame, "destination")
+        address, routing = self.server.destinations.resolve(destination, frame.headers)
+        if address not in self._may_send:
+            if self.authorize is not None:
+                self.authorize("send", address)
+            self.broker.address_for(address, routing, self.authorize)
+            if len(self._may_send) >= MAX_CHECKED:
+                self._may_send.clear()  # destinations can be unbounded (per-client replies)
+            self._may_send.add(address)
+        self._check_room(address)
+        tx = self._tx(frame).tx if "transaction" in frame.headers else None
+        try:
+            data = convert.to_amqp(frame.headers, frame.body, address)
+        except ValueError as exc:
+            raise ClientError(f"SEND to {destination!r}: {exc}") from None
+        broker = self.broker
+        if tx is not None:
+            broker.send(data, address, broker.message_format, routing, tx=tx)
+            return
+        self._unstored += 1
+        status = broker.send(data, address, broker.message_format, routing, self._stored)
+        if status is not RouteStatus.PENDING:
+            self._stored()
+
+    def _check_room(self, address: str) -> None:
+        """STOMP cannot hold a producer back: while it would be blocked, refuse and close."""
+        broker = self.broker
+        if broker.limits.disk_full:
+            raise ClientError(
+                "the broker's disk is full and producers are blocked; STOMP has no flow "
+                "control, so this connection closes (messages sent before are kept)"
+            )
+        info = broker.get_address(address)
+        policy = info.full_policy if info is not None else None
+        if policy is not None and policy.blocks_producers():
+            raise ClientError(
+                f"address '{address}' is full and blocks producers (address-full-policy "
+                f"{info.settings.address_full_policy}); STOMP has no flow control, so this "  # type: ignore[union-attr]
+                "connection closes (messages sent before are kept)"
+            )
+
+    def _subscribe(self, frame: frames.Frame) -> None:
+        sub_id = _required(frame, "id")
+        destination = _required(frame, "destination")
+        if sub_id in self.subscriptions:
+            raise ClientError(f"SUBSCRIBE: subscription id '{sub_id}' is already in use")
+        address, routing = self.server.destinations.resolve(destination, frame.headers)
+        subscription = Subscription(
+            self,
+            sub_id,
+            destination,
+            frame.headers.get("ack", "auto"),
+            self.server.subscription_window,
+        )
+        name = frame.headers.get("durable-subscription-name") or frame.headers.get(
+            "activemq.subscriptionName"
+        )
+        subscription.durable = bool(name)
+        if self.authorize is not None:
+            self.authorize("consume", address)
+        subscription.queue = self.broker.subscribe(
+            subscription,
+            address,
+            routing_type=routing,
+            selector=frame.headers.get("selector"),
+            durable=bool(name),
+            subscription=name,
+            client_id=self.info.container_id,
+            authorize=self.authorize,
+        )
+        self.subscriptions[sub_id] = subscription
+
+    def _unsubscribe(self, frame: frames.Frame) -> None:
+        sub_id = _required(frame, "id")
+        subscription = self.subscriptions.get(sub_id)
+        if subscription is None:
+            raise ClientError(f"UNSUBSCRIBE: no subscription with id '{sub_id}'")
+        if subscription.durable and self.authorize is not None:
+            self.authorize("deleteDurableQueue", subscription.queue.address)
+        del self.subscriptions[sub_id]
+        subscription.close(remove_subscription=subscription.durable)
+
+    def _settled(self, frame: frames.Frame) -> list[MessageRef]:
+        ack_id = frame.headers.get("id") or frame.headers.get("message-id")
+        if not ack_id:
+            raise ClientError(f"{frame.command} frame without the required 'id' header")
+        subscription = self.acks.get(ack_id)
+        if subscription is None:
+            raise ClientError(
+                f"{frame.command}: '{ack_id}' is not an unacknowledged message of this connection"
+            )
+        return subscription.settle(ack_id)
+
+    def _ack(self, frame: frames.Frame) -> None:
+        tx = self._tx(frame).tx if "transaction" in frame.headers else None
+        for ref in self._settled(frame):
+            self.broker.acknowledge(ref, tx)
+
+    def _nack(self, frame: frames.Frame) -> None:
+        state = self._tx(frame) if "transaction" in frame.headers else None
+        for ref in self._settled(frame):
+            if state is not None:
+                state.nacks.append(ref)
+            else:
+                self.broker.release(ref, delivered=True)
+
+    def _tx(self, frame: frames.Frame) -> _Tx:
+        name = frame.headers["transaction"]
+        state = self.transactions.get(name)
+        if state is None:
+            raise ClientError(f"{frame.command}: no transaction '{name}' was begun")
+        return state
+
+    def _begin(self, frame: frames.Frame) -> None:
+        name = _required(frame, "transaction")
+        if name in self.transactions:
+            raise ClientError(f"BEGIN: transaction '{name}' is already open")
+        self.transactions[name] = _Tx(self.broker.begin())
+
+    def _commit(self, frame: frames.Frame) -> None:
+        _required(frame, "transaction")
+        state = self.transactions.pop(frame.headers["transaction"], None)
+        if state is None:
+            raise ClientError(f"COMMIT: no transaction '{frame.headers['transaction']}'")
+
+        def done() -> None:
+            for ref in state.nacks:
+                self.broker.release(ref, delivered=True)
+            self._stored()
+
+        self._unstored += 1
+        try:
+            self.broker.commit(state.tx, done)
+        except BrokerError:
+            self._unstored -= 1
+            self._abort(state)
+            raise
+
+    def _abort_frame(self, frame: frames.Frame) -> None:
+        _required(frame, "transaction")
+        state = self.transactions.pop(frame.headers["transaction"], None)
+        if state is None:
+            raise ClientError(f"ABORT: no transaction '{frame.headers['transaction']}'")
+        self._abort(state)
+
+    def _abort(self, state: _Tx) -> None:
+        self.broker.rollback(state.tx)
+        for ref in state.nacks:
+            self.broker.release(ref, delivered=True)
+
+    def _disconnect(self, frame: frames.Frame) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            self._receipt(receipt)
+        if self._unstored:
+            self._closing = True  # `_stored` closes once the receipts are out
+        else:
+            self._close()
+
+    _handlers: dict[str, Callable[[StompConnection, frames.Frame], None]] = {
+        "SEND": _send,
+        "SUBSCRIBE": _subscribe,
+        "UNSUBSCRIBE": _unsubscribe,
+        "ACK": _ack,
+        "NACK": _nack,
+        "BEGIN": _begin,
+        "COMMIT": _commit,
+        "ABORT": _abort_frame,
+        "DISCONNECT": _disconnect,
+    }

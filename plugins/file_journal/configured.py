@@ -1,0 +1,113 @@
+"""`scow data print|export|import --config F`: the storage a broker's config selects.
+
+They open the journal and page store the config selects (`[broker] journal`, `[paging]
+store`), whichever plugin provides them, so `scow data export` from a broker on files and
+`scow data import --config db.toml` move it into a database, and back the other way.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from scow.core import app
+from scow.core.config import Config
+from scow.core.export import export, import_
+from scow.core.interfaces import PageStore
+from scow.core.plugins import PluginError, PluginManager
+from scow.core.storage import Recovered, StorageManager
+from scow.plugins.paging import tools as page_tools
+
+
+@contextmanager
+def _opened(args: argparse.Namespace) -> Iterator[tuple[PluginManager, Config, StorageManager]]:
+    overrides: dict[str, dict[str, object]] = {"broker": {}}
+    if args.data_dir is not None:
+        overrides["broker"]["data-dir"] = str(args.data_dir)
+    plugins, config = app.load(args.config, overrides)
+    try:
+        journals = plugins.unique("scow_register_journals", "journal backend")
+    except PluginError as exc:
+        raise app.StartupError(str(exc)) from exc
+    storage = app.open_storage(journals, config)
+    try:
+        yield plugins, config, storage
+    finally:
+        storage.stop()
+
+
+def _page_stores(plugins: PluginManager, config: Config) -> Iterator[PageStore] | None:
+    """The configured page store's stores, or None without paging."""
+    if "paging" not in config.section_names:
+        return None
+    paging = config.section("paging")
+    backend = plugins.unique("scow_register_page_stores", "page store").get(str(paging["store"]))
+    if backend is None:
+        return None
+    data_dir = Path(str(config.section("broker")["data-dir"]))
+    directory = data_dir / str(paging["paging-directory"])
+    section = backend.config_section
+    settings: dict[str, Any] = (
+        {**config.section(section), "data-dir": str(data_dir)} if section else {}
+    )
+
+    def stores() -> Iterator[PageStore]:
+        for address in backend.discover(directory, settings):
+            yield backend.factory(directory, address, settings)
+
+    return stores()
+
+
+def _data_dir(config: Config) -> Path:
+    return Path(str(config.section("broker")["data-dir"]))
+
+
+def cmd_print(args: argparse.Namespace) -> int:
+    with _opened(args) as (plugins, config, storage):
+        recovered = storage.load()
+        print(f"# {config.section('broker')['journal'] or 'journal'}: {_counts(recovered)}")
+        for address in recovered.addresses:
+            print(f"address {address['name']!r} id={address['id']}")
+        for queue in recovered.queues:
+            print(f"queue {queue['name']!r} on {queue['address']!r} id={queue['id']}")
+        for message in recovered.messages:
+            print(f"message {message.id} to {message.address!r} queues={message.queues}")
+            if args.bodies:
+                print(f"    {message.data!r}")
+        for line in page_tools.describe(
+            _data_dir(config), recovered, _page_stores(plugins, config)
+        ):
+            print(line)
+    return 0
+
+
+def _counts(recovered: Recovered) -> str:
+    return (
+        f"{len(recovered.addresses)} addresses, {len(recovered.queues)} queues, "
+        f"{len(recovered.messages)} messages in the journal, "
+        f"{len(recovered.prepared)} prepared transactions"
+    )
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with _opened(args) as (plugins, config, storage):
+        stores = _page_stores(plugins, config)
+        with open(args.output, "w", encoding="utf-8") as out:
+            counts = export(
+                storage,
+                out,
+                lambda r: page_tools.paged_messages(_data_dir(config), r, stores),
+            )
+    print(f"exported {counts} to {args.output}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    with _opened(args) as (_plugins, _config, storage), open(args.input, encoding="utf-8") as f:
+        # paged messages go to the journal: the broker pages them again if needed
+        counts = import_(storage, f)
+    print(f"imported {counts}")
+    return 0

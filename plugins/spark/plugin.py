@@ -1,0 +1,176 @@
+"""The spark plugin's broker side: its queue types, `$management` operations and service.
+
+One `Streams` per broker holds its stream queues and the sinks of exactly-once writes,
+and runs the periodic work: time retention, cursor TTL, staging TTL. Nothing here
+imports pyspark: the data source is `scow.plugins.spark.source`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scow.core.config import ConfigSection, Setting
+from scow.core.model import InvalidField, NotFound
+from scow.plugins.spark import staging
+from scow.plugins.spark.cursors import now_ms
+from scow.plugins.spark.stream import StreamQueue
+
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+    from scow.core.management import ManagementOperation
+    from scow.core.model import QueueSpec
+
+SECTION = ConfigSection(
+    "spark",
+    (
+        Setting(
+            "staging-ttl",
+            int,
+            staging.DEFAULT_STAGING_TTL,
+            "Staged messages of an exactly-once write that nobody committed or aborted "
+            "are dropped after this long (ms): the tasks of a job that died.",
+            kind="duration-ms",
+            minimum=1,
+        ),
+        Setting(
+            "housekeeping-period",
+            int,
+            1000,
+            "How often (ms) time retention, cursor TTL and staging TTL run.",
+            kind="duration-ms",
+            minimum=1,
+        ),
+    ),
+    "The spark plugin: stream queues and the exactly-once sinks of the Spark connector.",
+)
+
+_STREAMS: weakref.WeakKeyDictionary[Any, Streams] = weakref.WeakKeyDictionary()
+
+
+class Streams:
+    """The stream queues of one broker and what they share."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.data_dir = Path(str(broker.config.section("broker")["data-dir"]))
+        self.queues: dict[str, StreamQueue] = {}
+        settings = broker.config.section("spark") if "spark" in broker.config.section_names else {}
+        self.period = int(settings.get("housekeeping-period", 1000)) / 1000
+        ttl = int(settings.get("staging-ttl", staging.DEFAULT_STAGING_TTL))
+        self.sinks = staging.Sinks(broker, ttl)
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, broker: Broker) -> Streams:
+        streams = _STREAMS.get(broker)
+        if streams is None:
+            streams = _STREAMS[broker] = cls(broker)
+        return streams
+
+    def new_queue(self, spec: QueueSpec) -> StreamQueue:
+        queue = StreamQueue(spec, self.broker, self.data_dir, self._forget)
+        self.queues[spec.name] = queue
+        return queue
+
+    def _forget(self, queue: StreamQueue) -> None:
+        name = queue.name
+        if self.queues.get(name) is queue:
+            del self.queues[name]
+
+    def stream(self, name: str) -> StreamQueue:
+        queue = self.queues.get(name)
+        if queue is None:
+            known = ", ".join(sorted(self.queues)) or "none"
+            raise NotFound(f"stream '{name}' does not exist (streams: {known})")
+        return queue
+
+    def housekeeping(self) -> None:
+        now = now_ms()
+        for queue in list(self.queues.values()):
+            queue.cursors.expire(now)
+            queue.apply_retention(now)
+        self.sinks.expire()
+
+    # ------------------------------------------------------------------ Service
+
+    async def start(self) -> None:
+        for queue in self.queues.values():
+            queue.recovered()
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            self.housekeeping()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        loop = asyncio.get_running_loop()
+        for queue in list(self.queues.values()):
+            await loop.run_in_executor(None, queue.stop)
+        await asyncio.sleep(0)  # the writers' last completions run
+
+    # ------------------------------------------------------------------ management
+
+    def operations(self) -> dict[str, dict[str, ManagementOperation]]:
+        return {"stream": self._stream_operations(), "stream-sink": staging.operations(self.sinks)}
+
+    def _stream_operations(self) -> dict[str, ManagementOperation]:
+        def read(name: str, _body: Any, _props: Mapping[str, Any]) -> tuple[int, str, Any]:
+            queue = self.stream(name)
+            return 200, "OK", {**queue.stats(), "cursor-positions": queue.cursors.describe()}
+
+        def seek(name: str, _body: Any, props: Mapping[str, Any]) -> tuple[int, str, Any]:
+            return 200, "OK", {"sequence": self.stream(name).seek(_number(props, "timestamp"))}
+
+        def cursor_read(name: str, _body: Any, props: Mapping[str, Any]) -> tuple[int, str, Any]:
+            queue = self.stream(name)
+            cursor = _cursor(props)
+            sequence = queue.cursors.get(cursor)
+            if sequence is None:
+                raise NotFound(f"stream '{name}': no cursor '{cursor}'")
+            return 200, "OK", {"cursor": cursor, "sequence": sequence}
+
+        def cursor_move(name: str, _body: Any, props: Mapping[str, Any]) -> tuple[int, str, Any]:
+            queue = self.stream(name)
+            cursor = _cursor(props)
+            sequence = queue.cursors.move(cursor, _number(props, "sequence"))
+            queue.apply_retention()
+            return 200, "OK", {"cursor": cursor, "sequence": sequence}
+
+        def cursor_delete(name: str, _body: Any, props: Mapping[str, Any]) -> tuple[int, str, Any]:
+            queue = self.stream(name)
+            cursor = _cursor(props)
+            if not queue.cursors.delete(cursor):
+                raise NotFound(f"stream '{name}': no cursor '{cursor}'")
+            return 204, "No Content", None
+
+        return {
+            "READ": read,
+            "SEEK": seek,
+            "CURSOR-READ": cursor_read,
+            "CURSOR-MOVE": cursor_move,
+            "CURSOR-DELETE": cursor_delete,
+        }
+
+
+def _cursor(props: Mapping[str, Any]) -> str:
+    cursor = props.get("cursor")
+    if not isinstance(cursor, str) or not cursor:
+        raise InvalidField(f"cursor = {cursor!r}: expected the cursor's name (a string)")
+    return cursor
+
+
+def _number(props: Mapping[str, Any], key: str) -> int:
+    value = props.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidField(f"{key} = {value!r}: expected an integer of 0 or more")
+    return int(value)

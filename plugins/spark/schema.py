@@ -1,0 +1,263 @@
+"""The data source's fixed schema, and AMQP messages to and from Arrow record batches.
+
+Reading, like the Kafka source's: `body` (binary) and `body_type` ("data": the data
+sections' bytes; "string": an amqp-value string as UTF-8; "value": any other amqp-value,
+AMQP-encoded; "sequence": amqp-sequence sections, AMQP-encoded; "empty": no body),
+`queue`, `sequence`, `enqueued_time`, the AMQP properties as a struct, and
+`application_properties` and `message_annotations` as string maps (values as text).
+
+Writing: `body` (binary or string) and optional `to` (or `address`), `subject`,
+`properties` (a struct or map of AMQP property names) and `application_properties`
+(a map) columns; every message is sent durable.
+
+Imports pyarrow: only Spark users import this module.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from scow.plugins.spark import records
+from scow.plugins.spark.records import SEQUENCE_ANNOTATION, TIME_ANNOTATION
+from scow.protocols.amqp import codec
+
+PROPERTY_FIELDS = (
+    ("message_id", pa.string()),
+    ("user_id", pa.binary()),
+    ("to", pa.string()),
+    ("subject", pa.string()),
+    ("reply_to", pa.string()),
+    ("correlation_id", pa.string()),
+    ("content_type", pa.string()),
+    ("content_encoding", pa.string()),
+    ("absolute_expiry_time", pa.timestamp("us", tz="UTC")),
+    ("creation_time", pa.timestamp("us", tz="UTC")),
+    ("group_id", pa.string()),
+    ("group_sequence", pa.int64()),
+    ("reply_to_group_id", pa.string()),
+)
+PROPERTIES_TYPE = pa.struct([pa.field(n, t) for n, t in PROPERTY_FIELDS])
+STRING_MAP = pa.map_(pa.string(), pa.string())
+
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("body", pa.binary()),
+        pa.field("body_type", pa.string()),
+        pa.field("queue", pa.string()),
+        pa.field("sequence", pa.int64()),
+        pa.field("enqueued_time", pa.timestamp("us", tz="UTC")),
+        pa.field("properties", PROPERTIES_TYPE),
+        pa.field("application_properties", STRING_MAP),
+        pa.field("message_annotations", STRING_MAP),
+    ]
+)
+
+#: The same schema as Spark DDL (what `DataSource.schema` returns).
+SCHEMA_DDL = (
+    "body BINARY, body_type STRING, queue STRING, sequence BIGINT, enqueued_time TIMESTAMP, "
+    "properties STRUCT<message_id: STRING, user_id: BINARY, to: STRING, subject: STRING, "
+    "reply_to: STRING, correlation_id: STRING, content_type: STRING, "
+    "content_encoding: STRING, absolute_expiry_time: TIMESTAMP, creation_time: TIMESTAMP, "
+    "group_id: STRING, group_sequence: BIGINT, reply_to_group_id: STRING>, "
+    "application_properties MAP<STRING, STRING>, message_annotations MAP<STRING, STRING>"
+)
+
+_TIME_FIELDS = (8, 9)
+_ID_FIELDS = (0, 5)
+_NO_PROPERTIES = (None,) * 13
+_BODY_NAMES = {codec.DATA: "data", codec.AMQP_SEQUENCE: "sequence"}
+
+
+def _text(value: Any) -> str | None:
+    if value is None or value.__class__ is str:
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+_DATA_SECTION = b"\x00\x53\x75"
+
+
+def _body(data: bytes, sections: codec.Sections) -> tuple[bytes | None, str]:
+    if sections.body is None:
+        return None, "empty"
+    code = sections.body_code
+    start, end = sections.body
+    if code == codec.DATA and data.startswith(_DATA_SECTION, start):
+        # one data section (the common case): its bytes, without decoding
+        constructor = data[start + 3]
+        head = 5 if constructor == 0xA0 else 8 if constructor == 0xB0 else 0
+        if head and end - start - head == _length(data, start + 4, head - 4):
+            return data[start + head : end], "data"
+    spans = [(s, e) for c, s, e in sections.spans if c == code]
+    if code == codec.AMQP_VALUE:
+        start, end = spans[0]
+        value_at = codec.skip_value(data, start + 1)  # past the descriptor
+        value = codec.decode_value(data, value_at)[0]
+        if isinstance(value, str) and not isinstance(value, codec.Symbol):
+            return value.encode("utf-8"), "string"
+        return data[value_at:end], "value"
+    if code == codec.DATA:
+        return b"".join(codec.decode_value(data, s)[0].value for s, _e in spans), "data"
+    return b"".join(data[codec.skip_value(data, s + 1) : e] for s, e in spans), _BODY_NAMES[code]
+
+
+def _length(data: bytes, at: int, size: int) -> int:
+    return int.from_bytes(data[at : at + size], "big")
+
+
+def _map_array(offsets: list[int], keys: list[str], values: list[str | None]) -> pa.Array:
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string())
+    )
+
+
+def to_batch(queue: str, messages: list[bytes]) -> pa.RecordBatch:
+    """One record batch of the fixed schema from stream deliveries.
+
+    Built by column (one Python list per leaf field, no per-row dicts). The stream's own
+    annotations section (see `records`) and a lone data section are sliced rather than
+    decoded: they are what most messages carry.
+    """
+    bodies: list[bytes | None] = []
+    kinds: list[str] = []
+    sequences: list[int | None] = []
+    times: list[int | None] = []
+    prop_rows: list[tuple[Any, ...]] = []
+    app_offsets: list[int] = [0]
+    app_keys: list[str] = []
+    app_values: list[str | None] = []
+    ann_offsets: list[int] = [0]
+    ann_keys: list[str] = []
+    ann_values: list[str | None] = []
+    text = _text
+    ours, ours_size = records.STREAM_SECTION_PREFIX, records.STREAM_SECTION_SIZE
+    seq_at, time_at = records.SEQUENCE_OFFSET, records.TIME_OFFSET
+    unpack = records.LONG.unpack_from
+    names = [SEQUENCE_ANNOTATION, TIME_ANNOTATION]
+    for data in messages:
+        info = codec.MessageInfo(data)
+        sections = info.sections
+        body, kind = _body(data, sections)
+        bodies.append(body)
+        kinds.append(kind)
+        span = sections.message_annotations
+        if span is not None and span[1] - span[0] == ours_size and data.startswith(ours, span[0]):
+            seq = unpack(data, span[0] + seq_at)[0]
+            enqueued = unpack(data, span[0] + time_at)[0]
+            ann_keys += names
+            ann_values += (str(seq), str(enqueued))
+        else:
+            ann = info.message_annotations
+            seq = ann.get(SEQUENCE_ANNOTATION)
+            enqueued = ann.get(TIME_ANNOTATION)
+            for key, value in ann.items():
+                ann_keys.append(str(key))
+                ann_values.append(text(value))
+        ann_offsets.append(len(ann_keys))
+        sequences.append(seq)
+        times.append(enqueued * 1000 if enqueued is not None else None)
+        prop_rows.append(info._props() if sections.properties is not None else _NO_PROPERTIES)
+        if sections.application_properties is not None:
+            for key, value in info.application_properties.items():
+                app_keys.append(key)
+                app_values.append(text(value))
+        app_offsets.append(len(app_keys))
+    props = (
+        [list(column) for column in zip(*prop_rows, strict=True)]
+        if prop_rows
+        else [[] for _ in PROPERTY_FIELDS]
+    )
+    for i in _ID_FIELDS:
+        props[i] = [text(v) for v in props[i]]
+    for i in _TIME_FIELDS:
+        props[i] = [v * 1000 if v is not None else None for v in props[i]]
+    properties = pa.StructArray.from_arrays(
+        [pa.array(column, t) for column, (_n, t) in zip(props, PROPERTY_FIELDS, strict=True)],
+        fields=list(PROPERTIES_TYPE),
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(bodies, pa.binary()),
+            pa.array(kinds, pa.string()),
+            pa.array([queue] * len(messages), pa.string()),
+            pa.array(sequences, pa.int64()),
+            pa.array(times, pa.timestamp("us", tz="UTC")),
+            properties,
+            _map_array(app_offsets, app_keys, app_values),
+            _map_array(ann_offsets, ann_keys, ann_values),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+# --------------------------------------------------------------------------- writing
+
+WRITE_COLUMNS = ("body", "to", "address", "subject", "properties", "application_properties")
+_WRITABLE_PROPERTIES = {n for n, _t in PROPERTY_FIELDS}
+
+
+def _plain_property(name: str, value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp() * 1000)
+    if name in ("message_id", "correlation_id") and isinstance(value, uuid.UUID):
+        return value
+    return value
+
+
+def check_write_schema(names: list[str]) -> None:
+    """ValueError naming a column the writer cannot map, or a missing body."""
+    if "body" not in names:
+        raise ValueError(f"writing to scow needs a 'body' column (got: {', '.join(names)})")
+    unknown = [n for n in names if n not in WRITE_COLUMNS]
+    if unknown:
+        accepted = ", ".join(WRITE_COLUMNS)
+        raise ValueError(f"column {unknown[0]!r} cannot be written to scow (accepted: {accepted})")
+
+
+def messages_of(batch: pa.RecordBatch) -> Iterator[bytes]:
+    """The AMQP messages of one record batch to write (see the module docstring)."""
+    check_write_schema(batch.schema.names)
+    columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+    n = batch.num_rows
+    none = [None] * n
+    to = columns.get("to") or columns.get("address") or none
+    subject = columns.get("subject") or none
+    properties = columns.get("properties") or none
+    application = columns.get("application_properties") or none
+    for i, body in enumerate(columns["body"]):
+        props: dict[str, Any] = {}
+        given = properties[i]
+        if given:
+            items = given.items() if isinstance(given, dict) else given
+            for name, value in items:
+                if name not in _WRITABLE_PROPERTIES:
+                    raise ValueError(
+                        f"properties.{name}: not an AMQP property "
+                        f"(accepted: {', '.join(sorted(_WRITABLE_PROPERTIES))})"
+                    )
+                if value is not None:
+                    props[name] = _plain_property(name, value)
+        if to[i]:
+            props["to"] = to[i]
+        if subject[i]:
+            props["subject"] = subject[i]
+        app = application[i]
+        if app and not isinstance(app, dict):
+            app = dict(app)
+        yield codec.encode_message(
+            body if body is not None else b"",
+            durable=True,
+            properties=props or None,
+            application_properties=app or None,
+        )

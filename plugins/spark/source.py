@@ -1,0 +1,631 @@
+"""The `scow` PySpark data source: batch and streaming reads of stream queues, batch and
+exactly-once streaming writes.
+
+Register it once per session, then use the format name::
+
+    from scow.plugins.spark.source import ScowDataSource
+    spark.dataSource.register(ScowDataSource)
+    df = spark.read.format("scow").option("url", "amqp://host:5672").option("queues", "q").load()
+
+Offsets are sequence numbers per stream queue (`{"orders": 1200}`: the next message to
+read). Reads are positioned, so a micro-batch replayed after a failure reads exactly the
+same messages; `commit` moves the broker cursor named by the `cursor` option. Writes go
+through the broker's staging area (see `scow.plugins.spark.staging`): nothing is visible
+until the driver commits, and a batch id already committed is ignored.
+
+Connections are opened lazily where they are used (the driver's one connection is kept
+for the query's life; executors keep one per worker process) and are never pickled: the
+objects Spark ships hold only the parsed options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from scow.plugins.spark.client import Client, ClientError, Endpoint
+from scow.plugins.spark.schema import SCHEMA_DDL, check_write_schema, messages_of, to_batch
+
+NAME = "scow"
+
+#: Every option, with what it means (the error for an unknown one lists them).
+OPTIONS = {
+    "url": "amqp://host:port or amqps://host:port of the broker",
+    "host": "the broker's host (instead of url)",
+    "port": "the broker's port (instead of url)",
+    "username": "SASL PLAIN user",
+    "password": "SASL PLAIN password",
+    "passwordFile": "a file holding the password",
+    "tls": "true: connect with TLS",
+    "caFile": "PEM file of the CAs that sign the broker's certificate",
+    "certFile": "PEM client certificate (with keyFile)",
+    "keyFile": "PEM private key of certFile",
+    "timeout": "seconds to wait for the broker (default 30)",
+    "queues": "comma-separated stream queues to read",
+    "startingOffsets": 'earliest, latest, cursor, or JSON {"queue": sequence}',
+    "endingOffsets": 'latest, or JSON {"queue": sequence} (batch reads; exclusive)',
+    "startingTimestamp": "ms since the epoch: start at the first message enqueued then or later",
+    "selector": "a JMS selector the broker applies",
+    "maxMessagesPerPartition": "messages per Spark partition at most",
+    "minPartitions": "split a read into at least this many partitions",
+    "maxMessagesPerTrigger": "messages per micro-batch at most",
+    "maxBytesPerTrigger": "bytes per micro-batch at most (estimated from the stream's mean)",
+    "failOnDataLoss": "true (default): fail when retention removed messages not yet read",
+    "cursor": "the broker cursor a streaming query moves on commit (default spark)",
+    "address": "where written messages go when a row has no 'to'",
+    "sinkId": "the sink's name for exactly-once writes (default: from the address)",
+    "batchId": "batch writes (e.g. in foreachBatch): commit as this batch of sinkId, once",
+}
+_BY_LOWER = {name.lower(): name for name in OPTIONS}
+#: Options Spark itself passes to every source and sink; not ours to check.
+SPARK_OPTIONS = frozenset({"checkpointlocation", "path"})
+DEFAULT_PARTITION_SIZE = 250_000
+COMMIT_WAIT = 60.0
+
+
+class ScowOptionError(ValueError):
+    """An option is unknown or its value is not accepted."""
+
+
+# --------------------------------------------------------------------------- options
+
+
+def _flag(name: str, value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    if value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ScowOptionError(f"option {name} = {value!r}: expected true or false")
+
+
+def _batch_id(value: str | None, sink: str | None) -> int | None:
+    if value is None:
+        return None
+    if not sink:
+        raise ScowOptionError("option batchId needs sinkId (the sink whose batches it numbers)")
+    if not value.strip().isdigit():
+        raise ScowOptionError(f"option batchId = {value!r}: expected an integer of 0 or more")
+    return int(value)
+
+
+def _count(name: str, value: str | None, default: int | None) -> int | None:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise ScowOptionError(f"option {name} = {value!r}: expected a positive integer")
+    return number
+
+
+@dataclass(frozen=True)
+class Options:
+    """The parsed options: plain values only, so Spark can ship them to executors."""
+
+    endpoint: Endpoint
+    password_file: str | None
+    queues: tuple[str, ...]
+    starting: str | None
+    ending: str | None
+    starting_timestamp: int | None
+    selector: str | None
+    partition_size: int | None
+    min_partitions: int | None
+    max_messages_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    fail_on_data_loss: bool
+    cursor: str
+    address: str | None
+    sink_id: str | None
+    batch_id: int | None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> Options:
+        given: dict[str, str] = {}
+        for key, value in options.items():
+            if key.lower() in SPARK_OPTIONS:
+                continue
+            name = _BY_LOWER.get(key.lower())
+            if name is None:
+                raise ScowOptionError(
+                    f"unknown option {key!r} for format scow (valid: {', '.join(OPTIONS)})"
+                )
+            given[name] = value
+        port = _count("port", given.get("port"), None)
+        timeout = _count("timeout", given.get("timeout"), 30)
+        endpoint = Endpoint.parse(
+            given.get("url"),
+            host=given.get("host"),
+            port=port,
+            username=given.get("username"),
+            password=given.get("password"),
+            tls=_flag("tls", given.get("tls"), False) or None,
+            ca_file=given.get("caFile"),
+            cert_file=given.get("certFile"),
+            key_file=given.get("keyFile"),
+            timeout=float(timeout or 30),
+        )
+        queues = tuple(q.strip() for q in given.get("queues", "").split(",") if q.strip())
+        stamp = given.get("startingTimestamp")
+        return cls(
+            endpoint=endpoint,
+            password_file=given.get("passwordFile"),
+            queues=queues,
+            starting=given.get("startingOffsets"),
+            ending=given.get("endingOffsets"),
+            starting_timestamp=_count("startingTimestamp", stamp, None) if stamp else None,
+            selector=given.get("selector") or None,
+            partition_size=_count(
+                "maxMessagesPerPartition", given.get("maxMessagesPerPartition"), None
+            ),
+            min_partitions=_count("minPartitions", given.get("minPartitions"), None),
+            max_messages_per_trigger=_count(
+                "maxMessagesPerTrigger", given.get("maxMessagesPerTrigger"), None
+            ),
+            max_bytes_per_trigger=_count(
+                "maxBytesPerTrigger", given.get("maxBytesPerTrigger"), None
+            ),
+            fail_on_data_loss=_flag("failOnDataLoss", given.get("failOnDataLoss"), True),
+            cursor=given.get("cursor") or "spark",
+            address=given.get("address"),
+            sink_id=given.get("sinkId"),
+            batch_id=_batch_id(given.get("batchId"), given.get("sinkId")),
+        )
+
+    def need_queues(self) -> tuple[str, ...]:
+        if not self.queues:
+            raise ScowOptionError(
+                "option queues is required to read (comma-separated stream queues)"
+            )
+        return self.queues
+
+    def connect_endpoint(self) -> Endpoint:
+        """The endpoint with the password file read (where the connection is made)."""
+        if self.password_file and self.endpoint.password is None:
+            with open(self.password_file) as f:
+                password = f.read().strip()
+            return Endpoint(**{**self.endpoint.__dict__, "password": password})
+        return self.endpoint
+
+
+# --------------------------------------------------------------------------- connections
+
+_POOL: dict[Endpoint, Client] = {}
+_POOL_PID = os.getpid()
+
+
+def pooled(options: Options) -> Client:
+    """This worker's connection to the broker, opened on first use."""
+    global _POOL_PID
+    if os.getpid() != _POOL_PID:  # a forked worker: the parent's sockets are not ours
+        _POOL.clear()
+        _POOL_PID = os.getpid()
+    endpoint = options.connect_endpoint()
+    client = _POOL.get(endpoint)
+    if client is None or client.closed:
+        client = _POOL[endpoint] = Client(endpoint)
+    return client
+
+
+def _drop(client: Client) -> None:
+    """A failed connection leaves the pool (the task's retry connects afresh)."""
+    client.close()
+    for key, value in list(_POOL.items()):
+        if value is client:
+            del _POOL[key]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class ScowPartition(InputPartition):
+    """Messages `start` to `end` (exclusive) of one stream queue."""
+
+    def __init__(self, queue: str, address: str, start: int, end: int) -> None:
+        super().__init__((queue, start, end))
+        self.queue = queue
+        self.address = address
+        self.start = start
+        self.end = end
+
+
+def _stream_state(client: Client, queue: str) -> dict[str, Any]:
+    return dict(client.call("stream", queue, "READ"))
+
+
+def _offsets(option: str, value: str, queues: tuple[str, ...]) -> dict[str, int]:
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(isinstance(v, int) for v in parsed.values()):
+        raise ScowOptionError(
+            f'option {option} = {value!r}: expected earliest, latest or JSON {{"queue": sequence}}'
+        )
+    unknown = sorted(set(parsed) - set(queues))
+    if unknown:
+        raise ScowOptionError(f"option {option}: queue {unknown[0]!r} is not in queues")
+    return parsed
+
+
+def _resolve(
+    options: Options,
+    client: Client,
+    states: dict[str, dict[str, Any]],
+    spec: str | None,
+    default: str,
+    option: str,
+) -> dict[str, int]:
+    """Sequence numbers per queue for an offsets option (earliest, latest, cursor, JSON)."""
+    out: dict[str, int] = {}
+    if option == "startingOffsets" and spec is None and options.starting_timestamp is not None:
+        for queue in states:
+            props = {"timestamp": options.starting_timestamp}
+            out[queue] = int(client.call("stream", queue, "SEEK", props)["sequence"])
+        return out
+    spec = spec or default
+    explicit = _offsets(option, spec, tuple(states)) if spec.strip().startswith("{") else {}
+    for queue, state in states.items():
+        if queue in explicit:
+            out[queue] = explicit[queue]
+        elif spec == "earliest" or (explicit and option == "startingOffsets"):
+            out[queue] = int(state["first-sequence"])
+        elif spec == "latest" or explicit:
+            out[queue] = int(state["next-sequence"])
+        elif spec == "cursor":
+            status, _text, answer = client.request(
+                "stream", queue, "CURSOR-READ", {"cursor": options.cursor}
+            )
+            out[queue] = int(answer["sequence"]) if status == 200 else int(state["first-sequence"])
+        else:
+            raise ScowOptionError(
+                f"option {option} = {spec!r}: expected earliest, latest, cursor or JSON "
+                '{"queue": sequence}'
+            )
+    return out
+
+
+def _split(queue: str, address: str, start: int, end: int, size: int) -> list[ScowPartition]:
+    return [ScowPartition(queue, address, s, min(s + size, end)) for s in range(start, end, size)]
+
+
+def _check_loss(options: Options, queue: str, expected: int, first: int) -> int:
+    """Where to read from, given that the stream keeps messages from `first` on."""
+    if first <= expected:
+        return expected
+    if options.fail_on_data_loss:
+        raise RuntimeError(
+            f"scow: messages {expected} to {first - 1} of queue '{queue}' are gone (retention "
+            "removed them before they were read); set failOnDataLoss=false to skip them"
+        )
+    return first
+
+
+def read_partition(options: Options, partition: ScowPartition) -> Iterator[pa.RecordBatch]:
+    """The messages of one partition as record batches (runs on an executor)."""
+    client = pooled(options)
+    first = True
+    try:
+        for messages in client.read(
+            partition.queue,
+            partition.start,
+            partition.end,
+            address=partition.address,
+            selector=options.selector,
+        ):
+            batch = to_batch(partition.queue, messages)
+            if first and options.selector is None:
+                _check_loss(options, partition.queue, partition.start, batch.column(3)[0].as_py())
+            first = False
+            yield batch
+    except ClientError:
+        _drop(client)
+        raise
+
+
+class ScowBatchReader(DataSourceReader):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def partitions(self) -> list[ScowPartition]:
+        options = self.options
+        client = Client(options.connect_endpoint())
+        try:
+            states = {q: _stream_state(client, q) for q in options.need_queues()}
+            starts = _resolve(
+                options, client, states, options.starting, "earliest", "startingOffsets"
+            )
+            ends = _resolve(options, client, states, options.ending, "latest", "endingOffsets")
+        finally:
+            client.close()
+        parts: list[ScowPartition] = []
+        total = sum(max(ends[q] - starts[q], 0) for q in states)
+        size = options.partition_size or DEFAULT_PARTITION_SIZE
+        if options.min_partitions:
+            size = min(size, max(math.ceil(total / options.min_partitions), 1))
+        for queue, state in states.items():
+            start = _check_loss(options, queue, starts[queue], int(state["first-sequence"]))
+            parts += _split(queue, state["address"], start, ends[queue], size)
+        return parts or [ScowPartition(options.queues[0], options.queues[0], 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ScowPartition)
+        if partition.end > partition.start:
+            yield from read_partition(self.options, partition)
+
+
+class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches by sequence number; the driver keeps one connection for the query."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        options.need_queues()
+        self._client: Client | None = None
+        self._target: dict[str, int] | None = None
+        self._addresses: dict[str, str] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Ship the options, never the driver's connection."""
+        return {**self.__dict__, "_client": None}
+
+    def _driver(self) -> Client:
+        if self._client is None or self._client.closed:
+            self._client = Client(self.options.connect_endpoint())
+        return self._client
+
+    def _states(self) -> dict[str, dict[str, Any]]:
+        client = self._driver()
+        try:
+            states = {q: _stream_state(client, q) for q in self.options.queues}
+        except ClientError:
+            client.close()  # the next call connects again (the broker may have restarted)
+            raise
+        self._addresses.update({q: s["address"] for q, s in states.items()})
+        return states
+
+    def initialOffset(self) -> dict[str, int]:
+        states = self._states()
+        return _resolve(
+            self.options, self._driver(), states, self.options.starting, "latest", "startingOffsets"
+        )
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages_per_trigger:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        if self.options.max_bytes_per_trigger:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {q: int(s["next-sequence"]) for q, s in self._states().items()}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        states = self._states()
+        latest = {q: int(s["next-sequence"]) for q, s in states.items()}
+        if self._target is not None:
+            latest = {q: min(latest[q], self._target.get(q, latest[q])) for q in latest}
+        begin = {q: max(int(start.get(q, 0)), int(states[q]["first-sequence"])) for q in latest}
+        budget: int | None = None
+        if isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+        elif isinstance(limit, ReadMaxBytes):
+            per = max(
+                (s["stored-bytes"] / max(s["message-count"], 1) for s in states.values()), default=1
+            )
+            budget = max(int(limit.max_bytes // max(per, 1)), 1)
+        if budget is None:
+            return {q: max(latest[q], int(start.get(q, 0))) for q in latest}
+        out = {}
+        share = max(budget // len(latest), 1)
+        for queue in latest:
+            out[queue] = max(min(latest[queue], begin[queue] + share), int(start.get(queue, 0)))
+        return out
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ScowPartition]:
+        states = self._states()
+        size = self.options.partition_size or DEFAULT_PARTITION_SIZE
+        parts: list[ScowPartition] = []
+        for queue, state in states.items():
+            begin = int(start.get(queue, state["first-sequence"]))
+            begin = _check_loss(self.options, queue, begin, int(state["first-sequence"]))
+            parts += _split(queue, state["address"], begin, int(end.get(queue, begin)), size)
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ScowPartition)
+        if partition.end > partition.start:
+            yield from read_partition(self.options, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        client = self._driver()
+        for queue, sequence in end.items():
+            client.call(
+                "stream",
+                queue,
+                "CURSOR-MOVE",
+                {"cursor": self.options.cursor, "sequence": sequence},
+            )
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass
+class ScowCommit(WriterCommitMessage):
+    """What a task staged: its partition and attempt."""
+
+    partition: int
+    attempt: int
+
+
+def _task() -> tuple[int, int, int | None]:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return 0, 0, None
+    batch = context.getLocalProperty("streaming.sql.batchId")
+    return context.partitionId(), context.attemptNumber(), int(batch) if batch else None
+
+
+def _sink_of(options: Options) -> str:
+    if options.sink_id:
+        return options.sink_id
+    digest = hashlib.sha256((options.address or "").encode()).hexdigest()[:16]
+    return f"sink-{digest}"
+
+
+def stage(options: Options, sink: str, batch: int, rows: Iterator[pa.RecordBatch]) -> ScowCommit:
+    """Publish a task's rows into its staging area (runs on an executor)."""
+    partition, attempt, _ = _task()
+    client = pooled(options)
+    try:
+        answer = client.call(
+            "stream-sink",
+            sink,
+            "STAGE",
+            {
+                "batch": batch,
+                "partition": partition,
+                "attempt": attempt,
+                "to": options.address or "",
+            },
+        )
+        address = answer["address"]
+        client.send(address, (m for record_batch in rows for m in messages_of(record_batch)))
+    except ClientError:
+        _drop(client)
+        raise
+    return ScowCommit(partition, attempt)
+
+
+def commit(options: Options, sink: str, batch: int, messages: list[Any]) -> None:
+    """Make a batch visible (driver) and wait until the broker has it on disk."""
+    parts = [[m.partition, m.attempt] for m in messages if isinstance(m, ScowCommit)]
+    client = Client(options.connect_endpoint())
+    try:
+        client.call("stream-sink", sink, "COMMIT", {"batch": batch}, parts)
+        deadline = time.monotonic() + COMMIT_WAIT
+        while client.call("stream-sink", sink, "READ")["committed-batch"] < batch:
+            if time.monotonic() > deadline:
+                raise ClientError(
+                    f"sink {sink!r}: batch {batch} not committed after {COMMIT_WAIT} s"
+                )
+            time.sleep(0.01)
+    finally:
+        client.close()
+
+
+def abort(options: Options, sink: str, batch: int) -> None:
+    client = Client(options.connect_endpoint())
+    try:
+        client.call("stream-sink", sink, "ABORT", {"batch": batch})
+    finally:
+        client.close()
+
+
+class ScowBatchWriter(DataSourceArrowWriter):
+    """A batch write: one staged batch, committed at once by the driver.
+
+    With `sinkId` and `batchId` (a foreachBatch's id), committing a batch id the sink
+    committed before changes nothing: a replayed micro-batch writes once.
+    """
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.sink = options.sink_id if options.batch_id is not None else f"batch-{uuid.uuid4().hex}"
+        self.batch = options.batch_id or 0
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ScowCommit:
+        return stage(self.options, str(self.sink), self.batch, iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        commit(self.options, str(self.sink), self.batch, messages)
+
+    def abort(self, messages: list[Any]) -> None:
+        abort(self.options, str(self.sink), self.batch)
+
+
+class ScowStreamWriter(DataSourceStreamArrowWriter):
+    """Exactly-once streaming writes: staged per batch, committed by batch id."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.sink = _sink_of(options)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ScowCommit:
+        _p, _a, batch = _task()
+        if batch is None:
+            raise RuntimeError("scow: a streaming write task does not know its batch id")
+        return stage(self.options, self.sink, batch, iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        commit(self.options, self.sink, batchId, messages)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        abort(self.options, self.sink, batchId)
+
+
+# --------------------------------------------------------------------------- the source
+
+
+class ScowDataSource(DataSource):
+    """`format("scow")`: stream queues of a Scow broker (see the module docstring)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        super().__init__(dict(options))
+        self.parsed = Options.parse(options)
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> ScowBatchReader:
+        self.parsed.need_queues()
+        return ScowBatchReader(self.parsed)
+
+    def streamReader(self, schema: StructType) -> ScowStreamReader:
+        return ScowStreamReader(self.parsed)
+
+    def writer(self, schema: StructType, overwrite: bool) -> ScowBatchWriter:
+        check_write_schema(schema.fieldNames())
+        return ScowBatchWriter(self.parsed)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ScowStreamWriter:
+        check_write_schema(schema.fieldNames())
+        return ScowStreamWriter(self.parsed)

@@ -1,0 +1,247 @@
+"""Exactly-once writes: a staging area per (sink, batch, partition, attempt), committed
+atomically by the writer's driver.
+
+A Spark task asks `$management` to STAGE its part of a batch and gets the address of a
+staging queue (type `stream-staging`: it refuses consumers, so nobody sees what is
+staged). It publishes there; the broker journals those messages like any others. The
+driver's COMMIT names the (partition, attempt) pairs that succeeded: in one broker
+transaction (one journal transaction) their messages are sent on to their addresses (the
+message's `to`, else the sink's address) and taken out of staging, and a marker message
+recording "sink S committed batch B" replaces the sink's previous marker in the durable
+queue `MARKERS`. So after any crash either the whole batch and its marker are there or
+neither is; a COMMIT of a batch at or below the sink's marker changes nothing. ABORT, a
+commit (for the other attempts of its batch) and `staging-ttl` discard orphans.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from scow.core.message import MessageRef
+from scow.core.model import (
+    BrokerError,
+    InvalidField,
+    NotAllowed,
+    NotFound,
+    ResourceLimitExceeded,
+    RoutingType,
+)
+from scow.plugins.queues.standard import StandardQueue
+from scow.protocols.amqp.codec import MessageInfo, encode_message
+
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+    from scow.core.interfaces import Consumer
+
+STAGING_TYPE = "stream-staging"
+STAGING_PREFIX = "$scow.staging."
+MARKERS = "$scow.sinks"
+#: Staged messages of a batch nobody committed or aborted are dropped after this (ms).
+DEFAULT_STAGING_TTL = 3600 * 1000
+
+STAGING_ARGUMENTS = {
+    "to": "The address staged messages go to at commit when they name none themselves.",
+}
+
+
+class StagingQueue(StandardQueue):
+    """A queue nobody consumes from: messages leave it only through `take`."""
+
+    def __init__(self, spec: Any, broker: Broker) -> None:
+        super().__init__(spec, broker)
+        self.created = time.monotonic()
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        raise NotAllowed(f"queue '{self.name}' is a staging area: it cannot be consumed")
+
+    def acknowledge(self, ref: MessageRef) -> None:
+        if ref.consumer is None:  # taken by a commit, never delivered
+            self.memory_bytes -= len(ref.message.data)
+            self.messages_acknowledged += 1
+            return
+        super().acknowledge(ref)
+
+
+def staging_name(sink: str, batch: int, partition: int, attempt: int) -> str:
+    return f"{STAGING_PREFIX}{sink}.{batch}.{partition}.{attempt}"
+
+
+def _int(name: str, value: Any) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise InvalidField(f"{name} = {value!r}: expected an integer") from None
+    if number < 0:
+        raise InvalidField(f"{name} = {value!r}: expected 0 or more")
+    return number
+
+
+def _sink_name(sink: str) -> str:
+    if not sink or "." in sink or any(c.isspace() for c in sink):
+        raise InvalidField(f"sink {sink!r}: expected a non-empty name without dots or spaces")
+    return sink
+
+
+class Sinks:
+    """Every sink's committed batch, and the commits in progress."""
+
+    def __init__(self, broker: Broker, ttl_ms: int = DEFAULT_STAGING_TTL) -> None:
+        self.broker = broker
+        self.ttl_ms = ttl_ms
+        self.committed: dict[str, int] = {}
+        self.committing: set[tuple[str, int]] = set()
+        self._loaded = False
+
+    def load(self) -> None:
+        """Create the markers queue if needed (at the first use of any sink, so brokers
+        that never write through a sink do not get one) and read every sink's committed
+        batch."""
+        if self._loaded:
+            return
+        queue = self.broker.queues.get(MARKERS)
+        if queue is None:
+            queue = self.broker.declare_queue(
+                MARKERS, routing_type="ANYCAST", arguments={"x-queue-type": STAGING_TYPE}
+            )
+        for entry in queue.waiting():
+            marker = json.loads(MessageInfo(entry.message.data).application_properties["marker"])
+            sink, batch = marker["sink"], marker["batch"]
+            self.committed[sink] = max(self.committed.get(sink, -1), batch)
+        self._loaded = True
+
+    # ------------------------------------------------------------------ operations
+
+    def stage(self, sink: str, properties: Mapping[str, Any]) -> dict[str, Any]:
+        self.load()
+        sink = _sink_name(sink)
+        batch = _int("batch", properties.get("batch"))
+        partition = _int("partition", properties.get("partition"))
+        attempt = _int("attempt", properties.get("attempt", 0))
+        to = str(properties.get("to") or "")
+        name = staging_name(sink, batch, partition, attempt)
+        if name not in self.broker.queues:
+            self.broker.declare_queue(
+                name,
+                routing_type="ANYCAST",
+                arguments={"x-queue-type": STAGING_TYPE, "to": to},
+            )
+        return {"address": name, "committed-batch": self.committed.get(sink, -1)}
+
+    def read(self, sink: str) -> dict[str, Any]:
+        self.load()
+        return {
+            "sink": sink,
+            "committed-batch": self.committed.get(sink, -1),
+            "committing": sorted(b for s, b in self.committing if s == sink),
+        }
+
+    def commit(self, sink: str, properties: Mapping[str, Any], parts: Any) -> tuple[int, str, Any]:
+        """Start committing; 202 while the transaction is on its way to disk (READ shows
+        the committed batch once it is), 200 when there was nothing left to do."""
+        self.load()
+        sink = _sink_name(sink)
+        batch = _int("batch", properties.get("batch"))
+        if batch <= self.committed.get(sink, -1):
+            self._discard(sink, batch)
+            return 200, "OK", {"committed-batch": self.committed[sink], "replayed": True}
+        if (sink, batch) in self.committing:
+            return 202, "Accepted", {"batch": batch}
+        if not isinstance(parts, list):
+            raise InvalidField(f"COMMIT of sink {sink!r}: the body must list [partition, attempt]s")
+        broker = self.broker
+        tx = broker.begin()
+        try:
+            for part in parts:
+                if not isinstance(part, (list, tuple)) or len(part) != 2:
+                    raise InvalidField(f"COMMIT part {part!r}: expected [partition, attempt]")
+                name = staging_name(
+                    sink, batch, _int("partition", part[0]), _int("attempt", part[1])
+                )
+                queue = broker.queues.get(name)
+                if queue is None:
+                    raise NotFound(f"sink {sink!r} batch {batch}: nothing staged as {name}")
+                if queue.cursor is not None and queue.cursor.backlog:
+                    raise ResourceLimitExceeded(
+                        f"sink {sink!r} batch {batch}: {name} went to its address's pages "
+                        "(more than fits in memory); write smaller batches (fewer rows per "
+                        "partition or per trigger) or raise global-max-size"
+                    )
+                default_to = dict(queue.spec.arguments).get("to") or None
+                refs = queue.take()
+                tx.acks += refs  # from here a rollback puts them back
+                for ref in refs:
+                    message = ref.message
+                    to = MessageInfo(message.data).to or default_to
+                    if not to:
+                        raise InvalidField(
+                            f"sink {sink!r}: a staged message names no address and the sink "
+                            "has none (set the 'address' option or a 'to' column)"
+                        )
+                    tx.sends.append((message.data, to, message.format, None))
+            markers = broker.queues[MARKERS]
+            tx.acks += markers.take(lambda e: _marker_sink(e) == sink)
+            marker = encode_message(
+                b"",
+                durable=True,
+                application_properties={"marker": json.dumps({"sink": sink, "batch": batch})},
+            )
+            tx.sends.append((marker, MARKERS, broker.message_format, RoutingType.ANYCAST))
+            self.committing.add((sink, batch))
+            broker.commit(tx, lambda: self._committed(sink, batch))
+        except BrokerError:
+            self.committing.discard((sink, batch))
+            broker.rollback(tx)  # what was taken (staged messages, the marker) goes back
+            raise
+        return 202, "Accepted", {"batch": batch}
+
+    def _committed(self, sink: str, batch: int) -> None:
+        self.committing.discard((sink, batch))
+        self.committed[sink] = max(self.committed.get(sink, -1), batch)
+        self._discard(sink, batch)
+
+    def abort(self, sink: str, properties: Mapping[str, Any]) -> int:
+        """Discard everything staged for the batch; how many staging queues went."""
+        sink = _sink_name(sink)
+        return self._discard(sink, _int("batch", properties.get("batch")))
+
+    def _discard(self, sink: str, batch: int) -> int:
+        prefix = f"{STAGING_PREFIX}{sink}.{batch}."
+        names = [n for n in self.broker.queues if n.startswith(prefix)]
+        for name in names:
+            self.broker.delete_queue(name)
+        return len(names)
+
+    def expire(self) -> int:
+        """Drop staging queues older than the TTL (batches nobody committed)."""
+        cutoff = time.monotonic() - self.ttl_ms / 1000
+        names = [
+            name
+            for name, queue in self.broker.queues.items()
+            if isinstance(queue, StagingQueue)
+            and name.startswith(STAGING_PREFIX)
+            and queue.created < cutoff
+            and not any(name.startswith(f"{STAGING_PREFIX}{s}.{b}.") for s, b in self.committing)
+        ]
+        for name in names:
+            self.broker.delete_queue(name)
+        return len(names)
+
+
+def _marker_sink(entry: Any) -> str | None:
+    marker = MessageInfo(entry.message.data).application_properties.get("marker")
+    return json.loads(marker)["sink"] if marker else None
+
+
+def operations(
+    sinks: Sinks,
+) -> dict[str, Callable[[str, Any, Mapping[str, Any]], tuple[int, str, Any]]]:
+    """The `stream-sink` management operations."""
+    return {
+        "STAGE": lambda name, _, props: (200, "OK", sinks.stage(name, props)),
+        "COMMIT": lambda name, body, props: sinks.commit(name, props, body),
+        "ABORT": lambda name, _, props: (200, "OK", {"discarded": sinks.abort(name, props)}),
+        "READ": lambda name, _, __: (200, "OK", sinks.read(name)),
+    }

@@ -1,0 +1,152 @@
+"""Fixtures of the spark plugin's tests: brokers with stream queues, one SparkSession."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scow.core.testing import BrokerThread, broker_config, free_port, write_config
+from scow.plugins.spark.client import Client, Endpoint
+from scow.protocols.amqp.codec import encode_message
+
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "paging", "spark"]
+
+
+def stream(**arguments: Any) -> dict[str, Any]:
+    """The config of a stream queue (anycast, named like its address)."""
+    return {"routing-type": "ANYCAST", "arguments": {"x-queue-type": "stream", **arguments}}
+
+
+class Streams:
+    """Start brokers whose config declares the given stream queues; restart them."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[BrokerThread] = []
+
+    def config(
+        self,
+        streams: dict[str, dict[str, Any]],
+        port: int = 0,
+        spark: dict[str, Any] | None = None,
+        address_settings: dict[str, dict[str, Any]] | None = None,
+    ) -> Path:
+        sections = {"queues": streams, "broker": {"log-level": "warning"}, "spark": spark or {}}
+        tables = broker_config(
+            self.tmp_path / "data",
+            plugins=PLUGINS,
+            sections=sections,
+            port=port,
+            address_settings=address_settings,
+        )
+        return write_config(self.tmp_path / "scow.toml", tables)
+
+    def start(
+        self,
+        streams: dict[str, dict[str, Any]],
+        *,
+        port: int = 0,
+        spark: dict[str, Any] | None = None,
+        address_settings: dict[str, dict[str, Any]] | None = None,
+    ) -> BrokerThread:
+        """A broker declaring `streams`, with the `[spark]` and address settings given."""
+        broker = BrokerThread(self.config(streams, port, spark, address_settings)).start()
+        self.started.append(broker)
+        return broker
+
+    def stop_all(self) -> None:
+        for broker in self.started:
+            broker.stop()
+
+
+@pytest.fixture
+def streams(tmp_path: Path) -> Iterator[Streams]:
+    started = Streams(tmp_path)
+    yield started
+    started.stop_all()
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+def client(url: str) -> Client:
+    return Client(Endpoint.parse(url, timeout=10))
+
+
+def publish(url: str, address: str, bodies: list[str], **fields: Any) -> None:
+    """Send each body (a data section) durable, its message-id the body; wait for acceptance."""
+    messages = [
+        encode_message(
+            body,
+            durable=True,
+            properties={"message_id": body},
+            application_properties=fields.get("app", lambda b: None)(body),
+        )
+        for body in bodies
+    ]
+    c = client(url)
+    try:
+        c.send(address, messages)
+    finally:
+        c.close()
+
+
+def management(url: str, kind: str, name: str, operation: str, **properties: Any) -> Any:
+    c = client(url)
+    try:
+        return c.call(kind, name, operation, properties)
+    finally:
+        c.close()
+
+
+def wait_stream(broker: BrokerThread, queue: str, count: int) -> None:
+    """Wait until `count` messages of `queue` are stored (visible to readers)."""
+    from scow.core.testing import wait_for
+
+    wait_for(
+        lambda: (broker.queue_stats(queue) or {}).get("next-sequence", 0) >= count,
+        what=f"{count} messages stored in {queue}",
+    )
+
+
+def _spark_missing() -> str | None:
+    if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None:
+        return "pyspark and pyarrow are not installed (pip install 'scow[spark]')"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java runtime (java on PATH or JAVA_HOME) for PySpark"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] SparkSession for the whole run, with the scow data source registered."""
+    missing = _spark_missing()
+    if missing:
+        pytest.skip(missing)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from scow.plugins.spark.source import ScowDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("scow-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.pollingDelay", "10ms")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(ScowDataSource)
+    yield session
+    session.stop()
