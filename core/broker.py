@@ -8,6 +8,7 @@ producer and consumer happens here and in the queue objects.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import time
@@ -124,6 +125,7 @@ class Broker:
         self.messages_dead_lettered = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
+        self._connection_numbers = itertools.count(1)
 
     # ------------------------------------------------------------------ settings and ids
 
@@ -132,6 +134,10 @@ class Broker:
 
     def next_id(self) -> int:
         return self.storage.next_id()
+
+    def next_connection_number(self) -> int:
+        """A number for a new client connection, unique across protocols while running."""
+        return next(self._connection_numbers)
 
     @staticmethod
     def expired(message: Message) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import platform
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     from scow.protocols.amqp.server import AmqpServer
 
 log = structlog.get_logger("scow.amqp")
-
-_ids = itertools.count(1)
 
 
 def _monotonic_ms() -> int:
@@ -54,7 +51,11 @@ class AmqpConnection(asyncio.Protocol):
         self.transactions: dict[bytes, Transaction] = {}
         self.socket: asyncio.Transport | None = None
         self.info = ConnectionInfo(
-            next(_ids), "amqp", "", close=self.close_forced, links=self.describe_links
+            self.broker.next_connection_number(),
+            "amqp",
+            "",
+            close=self.close_forced,
+            links=self.describe_links,
         )
         self.closed = False
         self.container_id = ""

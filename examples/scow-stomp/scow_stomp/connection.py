@@ -29,9 +29,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("scow.stomp")
 
 VERSION = "1.2"
-#: Connection ids apart from other protocols' (which count from 1) until the kernel
-#: hands out connection ids itself.
-_ids = itertools.count(1 << 32)
 #: Destinations a connection remembers its send permission for.
 MAX_CHECKED = 1024
 
@@ -68,7 +65,11 @@ class StompConnection(asyncio.Protocol):
         self.parser = frames.Parser(server.max_frame_size)
         self.socket: asyncio.Transport | None = None
         self.info = ConnectionInfo(
-            next(_ids), "stomp", "", close=self.close_forced, links=self.describe_links
+            self.broker.next_connection_number(),
+            "stomp",
+            "",
+            close=self.close_forced,
+            links=self.describe_links,
         )
         self.connected = False
         #: The STOMP version agreed at CONNECT (1.1 or 1.2).
