@@ -130,6 +130,11 @@ class MemoryLimits:
     def blocked_by(self, reason: str) -> bool:
         return reason in self._blocked_by
 
+    @property
+    def reasons(self) -> list[str]:
+        """What blocks storage now (empty when nothing does)."""
+        return sorted(self._blocked_by)
+
     def is_full(self) -> bool:
         return (0 <= self.max_size <= self.size) or (0 <= self.max_messages <= self.messages)
 
@@ -140,7 +145,7 @@ class MemoryLimits:
             "messages-in-memory": self.messages,
             "global-max-messages": self.max_messages,
             "disk-full": self.disk_full,
-            "storage-blocked-by": sorted(self._blocked_by),
+            "storage-blocked-by": self.reasons,
         }
 
 

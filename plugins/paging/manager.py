@@ -73,10 +73,12 @@ class PagingManager:
         self.directory = data_dir / str(self.settings["paging-directory"])
         loop = asyncio.get_running_loop()
         self.loop = loop
+        limits = broker.limits
         self.writer = PageWriter(
             loop,
             lambda batch: loop.call_soon_threadsafe(_run_all, batch),
             int(self.settings["page-sync-timeout"]),  # type: ignore[call-overload]
+            lambda hold: limits.block("paging") if hold else limits.unblock("paging"),
         )
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="scow-page-reader")
         self.pagers: dict[str, AddressPager] = {}

@@ -21,6 +21,10 @@ from scow.core.interfaces import Completion, PageStore
 log = structlog.get_logger("scow.paging")
 
 
+#: Page records waiting for the writer, in bytes, before producers are held back.
+MAX_BACKLOG = 32 << 20
+
+
 class PageWriter:
     """A thread writing page records in batches; `dispatch` runs completions on the loop."""
 
@@ -29,10 +33,19 @@ class PageWriter:
         loop: asyncio.AbstractEventLoop,
         dispatch: Callable[[list[Completion]], None],
         sync_timeout_ns: int,
+        hold_producers: Callable[[bool], None] = lambda hold: None,
+        max_backlog: int = MAX_BACKLOG,
     ):
         self._loop = loop
         self._dispatch = dispatch
         self._sync_delay = sync_timeout_ns / 1e9
+        #: Bytes of records submitted and not yet written (kept on the loop). Producers
+        #: that page faster than the store writes would otherwise grow it without bound:
+        #: past `max_backlog`, `hold_producers(True)`; once half is written, `(False)`.
+        self.backlog = 0
+        self._max_backlog = max_backlog
+        self._hold_producers = hold_producers
+        self._holding = False
         self._cond = threading.Condition()
         # (store, page, record, sync, on_done); record None: delete the page (close the
         # store when page is -1)
@@ -53,6 +66,16 @@ class PageWriter:
         if not self._submitted:
             self._loop.call_soon(self._hand_over)
         self._submitted.append((store, page, record, sync, on_done))
+        self.backlog += len(record)
+        if self.backlog > self._max_backlog and not self._holding:
+            self._holding = True
+            self._hold_producers(True)
+
+    def _written(self, size: int) -> None:
+        self.backlog -= size
+        if self._holding and self.backlog <= self._max_backlog // 2:
+            self._holding = False
+            self._hold_producers(False)
 
     def delete(self, store: PageStore, page: int, on_done: Completion | None = None) -> None:
         if not self._submitted:
@@ -97,6 +120,7 @@ class PageWriter:
 
     def _write(self, batch: list[Any]) -> None:
         completions: list[Completion] = []
+        written = 0
         to_sync: dict[int, PageStore] = {}
         pending: list[bytes] = []
         current: tuple[Any, int] | None = None
@@ -121,6 +145,7 @@ class PageWriter:
                     flush_pending()
                     current = (store, page)
                 pending.append(record)
+                written += len(record)
                 if sync:
                     to_sync[id(store)] = store
             if on_done is not None:
@@ -129,6 +154,8 @@ class PageWriter:
         self._sync(to_sync)
         if completions:
             self._dispatch(completions)
+        if written:
+            self._loop.call_soon_threadsafe(self._written, written)
 
     def _sync(self, stores: dict[int, PageStore]) -> None:
         for store in stores.values():

@@ -292,7 +292,7 @@ def test_disk_full_closes_a_stomp_producer_with_an_error(scow_broker):
         seen.wait_receipt("r")
         broker.call(lambda: limits.block("disk"))
         conn.send("/queue/disk", b"refused")
-        assert "disk is full" in seen.wait_error().headers["message"]
+        assert "blocked by: disk" in seen.wait_error().headers["message"]
         assert seen.disconnected.wait(10)
     broker.call(lambda: limits.unblock("disk"))
     assert _count(broker, "disk") == 1

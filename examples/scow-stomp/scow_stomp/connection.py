@@ -357,8 +357,10 @@ class StompConnection(asyncio.Protocol):
         broker = self.broker
         if broker.limits.disk_full:
             raise ClientError(
-                "the broker's disk is full and producers are blocked; STOMP has no flow "
-                "control, so this connection closes (messages sent before are kept)"
+                f"the broker's storage takes no more messages now (blocked by: "
+                f"{', '.join(broker.limits.reasons)}: the disk is full or cannot keep up) and "
+                "producers are held back; STOMP has no flow control, so this connection "
+                "closes (messages sent before are kept)"
             )
         info = broker.get_address(address)
         policy = info.full_policy if info is not None else None
