@@ -3,9 +3,7 @@
 Built the way `scow perf client` is (the engine facade, preallocated C buffers, endpoint
 states polled instead of events collected), because proton's object API caps a reader at
 a few thousand messages a second; not on perf's `Wire`, whose non-blocking pump treats
-every `OSError` as the end of the connection and so cannot carry TLS. Setup calls that
-the facade does not offer (a source filter, a drain) go through proton's wrappers of the
-same C objects, once per link or per read round, never per message.
+every `OSError` as the end of the connection and so cannot carry TLS.
 
 Speaks SASL PLAIN itself when a username is given (the engine's client end has no SASL
 layer), and TLS through `ssl` around the socket for `amqps` or when a CA or client
@@ -25,9 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
-
-from proton import Data
-from proton._endpoints import Link as ProtonLink
 
 from scow.protocols.amqp import codec, engine
 
@@ -247,12 +242,10 @@ class Client:
         if presettled:
             engine.set_sender_settle_mode_settled(link)
         if filters:
-            source = ProtonLink.wrap(link).source
-            data: Data = source.filter
             encoded = codec.encode_value(
                 {codec.Symbol(k): codec.Described(codec.Symbol(k), v) for k, v in filters.items()}
             )
-            data.decode(encoded)
+            engine.set_source_filter(link, encoded)
         self.wait(lambda: bool(engine.link_state(link) & engine.REMOTE_ACTIVE), f"attach {address}")
         self._check_link(link, f"receiver from {address!r}")
         return link
@@ -364,7 +357,6 @@ class Client:
         if selector:
             filters["apache.org:selector-filter:string"] = selector
         link = self._receiver(f"{address or queue}::{queue}", filters, presettled=True)
-        receiver = ProtonLink.wrap(link)
         current, partial, pending, recv = (
             engine.link_current,
             engine.delivery_partial,
@@ -379,7 +371,7 @@ class Client:
         buf, view = self._msg, self._msg_view
         try:
             while True:
-                receiver.drain(credit)
+                engine.link_drain(link, credit)
                 batch: list[bytes] = []
                 append = batch.append
                 while True:
@@ -394,7 +386,7 @@ class Client:
                         advance(link)
                         settle(delivery)  # pre-settled by the broker: only freed here
                         delivery = current(link)
-                    if link_credit(link) <= 0 and not receiver.draining():
+                    if link_credit(link) <= 0 and not engine.link_draining(link):
                         break
                     self._check_link(link, f"reading {queue!r}")
                     self._pump(self.endpoint.timeout)

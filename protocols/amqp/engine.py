@@ -64,6 +64,9 @@ link_advance = lib.pn_link_advance
 link_is_sender = lib.pn_link_is_sender
 link_get_drain = lib.pn_link_get_drain
 link_drained = lib.pn_link_drained
+#: Receiver side: grant credit in drain mode / whether the sender has not drained yet.
+link_drain = lib.pn_link_drain
+link_draining = lib.pn_link_draining
 link_snd_settle_mode = lib.pn_link_snd_settle_mode
 link_state = lib.pn_link_state
 delivery_link = lib.pn_delivery_link
@@ -381,6 +384,14 @@ def free_link(link: CData) -> None:
 
 def set_sender_settle_mode_settled(link: CData) -> None:
     lib.pn_link_set_snd_settle_mode(link, SND_SETTLED)
+
+
+def set_source_filter(link: CData, encoded: bytes) -> None:
+    """Set a receiver's source filter map from its AMQP encoding (before it attaches)."""
+    data = lib.pn_terminus_filter(lib.pn_link_source(link))
+    lib.pn_data_clear(data)
+    if lib.pn_data_decode(data, ffi.from_buffer(encoded), len(encoded)) < 0:
+        raise ValueError("source filter: not one AMQP encoded value")
 
 
 # --------------------------------------------------------------------------- data helpers

@@ -331,3 +331,21 @@ def test_batch_write_is_visible_at_once(spark, streams):
     assert [bytes(r.body) for r in rows] == [b"a", b"b"]
     assert rows[0].application_properties == {"k": "1"} and rows[1].properties.subject == "out"
     assert rows[0].properties.message_id == "id-a"
+
+
+def test_a_stream_reader_ships_to_executors_without_its_driver_connection(spark, streams):
+    import pickle
+
+    from scow.plugins.spark.source import ScowDataSource
+
+    broker = streams.start({"s": stream()})
+    publish(broker.url, "s", bodies(5))
+    wait_stream(broker, "s", 5)
+    reader = ScowDataSource({"url": broker.url, "queues": "s"}).streamReader(None)
+    assert reader.initialOffset() == {"s": 5}  # opens the driver's connection
+    connection = reader._client
+    assert connection is not None and not connection.closed
+    shipped = pickle.loads(pickle.dumps(reader))  # a live socket would not pickle
+    assert shipped._client is None and shipped.options == reader.options
+    assert reader.initialOffset() == {"s": 5}
+    assert reader._client is connection and not connection.closed  # one connection, kept
