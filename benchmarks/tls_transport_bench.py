@@ -10,10 +10,10 @@ that on an asyncio loop (uvloop when installed, as `scow run` uses):
 
 Each server echoes what it receives (so it both decrypts and encrypts every byte, like a
 broker relaying messages); a client in another process (its own core, its own GIL) sends
-`--megabytes` in 16 KiB writes over TLS 1.3 and reads the echo back. Rounds alternate;
+`--megabytes` in `--write-size` writes over TLS 1.3 and reads the echo back. Rounds alternate;
 the figure is the median echo throughput per transport, and their ratio.
 
-    .venv/bin/python benchmarks/tls_transport_bench.py [--megabytes 200] [--rounds 3]
+    .venv/bin/python benchmarks/tls_transport_bench.py [--megabytes 200] [--write-size 16384]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ CLIENT = """
 import socket, ssl, sys, time
 host, port, ca, total = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 context = ssl.create_default_context(cafile=ca)
-chunk = b"x" * 16384
+chunk = b"x" * int(sys.argv[5])
 with socket.create_connection((host, port)) as raw:
     with context.wrap_socket(raw, server_hostname="localhost") as sock:
         sock.setblocking(True)
@@ -99,7 +99,7 @@ class MemoryBioEcho(asyncio.Protocol):
             self.transport.write(pending)
 
 
-async def _round(kind: str, context: ssl.SSLContext, ca: Path, total: int) -> float:
+async def _round(kind: str, context: ssl.SSLContext, ca: Path, total: int, write: int) -> float:
     loop = asyncio.get_running_loop()
     if kind == "loop":
         server = await loop.create_server(LoopTlsEcho, "127.0.0.1", 0, ssl=context)
@@ -115,6 +115,7 @@ async def _round(kind: str, context: ssl.SSLContext, ca: Path, total: int) -> fl
             str(port),
             str(ca),
             str(total),
+            str(write),
             stdout=subprocess.PIPE,
         )
         out, _ = await client.communicate()
@@ -128,7 +129,8 @@ async def _round(kind: str, context: ssl.SSLContext, ca: Path, total: int) -> fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--megabytes", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--write-size", type=int, default=16384, help="the client's writes")
     args = parser.parse_args()
     try:
         import uvloop
@@ -144,10 +146,12 @@ def main() -> None:
         context.load_cert_chain(pki.server_cert, pki.server_key)
         total = args.megabytes << 20
         rates: dict[str, list[float]] = {"loop": [], "memorybio": []}
-        print(f"TLS echo of {args.megabytes} MiB, 16 KiB writes, {loop_name}, TLS 1.3")
+        print(
+            f"TLS echo of {args.megabytes} MiB in {args.write_size} B writes, {loop_name}, TLS 1.3"
+        )
         for n in range(args.rounds):
             for kind in rates:
-                rate = asyncio.run(_round(kind, context, pki.ca, total))
+                rate = asyncio.run(_round(kind, context, pki.ca, total, args.write_size))
                 rates[kind].append(rate)
                 print(f"round {n + 1} {kind:<9} {rate:8.1f} MiB/s")
                 time.sleep(0.2)
