@@ -63,7 +63,7 @@ class PageStoreBackend:
     `factory(directory, address, settings)` opens (creating if needed) the store of one
     address under `directory` (the paging directory); `discover(directory, settings)` lists
     the addresses that have a store there, for recovery. `settings` is the backend's own
-    validated config section (may be empty).
+    validated config section (may be empty) plus `"data-dir"`, the broker's data dir.
     """
 
     name: str
@@ -72,6 +72,9 @@ class PageStoreBackend:
     doc: str = ""
     #: The config section whose validated values the factory receives, if any.
     config_section: str | None = None
+    #: `max_page_size(settings)`: the largest page the store takes, capping every
+    #: address's page-size-bytes (Artemis's jdbc-max-page-size-bytes); None: no cap.
+    max_page_size: Callable[[Mapping[str, Any]], int] | None = None
 
 
 @dataclass(frozen=True)

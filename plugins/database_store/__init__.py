@@ -129,6 +129,7 @@ def scow_register_page_stores() -> list[PageStoreBackend]:
             _discover,
             "pages as rows of a SQL table (page size capped by jdbc-max-page-size-bytes)",
             config_section=SECTION.name,
+            max_page_size=lambda settings: int(settings["jdbc-max-page-size-bytes"]),
         )
     ]
 

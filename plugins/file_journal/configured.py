@@ -11,7 +11,6 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from scow.core import app
 from scow.core.config import Config
@@ -50,9 +49,7 @@ def _page_stores(plugins: PluginManager, config: Config) -> Iterator[PageStore] 
     data_dir = Path(str(config.section("broker")["data-dir"]))
     directory = data_dir / str(paging["paging-directory"])
     section = backend.config_section
-    settings: dict[str, Any] = (
-        {**config.section(section), "data-dir": str(data_dir)} if section else {}
-    )
+    settings = {**(config.section(section) if section else {}), "data-dir": str(data_dir)}
 
     def stores() -> Iterator[PageStore]:
         for address in backend.discover(directory, settings):

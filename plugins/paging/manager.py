@@ -65,11 +65,13 @@ class PagingManager:
         section = backend.config_section
         data_dir = Path(str(config.section("broker")["data-dir"]))
         #: The backend's own section, and the data dir its relative locations start from.
-        self.store_settings: Mapping[str, Any] = (
-            {**config.section(section), "data-dir": str(data_dir)} if section else {}
-        )
-        #: A backend's cap on page-size-bytes (Artemis's jdbc-max-page-size-bytes).
-        self.max_page_size = int(self.store_settings.get("jdbc-max-page-size-bytes") or 1 << 62)
+        self.store_settings: Mapping[str, Any] = {
+            **(config.section(section) if section else {}),
+            "data-dir": str(data_dir),
+        }
+        #: The backend's cap on page-size-bytes (e.g. jdbc-max-page-size-bytes).
+        cap = backend.max_page_size
+        self.max_page_size = cap(self.store_settings) if cap is not None else 1 << 62
         self.directory = data_dir / str(self.settings["paging-directory"])
         loop = asyncio.get_running_loop()
         self.loop = loop
