@@ -133,6 +133,8 @@ def test_transactional_sends_to_a_paging_address(scow_broker_process):
     wait_for(lambda: open_tx.sent == 7, what="sends in the open transaction")
     time.sleep(0.2)  # let the broker take them in; the transaction stays open: the crash point
     broker.kill()
+    thread.join(10)  # the client stops once its connection is gone
+    assert not thread.is_alive()
     restarted = start(scow_broker_process, port=broker.port)
     assert [m.body for m in consume_all(restarted.url, "tx")] == [f"tx{i}" for i in range(5)]
 
@@ -146,9 +148,12 @@ class _OpenTransaction(MessagingHandler, TransactionHandler):
         self.sent = 0
 
     def on_start(self, event):
-        conn = event.container.connect(self.url)
+        conn = event.container.connect(self.url, reconnect=False)
         self.sender = event.container.create_sender(conn, self.address)
         event.container.declare_transaction(conn, handler=self)
+
+    def on_transport_closed(self, event):
+        event.container.stop()
 
     def on_transaction_declared(self, event):
         for i in range(self.count):
