@@ -74,6 +74,8 @@ def test_transactions_committed_rolled_back_and_in_flight_at_the_crash(scow_brok
         time.sleep(0.01)
     assert in_flight.sent
     broker.kill()
+    runner.join(10)  # the client stops once its connection is gone (no reconnecting)
+    assert not runner.is_alive()
     restarted = scow_broker_process(plugins=PLUGINS, port=broker.port)
     assert [b for b, _ in _drain(restarted.url, "txcrash")] == ["tx0", "tx1", "tx2"]
 
@@ -84,6 +86,9 @@ class InFlightTx(TxClient):
     def __init__(self, url: str, address: str) -> None:
         super().__init__(url, address, 2, commit=True)
         self.sent = False
+
+    def on_transport_closed(self, event):
+        event.container.stop()
 
     def on_transaction_declared(self, event):
         for i in range(2):
