@@ -253,9 +253,7 @@ class Broker:
             address.settings = self.settings_for(name)
             if name in changed:
                 address.full_policy = self._full_policy_for(address)
-            if address.on_space and not address.is_full():
-                for resume in list(address.on_space):
-                    resume()  # a raised limit lets blocked producers go on
+        self.resume_producers()  # a raised limit lets blocked producers go on
         if persist:
             self._persist_settings(pattern, changes)
         log.info("address settings changed", pattern=pattern, settings=dict(changes), kept=persist)
@@ -909,7 +907,7 @@ class Broker:
                 if limits.size < limits.max_size <= limits.size + size or (
                     limits.messages + 1 == limits.max_messages  # both: it just stopped being full
                 ):
-                    self._resume_producers()  # the broker as a whole has room again
+                    self.resume_producers()  # the broker as a whole has room again
                 if address.on_space and not address.is_full():
                     for resume in list(address.on_space):
                         resume()
@@ -917,12 +915,16 @@ class Broker:
                 if pager is not None and pager.paging:
                     pager.check()
 
-    def _resume_producers(self) -> None:
-        """The broker's memory has room again: every address's blocked producers resume."""
+    def resume_producers(self) -> None:
+        """Addresses may have room again (memory freed, a limit raised): every address's
+        blocked producers go on, and a paging address with room leaves page mode."""
         for address in list(self.addresses.values()):
             if address.on_space and not address.is_full():
                 for resume in list(address.on_space):
                     resume()
+            pager = address.pager
+            if pager is not None and pager.paging:
+                pager.check()
 
     # ------------------------------------------------------------------ dead letters and expiry
 

@@ -1080,13 +1080,7 @@ class QpidPagedQueue(StandardQueue):
         """Pages went out: addresses that had no room may have some now (what the broker
         does when messages are acknowledged), outside the enqueue that evicted them."""
         self._resume_scheduled = False
-        for address in list(self.broker.addresses.values()):
-            if address.on_space and not address.is_full():
-                for resume in list(address.on_space):
-                    resume()
-            pager = address.pager
-            if pager is not None and pager.paging:
-                pager.check()
+        self.broker.resume_producers()
 
     # ------------------------------------------------------------------ figures
 
