@@ -33,7 +33,9 @@ from run_perf import free_port, scow_command, stop, wait_listening  # noqa: E402
 
 from scow.core.scram import Credential, ScramClient, ScramServer  # noqa: E402
 from scow.core.users import add_user  # noqa: E402
-from tests.security.helpers import make_pki, read_frame, sasl_frame, scram_login  # noqa: E402
+from scow.protocols.amqp.sasl import sasl_frame  # noqa: E402
+from scow.protocols.amqp.sasl_client import read_frame  # noqa: E402
+from tests.security.helpers import make_pki, scram_login  # noqa: E402
 
 CONFIG = """\
 [plugins]

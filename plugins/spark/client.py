@@ -24,14 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from scow.protocols.amqp import codec, engine
+from scow.protocols.amqp import codec, engine, sasl_client
 
 _IO_SIZE = 1 << 18
 _MAX_FRAME = 1 << 17
 _TAG = struct.Struct(">Q")
-_FRAME = struct.Struct(">IBBH")
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 MANAGEMENT = "$management"
 DEFAULT_PORT = 5672
 #: Messages asked for per read round (one drain each). The broker serves a round in one
@@ -86,47 +84,6 @@ def _tls_context(endpoint: Endpoint) -> ssl.SSLContext:
     return context
 
 
-def _sasl_frame(descriptor: int, fields: list[Any]) -> bytes:
-    body = codec.encode_value(codec.Described(codec.ULong(descriptor), fields))
-    return _FRAME.pack(8 + len(body), 2, 1, 0) + body
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ClientError("the broker closed the connection during SASL")
-        out += chunk
-    return out
-
-
-def _sasl_plain(sock: socket.socket, username: str, password: str, host: str) -> None:
-    """SASL PLAIN before AMQP: header, mechanisms, init, outcome."""
-    sock.sendall(SASL_HEADER)
-    if _read_exactly(sock, 8) != SASL_HEADER:
-        raise ClientError("the broker does not speak SASL")
-    while True:
-        size, doff, _type, _channel = _FRAME.unpack(_read_exactly(sock, 8))
-        frame = _read_exactly(sock, size - 8)[doff * 4 - 8 :]
-        performative = codec.decode_value(frame)[0]
-        code = int(performative.descriptor)
-        fields = list(performative.value or [])
-        if code == 0x40:  # sasl-mechanisms
-            offered = fields[0] if fields else []
-            offered = [str(m) for m in (offered if isinstance(offered, list) else [offered])]
-            if "PLAIN" not in offered:
-                raise ClientError(f"the broker offers no PLAIN login (offers {', '.join(offered)})")
-            response = b"\0" + username.encode() + b"\0" + password.encode()
-            sock.sendall(_sasl_frame(0x41, [codec.Symbol("PLAIN"), response, host]))
-        elif code == 0x44:  # sasl-outcome
-            if fields and int(fields[0]) != 0:
-                raise ClientError(f"login of user {username!r} refused by the broker")
-            return
-        else:
-            raise ClientError(f"unexpected SASL frame {code:#x}")
-
-
 class Client:
     """One connection and session; links are opened as needed. Not thread-safe."""
 
@@ -142,7 +99,13 @@ class Client:
         if endpoint.tls or endpoint.ca_file or endpoint.cert_file:
             sock = _tls_context(endpoint).wrap_socket(sock, server_hostname=endpoint.host)
         if endpoint.username:
-            _sasl_plain(sock, endpoint.username, endpoint.password or "", endpoint.host)
+            try:
+                sasl_client.plain_login(
+                    sock, endpoint.username, endpoint.password or "", endpoint.host
+                )
+            except (sasl_client.SaslError, OSError) as exc:
+                sock.close()
+                raise ClientError(f"{endpoint.host}:{endpoint.port}: {exc}") from None
         sock.settimeout(None)
         self.sock = sock
         self.engine = engine.Engine(max_frame=_MAX_FRAME, idle_timeout_ms=0, server=False)

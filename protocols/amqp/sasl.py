@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 from scow.core.scram import MECHANISM as SCRAM_SHA_256
 from scow.core.scram import ScramError, ScramServer
@@ -25,7 +26,8 @@ SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 
 MECHANISMS = ("ANONYMOUS", "PLAIN", SCRAM_SHA_256, "EXTERNAL")
 
-_FRAME = struct.Struct(">IBBH")  # size, data offset (words), type, channel
+#: A frame header: size, data offset (words), type, channel.
+FRAME_HEADER = struct.Struct(">IBBH")
 _SASL_FRAME_TYPE = 1
 _SASL_MECHANISMS = 0x40
 _SASL_INIT = 0x41
@@ -33,6 +35,13 @@ _SASL_CHALLENGE = 0x42
 _SASL_RESPONSE = 0x43
 _SASL_OUTCOME = 0x44
 MAX_SASL_FRAME = 4096
+
+
+def sasl_frame(descriptor: int, fields: list[Any]) -> bytes:
+    """A SASL frame carrying the performative `descriptor` with `fields` (either end)."""
+    body = codec.encode_value(codec.Described(descriptor, fields))
+    return FRAME_HEADER.pack(8 + len(body), 2, _SASL_FRAME_TYPE, 0) + body
+
 
 OUTCOME_OK = 0
 OUTCOME_AUTH = 1
@@ -124,7 +133,7 @@ class SaslServer:
     def _take_frame(self) -> bytes | None:
         if len(self._buffer) < 8:
             return None
-        size, doff, ftype, _channel = _FRAME.unpack_from(self._buffer)
+        size, doff, ftype, _channel = FRAME_HEADER.unpack_from(self._buffer)
         if size > MAX_SASL_FRAME or size < 8 or doff < 2 or ftype != _SASL_FRAME_TYPE:
             self.error = f"malformed SASL frame (size {size}, type {ftype})"
             self.state = State.FAILED
@@ -179,7 +188,7 @@ class SaslServer:
             except (ScramError, UnicodeDecodeError) as exc:
                 return self._refuse(self._scram.user, mechanism, str(exc))
             self.state = State.RESPONSE
-            return self._frame(codec.Described(_SASL_CHALLENGE, [challenge.encode()]))
+            return sasl_frame(_SASL_CHALLENGE, [challenge.encode()])
         if mechanism == "EXTERNAL":
             name = self.certificate_name or ""
             authzid = response.decode("utf-8", "replace")
@@ -235,16 +244,11 @@ class SaslServer:
         items = b"".join(bytes([len(m)]) + m.encode() for m in self.mechanisms)
         array = bytes([0xE0, 2 + len(items), len(self.mechanisms), 0xA3]) + items
         body = b"\x00\x53" + bytes([_SASL_MECHANISMS, 0xC0, 1 + len(array), 1]) + array
-        return _FRAME.pack(8 + len(body), 2, _SASL_FRAME_TYPE, 0) + body
+        return FRAME_HEADER.pack(8 + len(body), 2, _SASL_FRAME_TYPE, 0) + body
 
-    @classmethod
-    def _outcome(cls, code: int, additional: bytes | None = None) -> bytes:
+    @staticmethod
+    def _outcome(code: int, additional: bytes | None = None) -> bytes:
         fields: list[object] = [codec.UByte(code)]
         if additional is not None:
             fields.append(additional)
-        return cls._frame(codec.Described(_SASL_OUTCOME, fields))
-
-    @staticmethod
-    def _frame(performative: codec.Described) -> bytes:
-        body = codec.encode_value(performative)
-        return _FRAME.pack(8 + len(body), 2, _SASL_FRAME_TYPE, 0) + body
+        return sasl_frame(_SASL_OUTCOME, fields)

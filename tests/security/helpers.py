@@ -12,7 +12,6 @@ import datetime
 import ipaddress
 import socket
 import ssl
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +24,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from scow.core.scram import Credential, ScramClient
 from scow.core.users import User, write_users
 from scow.protocols.amqp import codec
+from scow.protocols.amqp.sasl import sasl_frame
+from scow.protocols.amqp.sasl_client import mechanisms, read_frame
 
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-_FRAME = struct.Struct(">IBBH")
 
 #: Few PBKDF2 rounds keep test logins cheap; the broker reads the count from the file.
 TEST_ITERATIONS = 64
@@ -166,42 +165,13 @@ def client_context(pki: Pki, cert: tuple[Path, Path] | None = None) -> ssl.SSLCo
 # --------------------------------------------------------------------------- raw SASL
 
 
-def sasl_frame(descriptor: int, fields: list[object]) -> bytes:
-    body = codec.encode_value(codec.Described(descriptor, fields))
-    return _FRAME.pack(8 + len(body), 2, 1, 0) + body
-
-
-def read_frame(sock: socket.socket) -> codec.Described:
-    """The next SASL frame's performative."""
-    head = _recv(sock, 8)
-    size, doff, _ftype, _channel = _FRAME.unpack(head)
-    body = _recv(sock, size - 8)[doff * 4 - 8 :]
-    value, _ = codec.decode_value(body, 0)
-    return value
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
-
-
 def scram_login(sock: socket.socket, user: str, password: str) -> int:
     """Run SCRAM-SHA-256 on a connected socket; returns the sasl-outcome code (0: ok).
 
     Checks the server's signature when it accepts (mutual authentication).
     """
     client = ScramClient(user, password)
-    sock.sendall(SASL_HEADER)
-    assert _recv(sock, 8) == SASL_HEADER
-    mechanisms = read_frame(sock)
-    assert mechanisms.descriptor == 0x40, mechanisms
-    offered = mechanisms.value[0]
-    assert "SCRAM-SHA-256" in (offered if isinstance(offered, list) else [offered])
+    assert "SCRAM-SHA-256" in mechanisms(sock)
     sock.sendall(sasl_frame(0x41, [codec.Symbol("SCRAM-SHA-256"), client.first().encode()]))
     challenge = read_frame(sock)
     if challenge.descriptor == 0x44:  # refused at once

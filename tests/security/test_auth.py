@@ -13,7 +13,9 @@ from scow.core import cli
 from scow.core.scram import Credential, ScramClient, ScramError, ScramServer
 from scow.core.testing import wait_for
 from scow.core.users import UsersFileError, add_user, read_users
-from tests.security.helpers import SASL_HEADER, read_frame, sasl_frame, scram_login
+from scow.protocols.amqp.sasl import SASL_HEADER, sasl_frame
+from scow.protocols.amqp.sasl_client import read_frame
+from tests.security.helpers import scram_login
 from tests.wire.helpers import connected, round_trip
 
 PLAIN = {"allowed_mechs": "PLAIN", "allow_insecure_mechs": True}
