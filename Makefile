@@ -11,11 +11,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[management]'
+	$(BIN)/pip install -q -e .
 	touch $@
 
 $(TSTAMP): pyproject.toml $(STAMP)
-	$(BIN)/pip install -q -e '.[test,management,database,spark]'
+	$(BIN)/pip install -q -e '.[test,database,spark]'
 	$(BIN)/pip install -q -e examples/scow-stomp
 	touch $@
 

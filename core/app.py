@@ -23,6 +23,7 @@ from scow.core.config import (
     load_config,
     read_plugin_list,
 )
+from scow.core.data_lock import DataDirLock, DataDirLocked
 from scow.core.descriptors import JournalBackend
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
@@ -96,6 +97,8 @@ class Server:
         self.broker: Broker | None = None
         self.protocols: dict[str, ProtocolServer] = {}
         self.services: list[Service] = []
+        #: Held from start to stop: journal, pages and streams under the data dir are ours.
+        self.data_lock = DataDirLock(Path(str(config.section("broker")["data-dir"])))
         self._stopped = asyncio.Event()
         try:
             self.queue_types = plugins.unique("scow_register_queue_types", "queue type")
@@ -157,6 +160,17 @@ class Server:
         return open_storage(self.journals, self.config)
 
     async def start(self) -> Broker:
+        try:
+            self.data_lock.acquire()
+        except DataDirLocked as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            return await self._start()
+        except BaseException:
+            self.data_lock.release()
+            raise
+
+    async def _start(self) -> Broker:
         loop = asyncio.get_running_loop()
         storage = self._storage()
         storage.set_dispatcher(lambda batch: loop.call_soon_threadsafe(_run_all, batch))
@@ -266,6 +280,7 @@ class Server:
             await service.stop()
         if self.broker is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.broker.storage.stop)
+        self.data_lock.release()
         self._stopped.set()
 
     async def run_forever(self) -> None:

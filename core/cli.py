@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
-import signal
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -226,14 +226,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The status of a command whose reader went away, as if SIGPIPE had ended it (128 + 13).
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None and hasattr(signal, "SIGPIPE"):
-        # as the `scow` program: `scow data print | head` ends quietly (not when called in a
-        # process that has sockets of its own, such as a test run)
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # SIGPIPE stays ignored (Python's default): a peer that vanishes costs `scow run` one
+    # connection (EPIPE), never the process. A command whose output reader goes away
+    # (`scow data print | head`) meets BrokenPipeError instead and ends quietly.
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except BrokenPipeError:
+        # the interpreter flushes stdout at exit: point it somewhere that cannot break
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

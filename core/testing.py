@@ -206,13 +206,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class BrokerProcess:
-    """`scow run` in a subprocess on a fixed free port; kill() sends SIGKILL."""
+def scow_command() -> str:
+    """The installed `scow` program beside this interpreter (what a user runs)."""
+    path = Path(sys.executable).parent / "scow"
+    if not path.exists():
+        raise RuntimeError(f"{path}: the scow command is not installed (pip install scow)")
+    return str(path)
 
-    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
+
+class BrokerProcess:
+    """The installed `scow run` in a subprocess on a fixed free port; kill() sends SIGKILL.
+
+    It runs as users run it: its own signals, file descriptors and interpreter.
+    """
+
+    def __init__(
+        self, config_path: Path, port: int, log_path: Path, command: str | None = None
+    ) -> None:
         self.config_path = config_path
         self.port = port
         self.log_path = log_path
+        #: The `scow` program to run (default: the one installed beside this interpreter).
+        self.command = command
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -222,7 +237,7 @@ class BrokerProcess:
     def start(self, timeout: float = 30) -> BrokerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scow.core.cli", "run", "--config", str(self.config_path)],
+            [self.command or scow_command(), "run", "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.database.postgres import PostgresServer, binaries
+from tests.fresh_venv import make_venv
 
 pytest_plugins = ["scow.core.testing"]
 
@@ -46,3 +47,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "postgres":
         return str(request.getfixturevalue("postgres_url"))
     return f"sqlite:///{tmp_path / 'test.db'}"
+
+
+@pytest.fixture(scope="session")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new venv (no system site-packages) with Scow installed from this checkout, no
+    extras: what a plain `pip install scow` gives a user. Shared by the tests that need it."""
+    return make_venv(tmp_path_factory.mktemp("fresh-venv"))

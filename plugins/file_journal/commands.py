@@ -65,6 +65,8 @@ def _configurable(parser: argparse.ArgumentParser, files: Handler, configured: H
         except app.StartupError as exc:
             print(f"scow: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:
+            raise  # our reader went away (`scow data print | head`): the CLI ends quietly
         except (ExportError, ValueError, OSError) as exc:  # a bad or unreadable import file
             print(f"scow: {getattr(args, 'input', None) or 'data'}: {exc}", file=sys.stderr)
             return 2

@@ -1,8 +1,9 @@
 """The `management` plugin: an HTTP API and Prometheus metrics, on the broker's loop.
 
 `[management] listen` (default localhost:8161, like Artemis's console) serves the JSON
-API under /api (OpenAPI document at /api/openapi.json) and /metrics. Needs the
-`management` extra (`pip install 'scow[management]'`: aiohttp, prometheus-client).
+API under /api (OpenAPI document at /api/openapi.json) and /metrics. Its libraries
+(aiohttp, prometheus-client) are dependencies of Scow itself: the packaged config enables
+this plugin, and a plain `pip install scow` must run the packaged config.
 """
 
 from __future__ import annotations
@@ -57,14 +58,9 @@ class ManagementService:
         self.url = ""
 
     async def start(self) -> None:
-        try:
-            from aiohttp import web
+        from aiohttp import web
 
-            from scow.plugins.management.api import ManagementApi
-        except ImportError as exc:
-            raise RuntimeError(
-                f"the management plugin needs its extra: pip install 'scow[management]' ({exc})"
-            ) from None
+        from scow.plugins.management.api import ManagementApi
 
         config = self.broker.config
         host, port = parse_host_port(str(config.section("management")["listen"]))

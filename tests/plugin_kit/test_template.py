@@ -3,30 +3,11 @@ passes its own tests there: what a third-party author starting from it would get
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh_venv import ROOT, copy_tree, pip_install, run
+
 TEMPLATE = ROOT / "examples" / "plugin-template"
-#: What building the scow distribution needs of the checkout.
-SCOW_SOURCES = ("pyproject.toml", "README.md", "core", "plugins", "protocols", "config")
-
-
-def _copy(source: Path, target: Path, names: tuple[str, ...]) -> Path:
-    """Copy `names` of `source`: pip builds in the source tree, and the checkout must
-    stay untouched (others build and test in it at the same time)."""
-    target.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".venv", "data")
-    for name in names:
-        path = source / name
-        if path.is_dir():
-            shutil.copytree(path, target / name, ignore=ignore)
-        else:
-            shutil.copy2(path, target / name)
-    return target
 
 
 def _pytest_pin() -> str:
@@ -34,41 +15,14 @@ def _pytest_pin() -> str:
     return next(r for r in project["optional-dependencies"]["test"] if r.startswith("pytest"))
 
 
-def _run(
-    *command: object, cwd: Path | None = None, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-    if check:
-        assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
-    return result
-
-
-def test_the_template_passes_its_tests_in_a_fresh_venv(tmp_path):
-    scow = _copy(ROOT, tmp_path / "scow", SCOW_SOURCES)
-    template = _copy(
+def test_the_template_passes_its_tests_in_a_fresh_venv(fresh_venv, tmp_path):
+    template = copy_tree(
         TEMPLATE, tmp_path / "template", ("pyproject.toml", "scow_example_policy", "tests")
     )
-    venv = tmp_path / "venv"
-    _run(sys.executable, "-m", "venv", "--without-pip", venv)
-    python = venv / "bin" / "python"
-    # this environment's pip installs into the new venv (no pip bootstrap there); scow's
-    # pinned dependencies come from the index and pip's wheel cache
-    _run(
-        sys.executable,
-        "-m",
-        "pip",
-        "--python",
-        python,
-        "install",
-        "-q",
-        scow,
-        template,
-        _pytest_pin(),
-    )
-    where = _run(python, "-c", "import scow.core, scow_example_policy; print(scow.core.__file__)")
-    assert where.stdout.startswith(str(venv)), where.stdout  # not this checkout's sources
-    result = _run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=template, check=False)
+    pip_install(fresh_venv, template, _pytest_pin())
+    python = fresh_venv / "bin" / "python"
+    where = run(python, "-c", "import scow_example_policy; print(scow_example_policy.__file__)")
+    assert where.stdout.startswith(str(fresh_venv)), where.stdout
+    result = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=template, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " passed" in result.stdout and "failed" not in result.stdout, result.stdout

@@ -1,0 +1,55 @@
+"""`pip install scow` (no extras), then `scow run` with the packaged config: it serves."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+from proton import Message
+
+from scow.core.testing import BrokerProcess, amqp_client, free_port, wait_for
+from tests.fresh_venv import ROOT
+
+
+def _packaged_config_on(tmp_path, amqp_port: int, http_port: int):
+    """The packaged config as shipped, but on free ports and a data dir of the test's."""
+    text = (ROOT / "config" / "scow.toml").read_text()
+    text, data = re.subn(r"(?m)^data-dir = .*$", f'data-dir = "{tmp_path / "data"}"', text)
+    text, amqp = re.subn(
+        r'(?m)^listen = \["localhost:5672"\]$', f'listen = ["127.0.0.1:{amqp_port}"]', text
+    )
+    text, http = re.subn(
+        r'(?m)^# listen = "localhost:8161"$', f'listen = "127.0.0.1:{http_port}"', text
+    )
+    assert (data, amqp, http) == (1, 1, 1), "the packaged config changed: update this test"
+    path = tmp_path / "scow.toml"
+    path.write_text(text)
+    return path
+
+
+def test_plain_install_runs_the_packaged_config_with_management(fresh_venv, tmp_path):
+    amqp_port, http_port = free_port(), free_port()
+    broker = BrokerProcess(
+        _packaged_config_on(tmp_path, amqp_port, http_port),
+        amqp_port,
+        tmp_path / "broker.log",
+        command=str(fresh_venv / "bin" / "scow"),
+    ).start()
+    try:
+        with amqp_client(broker) as conn:
+            conn.create_sender("orders").send(Message(body="hello", durable=True))
+            receiver = conn.create_receiver("orders")
+            assert receiver.receive(timeout=10).body == "hello"
+            receiver.accept()
+
+        def broker_api() -> dict | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/broker") as r:
+                    return json.load(r)
+            except OSError:
+                return None
+
+        assert wait_for(broker_api, timeout=10, what="the management API")["version"]
+    finally:
+        assert broker.stop() == 0, (tmp_path / "broker.log").read_text()
