@@ -1,8 +1,9 @@
 """One broker per data dir: a kernel lock on `<data-dir>/broker.lock`.
 
 The lock is `flock(2)` on an open file, so it belongs to the process holding the file
-open: a broker that exits, crashes or is killed with SIGKILL frees it at once, and there
-is no stale lock file to clean up (the file stays; only the lock matters). On Linux,
+open: a broker that exits, crashes or is killed with SIGKILL frees it at once. A file
+left by a killed broker is not a stale lock (only the kernel lock counts); a clean stop
+removes it. On Linux,
 flock on NFSv4 is carried by the server's byte-range locks, so it also holds between
 machines sharing the directory. The holder writes its pid and host into the file, for
 the refusal message of the next one.
@@ -44,29 +45,44 @@ class DataDirLock:
         if self._fd is not None:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise DataDirLocked(
-                f"data dir {self.data_dir.resolve()} is in use by another broker "
-                f"({holder}); stop it first, or give this one its own [broker] data-dir"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise DataDirLocked(
+                    f"data dir {self.data_dir.resolve()} is in use by another broker "
+                    f"({holder}); stop it first, or give this one its own [broker] data-dir"
+                ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # the holder removed it as it stopped: lock the file there now
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
+        """Remove the lock file (a clean stop leaves nothing behind) and free the lock."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
+                os.unlink(self.path)  # still locked: a waiter sees it gone and retries
             os.close(fd)  # closing the last descriptor frees the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `fd` is still the file at `path` (a releasing holder unlinks it)."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _read_holder(fd: int) -> str:
