@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,6 +162,14 @@ class StorageManager:
         self._next_id = 1
         self._id_limit = 0
         self._have_block = False  # the ID_BLOCK record exists in the bindings journal
+        # The two journals sync apart: a message must not be confirmed before the bindings
+        # records it relies on (its auto-created queue, the id block covering its id) are
+        # durable too, or a crash right after the confirmation loses it. Records appended
+        # and made durable so far, and the completions held back until they catch up.
+        self._bindings_appended = 0
+        self._bindings_durable = 0
+        self._held: list[tuple[int, Completion]] = []
+        self._held_lock = threading.Lock()
 
     def stats(self) -> dict[str, Any]:
         """Each journal's own figures, when its backend reports some."""
@@ -200,11 +209,19 @@ class StorageManager:
             block = _QID.pack(self._id_limit)
             if self._have_block:
                 self.bindings.append_update(
-                    ID_BLOCK_RECORD, ID_BLOCK, block, sync=True, replaceable=True
+                    ID_BLOCK_RECORD,
+                    ID_BLOCK,
+                    block,
+                    sync=True,
+                    replaceable=True,
+                    on_done=self._binding_durable,
                 )
             else:
-                self.bindings.append_add(ID_BLOCK_RECORD, ID_BLOCK, block, sync=True)
+                self.bindings.append_add(
+                    ID_BLOCK_RECORD, ID_BLOCK, block, sync=True, on_done=self._binding_durable
+                )
                 self._have_block = True
+            self._bindings_appended += 1
         value = self._next_id
         self._next_id += 1
         return value
@@ -212,13 +229,57 @@ class StorageManager:
     # ------------------------------------------------------------------ bindings
 
     def store_address(self, record_id: int, description: dict) -> None:
-        self.bindings.append_add(record_id, ADDRESS, json.dumps(description).encode(), sync=True)
+        self.bindings.append_add(
+            record_id,
+            ADDRESS,
+            json.dumps(description).encode(),
+            sync=True,
+            on_done=self._binding_durable,
+        )
+        self._bindings_appended += 1
 
     def store_queue(self, record_id: int, description: dict) -> None:
-        self.bindings.append_add(record_id, QUEUE, json.dumps(description).encode(), sync=True)
+        self.bindings.append_add(
+            record_id,
+            QUEUE,
+            json.dumps(description).encode(),
+            sync=True,
+            on_done=self._binding_durable,
+        )
+        self._bindings_appended += 1
 
     def delete_binding(self, record_id: int) -> None:
-        self.bindings.append_delete(record_id, sync=True)
+        self.bindings.append_delete(record_id, sync=True, on_done=self._binding_durable)
+        self._bindings_appended += 1
+
+    def after_bindings(self, on_done: Completion) -> Completion:
+        """`on_done`, held back until every bindings record appended so far is durable.
+
+        Whatever confirms a message to its producer goes through this (the message journal
+        and the pages sync apart from the bindings journal)."""
+        needed = self._bindings_appended
+        if self._bindings_durable >= needed:
+            return on_done
+
+        def done() -> None:
+            with self._held_lock:
+                if self._bindings_durable < needed:
+                    self._held.append((needed, on_done))
+                    return
+            on_done()
+
+        return done
+
+    def _binding_durable(self) -> None:
+        """A bindings record is durable (they complete in append order)."""
+        with self._held_lock:
+            self._bindings_durable += 1
+            durable = self._bindings_durable
+            ready = [done for needed, done in self._held if needed <= durable]
+            if ready:
+                self._held = [(n, done) for n, done in self._held if n > durable]
+        for done in ready:
+            done()
 
     # ------------------------------------------------------------------ messages
 
@@ -237,8 +298,10 @@ class StorageManager:
         record = encode_message_record(address, expiration, priority, queue_ids, data)
         if tx_id is not None:
             self.messages.append_add_tx(tx_id, message_id, MESSAGE, record)
-        else:
-            self.messages.append_add(message_id, MESSAGE, record, sync=self.sync, on_done=on_done)
+            return
+        if on_done is not None and self._bindings_durable < self._bindings_appended:
+            on_done = self.after_bindings(on_done)
+        self.messages.append_add(message_id, MESSAGE, record, sync=self.sync, on_done=on_done)
 
     def acknowledge(
         self, message_id: int, queue_id: int, last: bool, *, tx_id: int | None = None
@@ -256,7 +319,7 @@ class StorageManager:
             journal.append_update(message_id, ACK_REF, _QID.pack(queue_id), sync=self.sync)
 
     def commit(self, tx_id: int, on_done: Completion) -> None:
-        self.messages.commit(tx_id, sync=self.sync_tx, on_done=on_done)
+        self.messages.commit(tx_id, sync=self.sync_tx, on_done=self.after_bindings(on_done))
 
     def rollback(self, tx_id: int) -> None:
         self.messages.rollback(tx_id, sync=self.sync_tx)
