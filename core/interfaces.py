@@ -238,6 +238,10 @@ class Queue(Protocol):
     """A queue bound to an address. Implementations come from `QueueType` factories.
 
     The broker sets `id`, `durable` and `filter` after the factory builds the queue.
+
+    A queue type that keeps its messages in its own storage, in bounded memory (a
+    stream's segment files), declares the class attribute `stores_own_messages = True`
+    (optional: see `stores_own_messages`).
     """
 
     spec: QueueSpec
@@ -327,6 +331,20 @@ class Queue(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
+def stores_own_messages(queue: Queue) -> bool:
+    """True for a queue that keeps every message it is given in its own storage (a
+    stream's segment files), in bounded memory, and reads them back from there.
+
+    Its address's pages must never hold its messages, since it never reads them: while
+    the address pages, the pager hands such a queue each message directly (as the broker
+    does while the address does not page), gives it no cursor and never waits for it to
+    delete a page or to leave page mode. A queue type says so with the class attribute
+    `stores_own_messages = True`; a queue without the attribute is paged like any other.
+    Asked when a queue is bound, never per message.
+    """
+    return getattr(queue, "stores_own_messages", False) is True
+
+
 # --------------------------------------------------------------------------- full policies
 
 
@@ -335,7 +353,9 @@ class Pager(Protocol):
 
     The broker hands a routed message to `page` once the address is full or already
     paging; the pager writes it once for every queue it was routed to, and each queue
-    reads it back through its own `Cursor`.
+    reads it back through its own `Cursor`. Queues that store their own messages
+    (`stores_own_messages`) are not paged: they get the message as if the address did
+    not page.
     """
 
     #: True while new messages go to pages.
@@ -350,8 +370,9 @@ class Pager(Protocol):
     ) -> RouteStatus:
         """Store `message` for `queues`; ROUTED, PENDING (on_stored follows), DROPPED.
 
-        Raises ResourceLimitExceeded when a page limit refuses it (page-full-policy FAIL).
-        Within a transaction (`tx_id`), nothing is visible until `commit_tx` runs.
+        Raises ResourceLimitExceeded when a page limit refuses it (page-full-policy FAIL),
+        before anything is stored. Within a transaction (`tx_id`), nothing is visible
+        until `commit_tx` runs, and `on_stored` always follows.
         """
 
     def commit_tx(self, tx_id: int) -> None:

@@ -8,6 +8,12 @@ left in pages and whose memory has room takes the message straight into memory a
 read from disk. The address leaves page mode once every cursor has caught up with what
 was written and the address is under its limits again.
 
+Queues that store their own messages (a stream: `stores_own_messages`) are never paged:
+they keep everything in their own files and never read pages. While the address pages,
+such a queue gets each message as if the address did not page (journaled for it when
+durable, handed to it at once, or at commit), has no cursor, and so never holds a page
+or page mode.
+
 Records become visible to cursors in the order they were written, once written (and,
 for a transaction, once committed). A page is deleted once it is closed and no cursor
 has a message of it left to acknowledge.
@@ -21,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.message import Message, PagedRef
+from scow.core.interfaces import stores_own_messages
+from scow.core.message import Message, PagedRef, SharedMessage
 from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus
 from scow.core.page_frames import HEADER_SIZE
 from scow.plugins.paging import record
@@ -63,6 +70,8 @@ class AddressPager:
         self.paging = False
         self._store: PageStore | None = None
         self.cursors: dict[str, QueueCursor] = {}
+        #: Names of the bound queues that store their own messages (no cursor).
+        self.own_storage: set[str] = set()
         self.pages: dict[int, PageInfo] = {}
         #: Pages below this one were written before the broker started (recovered).
         self.first_page = 1
@@ -110,11 +119,15 @@ class AddressPager:
     # ------------------------------------------------------------------ queues
 
     def bind(self, queue: Queue) -> None:
+        if stores_own_messages(queue):
+            self.own_storage.add(queue.name)
+            return
         cursor = QueueCursor(self, queue)
         self.cursors[queue.name] = cursor
         queue.cursor = cursor
 
     def unbind(self, queue: Queue) -> None:
+        self.own_storage.discard(queue.name)
         cursor = self.cursors.pop(queue.name, None)
         if cursor is None:
             return
@@ -135,16 +148,92 @@ class AddressPager:
     ) -> RouteStatus:
         if not self.paging:
             self._start()
+        if self.own_storage:
+            own = [q for q in queues if q.name in self.own_storage]
+            if own:
+                return self._page_around(message, queues, own, on_stored, tx_id)
+        if self._refused_by_page_limit():
+            return RouteStatus.DROPPED
+        return self._write(message, queues, on_stored, tx_id)
+
+    def _refused_by_page_limit(self) -> bool:
+        """True when a page limit drops the next message; raises when it refuses it."""
         limit = self._page_limit()
-        if limit is not None:
-            policy = self.address.settings.page_full_policy
-            if policy == "DROP":
-                self.messages_dropped += 1
-                return RouteStatus.DROPPED
-            self.messages_refused += 1
-            raise ResourceLimitExceeded(
-                f"address '{self.address.name}' reached its {limit}; page-full-policy is FAIL"
+        if limit is None:
+            return False
+        if self.address.settings.page_full_policy == "DROP":
+            self.messages_dropped += 1
+            return True
+        self.messages_refused += 1
+        raise ResourceLimitExceeded(
+            f"address '{self.address.name}' reached its {limit}; page-full-policy is FAIL"
+        )
+
+    def _page_around(
+        self,
+        message: Message,
+        queues: list[Queue],
+        own: list[Queue],
+        on_stored: Completion | None,
+        tx_id: int | None,
+    ) -> RouteStatus:
+        """Page `message` for the queues that read pages; hand it to those that store
+        their own messages (`own`) as the broker does while the address does not page:
+        journaled for them when durable, enqueued now (or at commit)."""
+        message.id = message.id or self.broker.next_id()
+        paged = [q for q in queues if q.name not in self.own_storage]
+        if paged and self._refused_by_page_limit():
+            paged = []  # dropped where it would be paged; the streams still keep it
+        broker = self.broker
+        durable_ids = (
+            [q.id for q in own if q.durable] if message.durable and broker.persistent else []
+        )
+        # Who calls on_stored: within a transaction the page write (the journal's commit
+        # covers the rest); otherwise the journal's add and the page's sync, once both ran.
+        page_done: Completion | None = on_stored
+        own_done: Completion | None = None
+        if tx_id is None and on_stored is not None and durable_ids:
+            if paged and message.durable and any(q.durable for q in paged):
+                page_done, own_done = _halves(on_stored)
+            else:
+                page_done, own_done = None, on_stored
+        status = self._write(message, paged, page_done, tx_id) if paged else RouteStatus.ROUTED
+        # the pages' copy and the own-storage copy are freed apart: each its own object
+        refs, stored_refs = len(own), len(durable_ids)
+        held = (
+            SharedMessage(message, refs, stored_refs)
+            if paged
+            else message.shared(refs, stored_refs)
+        )
+        self.address.add_memory(len(message.data))
+        if durable_ids:
+            broker.storage.store_message(
+                message.id,
+                message.address,
+                message.expiration,
+                message.priority,
+                durable_ids,
+                message.data,
+                own_done,
+                tx_id=tx_id,
             )
+        if tx_id is not None:
+            self._open_txs.setdefault(tx_id, []).append(["own", own, held])
+            if not paged and on_stored is not None:
+                on_stored()  # nothing paged: the journal's commit is all there is to wait for
+            return RouteStatus.PENDING
+        for queue in own:
+            queue.enqueue(held)
+        return RouteStatus.PENDING if own_done is not None else status
+
+    def _write(
+        self,
+        message: Message,
+        queues: list[Queue],
+        on_stored: Completion | None,
+        tx_id: int | None,
+    ) -> RouteStatus:
+        """Write `message` to the head page for `queues` (all of them with cursors)."""
         message.id = message.id or self.broker.next_id()
         data = record.encode(
             message.id,
@@ -219,6 +308,9 @@ class AddressPager:
         for entry in self._open_txs.pop(tx_id, []):
             if entry[0] == "refs":
                 self._enqueue_direct(entry[2], entry[1])
+            elif entry[0] == "own":
+                for queue in entry[1]:
+                    queue.enqueue(entry[2])
             else:
                 entry[2] = True
         self._advance()
@@ -240,6 +332,9 @@ class AddressPager:
             for cursor in list(self.cursors.values()):
                 if cursor.backlog and cursor.queue.consumer_count():
                     cursor.queue.dispatch()  # consumers fill, browsers browse
+            # what was read straight from memory may all be acknowledged by now: page mode
+            # can end once nothing is in flight (check() waited for these writes)
+            self.check()
 
     def visible_end(self, page: int) -> int:
         info = self.pages.get(page)
@@ -321,3 +416,15 @@ class AddressPager:
             "messages-refused-page-full": self.messages_refused,
             "cursors": {name: c.stats() for name, c in self.cursors.items()},
         }
+
+
+def _halves(then: Completion) -> tuple[Completion, Completion]:
+    """Two completions; `then` runs once both have run."""
+    left = [2]
+
+    def half() -> None:
+        left[0] -= 1
+        if not left[0]:
+            then()
+
+    return half, half

@@ -156,6 +156,9 @@ class StreamQueue:
     """A stream: the Queue protocol over a segment log, reads by position."""
 
     admit: Callable[[Message], None] | None = None
+    #: Its segments hold its messages: the address's pager hands it each message directly
+    #: and gives it no cursor (see `scow.core.interfaces.stores_own_messages`).
+    stores_own_messages = True
     cursor = None
 
     def __init__(
@@ -277,7 +280,8 @@ class StreamQueue:
         self._stored_ids = set()
 
     def _acknowledge(self, entry: Entry) -> None:
-        ref = entry if entry.__class__ is not Message else MessageRef(entry.message, self)
+        # a message routed to several queues is a SharedMessage: a Message, not a ref
+        ref = entry if isinstance(entry, MessageRef) else MessageRef(entry.message, self)
         self.broker.acknowledge(ref)
 
     def _written(self, written: seglog.Written) -> None:
@@ -433,7 +437,8 @@ class StreamQueue:
         return iter(())
 
     def paged(self, message: Message) -> None:
-        """Not used: the stream's address pages its messages to the stream itself."""
+        """Never called: a stream stores its own messages, so its address's pager hands
+        them to `enqueue` even while the address pages."""
 
     def wanted_from_pages(self, highest_paged_priority: int) -> Callable[[Message], bool] | None:
         return None
