@@ -34,7 +34,7 @@ from proton import Delivery, Message
 from proton.reactor import Copy, Selector
 from proton.utils import BlockingConnection
 
-from scow.core.interfaces import Queue
+from scow.core.interfaces import Queue, stores_own_messages
 from scow.core.model import InvalidField
 from scow.core.testing import DEFAULT_PLUGINS, BrokerThread, wait_for
 from scow.core.testing import amqp_client as amqp
@@ -235,6 +235,42 @@ class QueueTypeConformance:
         stats: Mapping[str, Any] = broker.call(queue.stats)
         assert stats["name"] == QUEUE and stats["address"] == QUEUE
         assert stats["message-count"] == 2
+
+    def test_messages_routed_while_the_address_pages_are_all_received(
+        self,
+        scow_broker: Any,
+        scow_plugins: list[str],
+        queue_arguments: dict[str, Any],
+        message_properties: Callable[[int], dict[str, Any]],
+    ):
+        """Paged (read back through a cursor) or kept in the type's own storage
+        (`stores_own_messages`), no message is lost to its address's pages, and the
+        address leaves page mode once they are consumed."""
+        if "paging" not in scow_plugins:
+            pytest.skip("the paging plugin is not enabled")
+        limits = {QUEUE: {"max-size-bytes": 2_000, "page-size-bytes": 4_000}}
+        broker = scow_broker(plugins=scow_plugins, address_settings=limits)
+        queue = broker.call(
+            lambda: broker.broker.declare_queue(
+                QUEUE, routing_type="ANYCAST", arguments=queue_arguments
+            )
+        )
+
+        def paging() -> bool:
+            return bool(broker.call(lambda: broker.broker.addresses[QUEUE].pager.paging))
+
+        with amqp(broker) as conn:
+            sender = conn.create_sender(QUEUE)
+            for i in range(40):
+                properties = {"n": i, **message_properties(i)}
+                sender.send(Message(body="x" * 200, durable=True, properties=properties))
+            # one that stores its own may have stored them all and left page mode already
+            assert paging() or stores_own_messages(queue)
+            got = [number(m) for m in self.receive(conn, 40)]
+        assert sorted(got) == list(range(40))
+        if self.fifo:
+            assert got == list(range(40))
+        wait_for(lambda: not paging(), WAIT, what="page mode to end")
 
     def test_durable_messages_survive_a_restart(
         self,

@@ -7,6 +7,9 @@ max-read-page-* and prefetch-page-*). When every consumer with credit has a sele
 that nothing in memory matches, it looks further ahead and takes only what they match,
 so a restrictive selector is never starved behind messages it refuses; what it took
 ahead is skipped when the cursor's position gets there.
+
+A queue that stores its own messages (a stream) has no cursor, except to take back what
+pages still hold for it from before such queues were kept out of pages (`drain_to_queue`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
 
 #: Records a selector look-ahead examines before it lets the loop serve others.
 SCAN_BATCH = 5000
+#: Messages a draining cursor hands its queue at a time (while the queue stores them).
+DRAIN_BATCH = 1024
 
 
 class _Window:
@@ -69,6 +74,10 @@ class QueueCursor:
         self.priorities_known = True
         #: While set, records with an id up to it are acknowledged as read (a purge).
         self.purging: int | None = None
+        #: Set for a queue that stores its own messages but has some in pages (written
+        #: before such queues were kept out of pages): the cursor hands the queue all of
+        #: them, consumers or not, DRAIN_BATCH at a time, and then has nothing to do.
+        self.drain_to_queue = False
         self.closed = False
         #: Page reads from the store (a cursor that keeps up never reads).
         self.reads = 0
@@ -112,6 +121,8 @@ class QueueCursor:
         queue = self.queue
         if self.purging is not None:
             return 1 << 62, 1 << 62  # what it reads now is dropped, not kept
+        if self.drain_to_queue:
+            return DRAIN_BATCH - self._handed_over(), 1 << 62
         if not queue.consumers():
             return 0, 0
         settings = self.pager.address.settings
@@ -130,6 +141,10 @@ class QueueCursor:
         if settings.prefetch_page_messages >= 0:
             messages = min(messages, settings.prefetch_page_messages - ready)
         return messages, size
+
+    def _handed_over(self) -> int:
+        """Messages read into the queue and not yet settled."""
+        return sum(self.pending.values()) - self.backlog
 
     def _room_for_a_batch(self) -> bool:
         """Room for a quarter of the read limits: refilling one message per acknowledgement
@@ -231,8 +246,8 @@ class QueueCursor:
             self._reading = False
             if not self.closed:
                 self._windows[slot] = _Window(page, offset, data)
-                if self.purging is not None:
-                    self.fill()  # a purge reads on whether or not anyone consumes
+                if self.purging is not None or self.drain_to_queue:
+                    self.fill()  # reads on whether or not anyone consumes
                 else:
                     self.queue.dispatch()  # fills consumers and browsers, whoever asked
 
@@ -313,7 +328,7 @@ class QueueCursor:
         wants first (a priority above everything waiting; taken even without credit,
         one level at a time, so memory grows by a handful of messages at most)."""
         consumers = self.queue.consumers()
-        if not consumers:
+        if not consumers or self.drain_to_queue:
             return
         wanted = self._wanted()
         ready = [c for c in consumers if c.credit() > 0]
@@ -513,6 +528,8 @@ class QueueCursor:
         else:
             self.pending.pop(page, None)
             self.pager.settled(page)
+        if self.drain_to_queue and self.backlog and self._handed_over() <= DRAIN_BATCH // 2:
+            self.fill()  # the queue stored half of what it was handed: the next batch
 
     def store_delivery_count(self, ref: PagedRef, on_done: Completion) -> bool:  # type: ignore[override]
         if self.closed or not self._journaled(ref):

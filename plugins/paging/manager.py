@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.interfaces import Completion, PageStore
+from scow.plugins.paging.cursor import QueueCursor
 from scow.plugins.paging.pager import AddressPager, PageInfo
 from scow.plugins.paging.scan import durable_records
 from scow.plugins.paging.writer import PageWriter
@@ -175,6 +176,7 @@ class PagingManager:
         pager.write_offset = 0
         if recovery is not None:
             pager.committed_txs |= recovery.page_txs
+        self._drain_own_storage(pager, scan)
         for cursor in pager.cursors.values():
             messages, size, pending = scan.queues.get(cursor.queue.id, (0, 0, {}))
             cursor.backlog, cursor.backlog_bytes, cursor.pending = messages, size, pending
@@ -197,6 +199,26 @@ class PagingManager:
             )
         for page in list(scan.pages):
             pager._maybe_delete(page)
+        for cursor in pager.cursors.values():
+            if cursor.drain_to_queue:
+                cursor.fill()
+
+    def _drain_own_storage(self, pager: AddressPager, scan: _Scan) -> None:
+        """Cursors that hand queues storing their own messages (streams) what pages hold
+        for them: pages written before such queues were kept out of pages."""
+        for name in pager.own_storage:
+            queue = pager.address.queues.get(name)
+            if queue is None or not scan.queues.get(queue.id, (0,))[0]:
+                continue
+            log.warning(
+                "messages of a queue that stores its own found in its address's pages: "
+                "they go to the queue",
+                address=pager.address.name,
+                queue=name,
+                messages=scan.queues[queue.id][0],
+            )
+            cursor = pager.cursors[name] = QueueCursor(pager, queue)
+            cursor.drain_to_queue = True
 
     def _forget_orphans(self, recovery: PageRecovery) -> None:
         """Journal records about pages or transactions that no longer exist."""

@@ -103,6 +103,35 @@ def test_a_stream_with_only_its_own_messages_leaves_page_mode_under_its_limits(s
     assert [m.id for m in read_stream(broker.url, "events", 200)] == [f"e{i}" for i in range(200)]
 
 
+def test_stream_messages_an_older_broker_left_in_pages_go_to_the_stream_at_start(
+    streams, monkeypatch
+):
+    from scow.plugins.paging import cursor as cursor_module
+    from scow.plugins.spark.stream import StreamQueue
+
+    limits = {"events": {"max-size-bytes": 5_000, "page-size-bytes": 8_000}}
+    monkeypatch.setattr(StreamQueue, "stores_own_messages", False)  # as before the fix
+    broker = streams.start({"events": stream()}, address_settings=limits)
+    bulk_send(broker.url, "events", 200, numbered("e"))
+    stored = broker.queue_stats("events")["next-sequence"]
+    paged = address_stats(broker, "events")["cursors"]["events"]["messages-paged"]
+    assert paged > 100 and stored + paged == 200  # what the issue found: lost in pages
+    broker.stop()
+    monkeypatch.undo()
+
+    monkeypatch.setattr(cursor_module, "DRAIN_BATCH", 16)  # several batches
+    broker = streams.start({"events": stream()}, address_settings=limits)
+    wait_for(lambda: broker.queue_stats("events")["next-sequence"] >= 200, what="200 stored")
+    got = read_stream(broker.url, "events", 200)
+    assert [m.id for m in got] == [f"e{i}" for i in range(200)]
+    wait_for(lambda: not address_stats(broker, "events")["paging"], what="paging to end")
+    wait_for(lambda: address_stats(broker, "events")["page-count"] == 0, what="pages deleted")
+    broker.stop()
+    broker = streams.start({"events": stream()}, address_settings=limits)  # and only once
+    assert broker.queue_stats("events")["next-sequence"] == 200
+    assert not address_stats(broker, "events")["paging"]
+
+
 def test_a_stream_and_a_durable_subscription_on_a_paging_address_both_get_everything(
     scow_broker,
 ):
