@@ -58,6 +58,14 @@ class ResourceLimitExceeded(BrokerError):
     condition = "amqp:resource-limit-exceeded"
 
 
+class StorageFull(ResourceLimitExceeded):
+    """Storage has no room for a record: it was not stored, and storage goes on working.
+
+    Raised by a journal (or page store) whose file system is full, before it changes any
+    of its own state; the description names the directory and what ran out.
+    """
+
+
 class Unauthorized(BrokerError):
     """The client's user lacks a permission (or did not authenticate); the description
     names the permission, the user and the address."""

@@ -36,6 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from scow.core import disk_monitor
+from scow.core.disk_monitor import is_no_space
+from scow.core.model import StorageFull
+
 from .errors import JournalError
 from .files import FileState, JFile, fsync_dir, read_block, write_header
 from .format import (
@@ -269,10 +273,17 @@ def compact(j: FileJournal) -> bool:
         if not old or (len(old) == 1 and j._pos == DATA_START):
             return False  # nothing written yet
         reserved = len(old) + 2
+        if not _room_to_compact(j, old):
+            return False
+        try:
+            spare = j._take_spare()
+        except StorageFull:
+            return False
         first_epoch = j._next_epoch
         j._next_epoch += reserved
         j._seal_current()
-        j._start_file(j._take_spare())
+        j._start_file(spare)
+        j._update_add_limit()
         for f in old:
             f.state = FileState.COMPACTING
         j._compacting = True
@@ -338,12 +349,19 @@ def compact(j: FileJournal) -> bool:
             j._compacting = False
         log.warning("journal compaction abandoned", directory=j.directory, reason=str(exc))
         return False
-    except BaseException:
+    except BaseException as exc:
         out.discard()
         with j._lock:
             for f in old:
                 f.state = FileState.DATA
             j._compacting = False
+        if is_no_space(exc):  # before the install: the live state is untouched
+            log.warning(
+                "journal compaction abandoned: file system full",
+                directory=j.directory,
+                error=str(exc),
+            )
+            return False
         raise
     stage("installed")
 
@@ -397,6 +415,20 @@ def compact(j: FileJournal) -> bool:
     )
     stage("done")
     return True
+
+
+def _room_to_compact(j: FileJournal, old: list[JFile]) -> bool:
+    """Whether the file system can take the compacted copies with a file to spare (lock held).
+
+    Compaction writes its copies before it frees anything, and a file system that fills
+    after the copies are installed would fail the control file: better not to start.
+    """
+    live = j._live_ratio() * len(old) * (j._file_size - DATA_START)
+    need = (int(live) // j._file_size + 2) * j._file_size
+    try:
+        return disk_monitor.free_bytes(j.directory) >= need
+    except OSError:
+        return False
 
 
 def _install(

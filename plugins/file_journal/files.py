@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from enum import IntEnum
 
 from .format import DATA_START, FREE_EPOCH, encode_file_header, file_name_pattern
 
 _ZEROS = bytes(1 << 20)
+_fallocate = getattr(os, "posix_fallocate", None)
 
 
 class FileState(IntEnum):
@@ -78,17 +81,30 @@ def create_file(path: str, size: int) -> None:
 
     Zero-filling up front means later appends never extend the file, so fdatasync has no
     size metadata to write and the blocks are allocated before the hot path needs them.
+    The blocks are reserved first (fallocate), so a full file system refuses at once
+    instead of after most of the zeros; on any failure the partial file is removed, so a
+    full disk is never left fuller.
     """
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        if _fallocate is not None:
+            try:
+                _fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
+                    raise
         os.write(fd, encode_file_header(FREE_EPOCH))
         done = DATA_START
         while done < size:
             done += os.write(fd, _ZEROS[: min(len(_ZEROS), size - done)])
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
     os.rename(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
 

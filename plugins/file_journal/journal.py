@@ -12,6 +12,16 @@ Threads:
   a 10 MiB zero fill;
 * the maintenance thread reclaims dead files after each roll and starts compaction.
 
+A full file system: appends never meet it, since they write into files zero-filled in
+advance; making the next file does. When the files thread cannot make a spare for lack of
+space, the journal goes on with the file it has: it tells the disk monitor (which blocks
+producers), keeps the second half of the current file for records that free space or
+settle what exists (deletes, updates, commits, rollbacks) and refuses new records there,
+and refuses any record that would need a new file, with `StorageFull` and nothing changed.
+The files thread retries every `_RETRY` seconds (or as soon as reclaim frees a file) and
+lifts all of it once a spare is at hand. Nothing is ever half-done: a roll takes its spare
+before it seals the current file.
+
 Reclaim bookkeeping (see `files.JFile`): every reference from the live state to a file
 (a live add or update, an open transaction's record, a prepare record) counts one in that
 file's `pos`; deletes, commits and rollbacks add the earlier files they refer to to their
@@ -23,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import queue
 import struct
@@ -34,7 +45,10 @@ from typing import Any
 
 import structlog
 
+from scow.core import disk_monitor
+from scow.core.disk_monitor import is_no_space
 from scow.core.interfaces import Completion, LoadResult
+from scow.core.model import StorageFull
 
 from . import compactor
 from .errors import JournalError
@@ -73,6 +87,8 @@ _PACK_CRC = RECORD_CRC.pack
 _crc32 = zlib.crc32
 _NEVER = 1 << 62
 _SPARES = 1
+#: Seconds between attempts to make a spare file while the file system is full.
+_RETRY = 1.0
 
 _ADD = int(Kind.ADD)
 _UPDATE = int(Kind.UPDATE)
@@ -147,6 +163,15 @@ class FileJournal:
         self._file_size = settings.journal_file_size
         # room for the EOF record that seals a file is always kept free
         self._limit = self._file_size - HEADER_SIZE
+        #: Where new records stop in the current file: `_limit`, or while no spare can be
+        #: made (`_no_room`), `_limit - _reserve`, keeping the rest for records that free
+        #: space. The add path compares against it, so this costs it nothing.
+        self._add_limit = self._limit
+        self._reserve = (self._file_size - DATA_START) // 2
+        #: Why no spare file can be made (the file system is full), or None.
+        self._no_room: str | None = None
+        #: Record types whose adds are refused in the reserve (None: every add).
+        self._held: frozenset[int] | None = None
         self._sync_nontx = settings.journal_sync_non_transactional
         self._sync_tx = settings.journal_sync_transactional
         self._timeout = (settings.journal_buffer_timeout or 0) / 1e9
@@ -207,6 +232,12 @@ class FileJournal:
     def set_dispatcher(self, dispatch: Callable[[list[Completion]], None]) -> None:
         """Route completions: `dispatch` receives each durable batch's completions at once."""
         self._dispatch = dispatch
+
+    def hold_back(self, record_types: set[int] | frozenset[int]) -> None:
+        """While the file system is full, refuse adds of these record types (new data, such
+        as messages) once the current file is down to its reserve; other adds (bookkeeping
+        that consumers need) may use it. By default every add is held back."""
+        self._held = frozenset(record_types)
 
     def load(self) -> LoadResult:
         """Open (creating if needed) and recover; call once, before any append."""
@@ -310,6 +341,7 @@ class FileJournal:
                 "files": len(files),
                 "free-files": len(self._free) + len(self._ready),
                 "bytes-used": sum(f.used for f in files),
+                "no-room": self._no_room,
             }
 
     def append_add(
@@ -332,8 +364,8 @@ class FileJournal:
                     f"journal {self.directory}: add of record id {record_id}: "
                     "a live record already has that id"
                 )
-            if self._pos + size > self._limit:
-                self._roll(size)
+            if self._pos + size > self._add_limit:
+                self._make_room(size, _ADD, record_type)
             f = self._cur
             try:
                 rest = _PACK_REST(_ADD, record_type, 0, f.epoch, size, record_id, 0)  # type: ignore[union-attr]
@@ -386,10 +418,11 @@ class FileJournal:
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
                 self._raise_closed()
-            st = self._records.pop(record_id, None)
+            st = self._records.get(record_id)
             if st is None:
                 raise self._unknown("delete", record_id)
-            f = self._put(_DELETE, 0, 0, record_id, 0, b"")
+            f = self._put(_DELETE, 0, 0, record_id, 0, b"")  # may refuse: nothing changed yet
+            del self._records[record_id]
             self._kill(st, f)
             self._complete_with(sync and self._sync_nontx, on_done)
 
@@ -422,9 +455,7 @@ class FileJournal:
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
                 self._raise_closed()
-            tx = self._txs.get(tx_id)
-            if tx is None:
-                tx = self._txs[tx_id] = _Tx()
+            tx = self._txs.get(tx_id) or _Tx()
             if tx.prep is not None:
                 raise ValueError(
                     f"journal {self.directory}: prepare of transaction {tx_id}: "
@@ -432,6 +463,7 @@ class FileJournal:
                 )
             body = encode_pairs(tx.pairs(), data)
             f = self._put(Kind.PREPARE, 0, 0, 0, tx_id, body)
+            self._txs[tx_id] = tx
             tx.prep = f
             f.pos += 1
             self._complete_with(sync and self._sync_tx, on_done)
@@ -441,9 +473,10 @@ class FileJournal:
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
                 self._raise_closed()
-            tx = self._txs.pop(tx_id, None)
+            tx = self._txs.get(tx_id)
             body = encode_pairs(tx.pairs() if tx else [])
             f = self._put(Kind.COMMIT, 0, 0, 0, tx_id, body)
+            self._txs.pop(tx_id, None)
             if tx is not None:
                 self._apply_commit(tx, f)
             self._complete_with(sync and self._sync_tx, on_done)
@@ -453,8 +486,9 @@ class FileJournal:
         with self._lock:
             if self._state != _OPEN or self._failed is not None:
                 self._raise_closed()
-            tx = self._txs.pop(tx_id, None)
+            tx = self._txs.get(tx_id)
             f = self._put(Kind.ROLLBACK, 0, 0, 0, tx_id, b"")
+            self._txs.pop(tx_id, None)
             if tx is not None:
                 for _k, _rid, _rt, _fl, g in tx.ops:
                     g.pos -= 1
@@ -591,8 +625,8 @@ class FileJournal:
     ) -> JFile:
         """Append one record to the buffer (lock held); returns the file it goes into."""
         size = HEADER_SIZE + len(body)
-        if self._pos + size > self._limit:
-            self._roll(size)
+        if self._pos + size > self._add_limit:
+            self._make_room(size, kind, rtype)
         f = self._cur
         assert f is not None
         try:
@@ -698,14 +732,57 @@ class FileJournal:
 
     def _new_file(self) -> JFile:
         """Create a zero-filled free file (any thread; takes the lock for its number)."""
+        self._check_room()
         with self._lock:
             number = self._next_no
             self._next_no += 1
+        return self._create(number)
+
+    def _check_room(self) -> None:
+        """Tell the disk monitor a file is coming; OSError(ENOSPC) if it cannot fit.
+
+        One statvfs per file made: a full file system refuses before any zero is written
+        and before a file number is used.
+        """
+        disk_monitor.allocating(self.directory, self._file_size)
+        free = disk_monitor.free_bytes(self.directory)
+        if free < self._file_size:
+            raise OSError(
+                errno.ENOSPC,
+                f"{free} bytes free, a journal file needs {self._file_size}",
+                self.directory,
+            )
+
+    def _create(self, number: int) -> JFile:
         s = self.settings
         path = os.path.join(self.directory, file_name(s.prefix, number, s.extension))
         create_file(path, self._file_size)
         self.counters.files_created += 1
         return JFile(path, number, self._file_size)
+
+    def _no_room_for(self, exc: OSError) -> str:
+        """What a failed file creation means, for logs and refusals (no lock needed)."""
+        what = f"a new {self._file_size}-byte journal file ({exc.strerror or exc})"
+        return disk_monitor.describe_no_room(self.directory, what)
+
+    def _set_no_room(self, problem: str | None) -> None:
+        """Enter (a problem) or leave (None) the state where no spare can be made (lock held)."""
+        self._no_room = problem
+        self._update_add_limit()
+
+    def _update_add_limit(self) -> None:
+        """Without a spare at hand, new records stop at the reserve (lock held); see
+        `_make_room` for what happens there."""
+        if self._ready or self._free:
+            self._add_limit = self._limit
+        else:
+            self._add_limit = self._limit - self._reserve
+
+    def _storage_full(self) -> StorageFull:
+        return StorageFull(
+            f"journal {self.directory}: the record was not stored: {self._no_room}; "
+            "producers resume once space returns"
+        )
 
     def _delete_file(self, f: JFile) -> None:
         os.unlink(f.path)
@@ -714,31 +791,69 @@ class FileJournal:
         self.counters.files_deleted += 1
 
     def _take_spare(self) -> JFile:
-        """A file to roll into (lock held): a spare, a free one, or a new one made now."""
+        """A file to roll into (lock held): a spare, a free one, or a new one made now.
+
+        Raises StorageFull, changing nothing, when there is none and none can be made.
+        """
         if self._ready:
             f = self._ready.popleft()
         elif self._free:
             f = self._free.popleft()
+        elif self._no_room is not None:
+            raise self._storage_full()
         else:
             # The files thread fell behind: better a pause than an unbounded buffer.
-            number = self._next_no
+            try:
+                self._check_room()
+                f = self._create(self._next_no)
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self._set_no_room(self._no_room_for(exc))
+                self._files_cond.notify()  # the files thread reports it and retries
+                raise self._storage_full() from None
             self._next_no += 1
-            s = self.settings
-            path = os.path.join(self.directory, file_name(s.prefix, number, s.extension))
-            create_file(path, self._file_size)
-            self.counters.files_created += 1
             self.counters.files_created_inline += 1
             structlog.get_logger().info(
-                "journal spare file not ready; created one inline", file=path
+                "journal spare file not ready; created one inline", file=f.path
             )
-            f = JFile(path, number, self._file_size)
         self._files_cond.notify()
         return f
+
+    def _make_room(self, size: int, kind: int, record_type: int) -> None:
+        """A record of `size` bytes goes past `_add_limit` (lock held): roll when the file
+        is full; else let it into the reserve, or refuse it when it is new data and no
+        spare file can be made.
+
+        The reserve exists while no spare is at hand. The first new record to reach it
+        looks at the file system (once per file): with room for a file, the files thread
+        is still making the spare and the reserve is lifted; without, the journal knows it
+        is out of room before the files thread says so, and what frees space still fits.
+        """
+        if self._pos + size > self._limit:
+            self._roll(size)
+            return
+        if kind not in (_ADD, _ADD_TX) or (
+            self._held is not None and record_type not in self._held
+        ):
+            return  # frees space or settles what exists: the reserve is for it
+        if self._ready or self._free:
+            self._add_limit = self._limit
+            return
+        if self._no_room is None:
+            if disk_monitor.free_bytes(self.directory) >= self._file_size:
+                self._add_limit = self._limit
+                return
+            error = OSError(errno.ENOSPC, "no room for the next file")
+            self._set_no_room(self._no_room_for(error))
+            self._files_cond.notify()  # the files thread reports it and retries
+        raise self._storage_full()
 
     def _open_first_file(self) -> None:
         """Start writing into a fresh file (lock held); old files are never appended to."""
         f = self._take_spare()
         self._start_file(f)
+        self._update_add_limit()
 
     def _start_file(self, f: JFile) -> None:
         f.epoch = self._next_epoch
@@ -780,8 +895,10 @@ class FileJournal:
                 f"{self._limit - DATA_START} bytes fit with journal-file-size "
                 f"{self._file_size}"
             )
+        spare = self._take_spare()  # first: without one, the current file stays open
         self._seal_current()
-        self._start_file(self._take_spare())
+        self._start_file(spare)
+        self._update_add_limit()
         self._maint_kicks += 1
         self._maint_cond.notify()
 
@@ -956,6 +1073,9 @@ class FileJournal:
                 self._done_cond.notify_all()
 
     def _files_loop(self) -> None:
+        owner = f"journal {self.directory}"
+        reported = False  # the disk monitor was told we are out of room
+        log = structlog.get_logger()
         try:
             while True:
                 with self._lock:
@@ -965,11 +1085,42 @@ class FileJournal:
                         return
                     f = self._free.popleft() if self._free else None
                 if f is None:
-                    f = self._new_file()
+                    try:
+                        f = self._new_file()
+                    except OSError as exc:
+                        if not is_no_space(exc):
+                            raise
+                        problem = self._no_room_for(exc)
+                        with self._lock:
+                            self._set_no_room(problem)
+                            # deletes may have left whole files to reclaim: a file back
+                            # in the pool (or space freed) ends this at once
+                            self._maint_kicks += 1
+                            self._maint_cond.notify()
+                        if not reported:
+                            reported = True
+                            log.warning(
+                                "journal file system full: new records refused until space returns",
+                                directory=self.directory,
+                                reason=problem,
+                            )
+                            disk_monitor.out_of_space(self.directory, owner, problem)
+                        with self._lock:
+                            if not self._stopping and not self._free:
+                                self._files_cond.wait(_RETRY)
+                        continue
                 with self._lock:
                     self._ready.append(f)
+                    self._set_no_room(None)  # and lifts the reserve
+                if reported:
+                    reported = False
+                    log.info("journal has room again", directory=self.directory)
+                    disk_monitor.out_of_space(self.directory, owner, None)
         except BaseException as exc:
             self._fail(exc)
+        finally:
+            if reported:
+                disk_monitor.out_of_space(self.directory, owner, None)
 
     def _maint_loop(self) -> None:
         seen = 0
@@ -982,9 +1133,19 @@ class FileJournal:
                         return
                     seen = self._maint_kicks
                 with self._maint_lock:
-                    self._reclaim()
-                    if self._should_compact():
-                        compactor.compact(self)
+                    try:
+                        self._reclaim()
+                        if self._should_compact():
+                            compactor.compact(self)
+                    except OSError as exc:
+                        if not is_no_space(exc):
+                            raise
+                        # nothing of the live state changed: the next kick tries again
+                        structlog.get_logger().warning(
+                            "journal maintenance postponed: file system full",
+                            directory=self.directory,
+                            error=str(exc),
+                        )
         except BaseException as exc:
             self._fail(exc)
 
@@ -1020,6 +1181,9 @@ class FileJournal:
         self.flush()
         for f in victims:
             self._recycle(f)
+        with self._lock:
+            if self._no_room is not None:
+                self._files_cond.notify()  # recycled or deleted: the files thread retries now
         structlog.get_logger().debug(
             "journal reclaimed files", directory=self.directory, files=[f.name for f in victims]
         )
@@ -1042,6 +1206,7 @@ class FileJournal:
         self.counters.files_recycled += 1
         with self._lock:
             self._free.append(f)
+            self._update_add_limit()
             self._files_cond.notify()
 
     # ================================================================== compaction
@@ -1061,7 +1226,7 @@ class FileJournal:
     def _should_compact(self) -> bool:
         s = self.settings
         with self._lock:
-            if s.journal_compact_min_files == 0 or self._stopping:
+            if s.journal_compact_min_files == 0 or self._stopping or self._no_room is not None:
                 return False
             if len(self._files) - 1 < s.journal_compact_min_files:
                 return False
