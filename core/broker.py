@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.message import MEMORY_OVERHEAD, Message, MessageFormat, MessageRef, PagedRef
+from scow.core.message import (
+    MEMORY_OVERHEAD,
+    Message,
+    MessageFormat,
+    MessageRef,
+    PagedRef,
+    SharedMessage,
+)
 from scow.core.model import (
     AddressInfo,
     ConnectionInfo,
@@ -31,6 +38,7 @@ from scow.core.model import (
     ResourceLocked,
     RouteStatus,
     RoutingType,
+    StorageFull,
     derived_global_max_size,
 )
 from scow.core.queue_types import typed, with_defaults
@@ -123,6 +131,8 @@ class Broker:
         self.messages_unrouted = 0
         self.messages_expired = 0
         self.messages_dead_lettered = 0
+        #: Acknowledgements storage had no room for (see `_ack_not_stored`).
+        self.acks_not_stored = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
         self._connection_numbers = itertools.count(1)
@@ -176,11 +186,11 @@ class Broker:
             limits=self.limits,
         )
         address.full_policy = self._full_policy_for(address)
-        self.addresses[name] = address
         if record_id is None:
-            self._store_address(address)
+            self._store_address(address)  # first: storage may refuse (StorageFull)
         else:
             address.record_id = record_id
+        self.addresses[name] = address
         log.debug("address created", address=name, routing=sorted(r.value for r in routing_types))
         return address
 
@@ -359,10 +369,10 @@ class Broker:
         queue.id = record_id if record_id is not None else self.next_id()
         queue.durable = durable
         queue.filter = queue_filter
+        if durable and record_id is None:  # first: storage may refuse (StorageFull)
+            self.storage.store_queue(queue.id, _queue_description(spec))
         self.queues[spec.name] = queue
         address.bind(queue)
-        if durable and record_id is None:
-            self.storage.store_queue(queue.id, _queue_description(spec))
         log.debug("queue created", queue=spec.name, address=spec.address)
         return queue
 
@@ -486,7 +496,11 @@ class Broker:
         if isinstance(routed, RouteStatus):
             return routed
         message, queues, full = routed
-        return self._accept(message, queues, address, on_stored, full)
+        try:
+            return self._accept(message, queues, address, on_stored, full)
+        except StorageFull:
+            self.messages_routed -= 1  # refused before anything was enqueued or counted
+            raise
 
     def _accept(
         self,
@@ -590,19 +604,12 @@ class Broker:
         on_stored: Completion | None,
         tx_id: int | None,
     ) -> tuple[Message, bool]:
-        """Account for `message` and journal it if durable.
+        """Journal `message` if durable, then account for it.
 
         Returns the message to enqueue in `queues` (shared when there are several) and
-        whether it was journaled.
+        whether it was journaled. Raises StorageFull, with nothing accounted, when the
+        journal has no room for it.
         """
-        size = len(message.data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
-        address.size += size
-        address.message_count += 1
-        limits = self.limits
-        limits.size += size
-        limits.messages += 1
-        if limits.size > limits.flow_above:
-            self.flow_to_disk(message)  # type: ignore[misc]
         durable_ids = []
         if message.kind.durable and self.persistent:
             durable_ids = [q.id for q in queues if q.durable]
@@ -617,6 +624,14 @@ class Broker:
                     on_stored,
                     tx_id=tx_id,
                 )
+        size = len(message.data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
+        address.size += size
+        address.message_count += 1
+        limits = self.limits
+        limits.size += size
+        limits.messages += 1
+        if limits.size > limits.flow_above:
+            self.flow_to_disk(message)  # type: ignore[misc]
         return message.shared(len(queues), len(durable_ids)), bool(durable_ids)
 
     def _in_journal(self, ref: MessageRef) -> bool:
@@ -635,31 +650,47 @@ class Broker:
         acknowledgements take effect once it is on disk, then `on_done` runs. Raises
         BrokerError (and changes nothing) if a message can no longer be routed.
         """
-        routed: list[tuple[Message, list[Any], bool, AddressInfo]] = []
+        kept: list[tuple[Message, list[Any], AddressInfo]] = []
+        paged: list[tuple[Message, list[Any], Any]] = []
         for data, address_name, fmt, routing_type in tx.sends:
             address = self.address_for(address_name, routing_type)
             result = self._route(data, address, fmt, routing_type)
-            if not isinstance(result, RouteStatus):
-                routed.append((*result, address))
-        visible: list[tuple[Message, list[Any]]] = []
-        pagers: list[Any] = []
-        barrier = _Barrier()
-        journaled = False
-        for message, queues, full, address in routed:
+            if isinstance(result, RouteStatus):
+                continue
+            message, queues, full = result
             pager = address.pager
             if pager is not None and (full or pager.paging):
-                pager.page(message, queues, barrier.add(), tx.id)
-                if pager not in pagers:
-                    pagers.append(pager)
+                paged.append((message, queues, pager))
             else:
-                message, stored = self._store(message, queues, address, None, tx.id)
-                visible.append((message, queues))
+                kept.append((message, queues, address))
+        # The journal first: it may refuse (StorageFull) while nothing is visible yet.
+        visible: list[tuple[Message, list[Any]]] = []
+        stored_sizes: list[tuple[int, AddressInfo]] = []
+        journaled_acks: list[MessageRef] = []
+        journaled = False
+        try:
+            for message, queues, address in kept:
+                size = len(message.data)
+                shared, stored = self._store(message, queues, address, None, tx.id)
+                stored_sizes.append((size, address))
+                visible.append((shared, queues))
                 journaled |= stored
-        if pagers and self.persistent:
-            self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
-            journaled = True
-        for ref in tx.acks:
-            journaled |= self._journal_ack(ref, tx.id)
+            if paged and self.persistent:
+                self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
+                journaled = True
+            for ref in tx.acks:
+                if self._journal_ack(ref, tx.id):
+                    journaled = True
+                    journaled_acks.append(ref)
+        except StorageFull:
+            self._abandon_commit(tx, stored_sizes, journaled_acks, len(kept) + len(paged))
+            raise
+        barrier = _Barrier()
+        pagers: list[Any] = []
+        for message, queues, pager in paged:
+            pager.page(message, queues, barrier.add(), tx.id)
+            if pager not in pagers:
+                pagers.append(pager)
         acks, tx.acks, tx.sends = tx.acks, [], []
 
         def finish() -> None:
@@ -677,6 +708,36 @@ class Broker:
         if barrier.arm(finish):
             return RouteStatus.ROUTED
         return RouteStatus.PENDING
+
+    def _abandon_commit(
+        self,
+        tx: Transaction,
+        stored: list[tuple[int, AddressInfo]],
+        acks: list[MessageRef],
+        routed: int,
+    ) -> None:
+        """Storage refused part of a commit: undo the part it took (the caller rolls the
+        transaction back, so its acknowledged messages go back to their queues)."""
+        for size, address in stored:
+            self._unaccount(size, address)
+        for ref in acks:
+            self._restore_stored_ref(ref)
+        self.messages_routed -= routed
+        if self.persistent:
+            try:
+                self.storage.rollback(tx.id)
+            except StorageFull:
+                # its records stay uncommitted: recovery rolls them back
+                log.warning("transaction rollback not journaled: storage full", tx=tx.id)
+
+    def _unaccount(self, size: int, address: AddressInfo) -> None:
+        """The reverse of `_store`'s accounting, for a message never enqueued."""
+        size += MEMORY_OVERHEAD
+        address.size -= size
+        address.message_count -= 1
+        limits = self.limits
+        limits.size -= size
+        limits.messages -= 1
 
     def rollback(self, tx: Transaction) -> None:
         """Forget the transaction's messages; its acknowledged messages go back (+1 count)."""
@@ -818,7 +879,10 @@ class Broker:
         if tx is not None:
             tx.acks.append(ref)
             return
-        self._journal_ack(ref, None)
+        try:
+            self._journal_ack(ref, None)
+        except StorageFull as exc:
+            self._ack_not_stored(ref, exc)
         self._settle_ack(ref)
 
     def _settle_ack(self, ref: MessageRef) -> None:
@@ -838,18 +902,21 @@ class Broker:
                 queue.messages_killed += 1
                 self._dead_letter(ref)
                 return
-            if ref.__class__ is PagedRef:
-                if ref.cursor.store_delivery_count(ref, lambda: self._put_back(ref, delivered)):
+            try:
+                if ref.__class__ is PagedRef:
+                    if ref.cursor.store_delivery_count(ref, lambda: self._put_back(ref, delivered)):
+                        return
+                elif self._in_journal(ref):
+                    # offered again only once its new count is on disk
+                    self.storage.update_delivery_count(
+                        ref.message.id,
+                        queue.id,
+                        ref.delivery_count,
+                        on_done=lambda: self._put_back(ref, delivered),
+                    )
                     return
-            elif self._in_journal(ref):
-                # offered again only once its new count is on disk
-                self.storage.update_delivery_count(
-                    ref.message.id,
-                    queue.id,
-                    ref.delivery_count,
-                    on_done=lambda: self._put_back(ref, delivered),
-                )
-                return
+            except StorageFull:
+                pass  # storage is full: offered again now, the count kept in memory only
         self._put_back(ref, delivered)
 
     def _put_back(self, ref: MessageRef, delivered: bool) -> None:
@@ -875,18 +942,52 @@ class Broker:
         self._dereference(ref)
 
     def _dereference(self, ref: MessageRef) -> None:
-        self._journal_ack(ref, None)
+        try:
+            self._journal_ack(ref, None)
+        except StorageFull as exc:
+            self._ack_not_stored(ref, exc)
         self._release_memory(ref)
 
     def _journal_ack(self, ref: MessageRef, tx_id: int | None) -> bool:
-        """Journal that `ref`'s queue is done with the message; True if anything was written."""
+        """Journal that `ref`'s queue is done with the message; True if anything was written.
+
+        Raises StorageFull, with the message's journal references as they were, when
+        storage has no room even for that."""
         if ref.__class__ is PagedRef:
             return ref.cursor.journal_ack(ref, tx_id)
         message = ref.message
         if not (message.kind.durable and ref.queue.durable):  # self._in_journal(ref), inlined
             return False
-        self.storage.acknowledge(message.id, ref.queue.id, message.drop_stored_ref(), tx_id=tx_id)
+        last = message.drop_stored_ref()
+        try:
+            self.storage.acknowledge(message.id, ref.queue.id, last, tx_id=tx_id)
+        except StorageFull:
+            self._restore_stored_ref(ref)
+            raise
         return True
+
+    @staticmethod
+    def _restore_stored_ref(ref: MessageRef) -> None:
+        """Undo `drop_stored_ref` for an acknowledgement the journal did not take."""
+        message = ref.message
+        if isinstance(message, SharedMessage) and ref.__class__ is not PagedRef:
+            message.stored_refs += 1
+
+    def _ack_not_stored(self, ref: MessageRef, exc: StorageFull) -> None:
+        """The journal had no room left even for an acknowledgement (its reserve is gone).
+
+        The message leaves the queue all the same (the consumer is done with it); its
+        record stays, so a restart before the journal has room again delivers it again:
+        at least once, never lost. Blocking acknowledgements instead would stop consumers,
+        which is what frees space."""
+        self.acks_not_stored += 1
+        if self.acks_not_stored == 1 or self.acks_not_stored % 10_000 == 0:
+            log.warning(
+                "acknowledgement not journaled: storage full; redelivered after a restart",
+                queue=ref.queue.name,
+                count=self.acks_not_stored,
+                reason=exc.description,
+            )
 
     def _release_memory(self, ref: MessageRef) -> None:
         message = ref.message
@@ -967,7 +1068,20 @@ class Broker:
                     priority=message.priority,
                 )
                 target_address = self.addresses[target]
-                self._accept(copy, queues, target_address, None, target_address.is_full())
+                try:
+                    self._accept(copy, queues, target_address, None, target_address.is_full())
+                except StorageFull as exc:
+                    # The copy cannot be stored: the message leaves memory but keeps its
+                    # journal record, so a restart puts it back where it was. Nothing is
+                    # lost, and nothing loops (putting it back would meet it again).
+                    log.warning(
+                        "message not moved: storage full; it stays in its queue's journal",
+                        queue=queue.name,
+                        target=target,
+                        reason=exc.description,
+                    )
+                    self._release_memory(ref)
+                    return
             else:
                 log.warning("no queue on dead-letter/expiry address", address=target)
         self._dereference(ref)

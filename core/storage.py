@@ -16,6 +16,9 @@ Message journal records:
   CURSOR_COUNT   update  (offset, delivery count) of a paged message
   PAGE_TX        add     id = a transaction id: its page records are committed; written
                          in the transaction, deleted once its pages are gone
+A journal refuses a record it has no room for with `StorageFull` (changing nothing), so
+every method here either stores what it was asked to or raises without effect.
+
 Bindings journal records:
   ADDRESS, QUEUE add     JSON descriptions; deleted when the address or queue is
   ID_BLOCK       update  the end of the block of ids handed out, replaceable
@@ -162,6 +165,12 @@ class StorageManager:
         self._next_id = 1
         self._id_limit = 0
         self._have_block = False  # the ID_BLOCK record exists in the bindings journal
+        # On a full file system a journal that can refuse only some records (the file
+        # journal) refuses new messages first: acknowledgements, delivery counts and cursor
+        # records are what frees space, so they keep the room that is left.
+        hold_back = getattr(messages, "hold_back", None)
+        if hold_back is not None:
+            hold_back({MESSAGE, PAGE_TX})
         # The two journals sync apart: a message must not be confirmed before the bindings
         # records it relies on (its auto-created queue, the id block covering its id) are
         # durable too, or a crash right after the confirmation loses it. Records appended
@@ -205,8 +214,8 @@ class StorageManager:
     def next_id(self) -> int:
         """A fresh id for a message, queue or address, never reused across restarts."""
         if self._next_id >= self._id_limit and self._bindings is not None:
-            self._id_limit = self._next_id + ID_BLOCK_SIZE
-            block = _QID.pack(self._id_limit)
+            limit = self._next_id + ID_BLOCK_SIZE
+            block = _QID.pack(limit)
             if self._have_block:
                 self.bindings.append_update(
                     ID_BLOCK_RECORD,
@@ -222,6 +231,7 @@ class StorageManager:
                 )
                 self._have_block = True
             self._bindings_appended += 1
+            self._id_limit = limit  # only once appended: a refused block hands out no id
         value = self._next_id
         self._next_id += 1
         return value
