@@ -762,7 +762,9 @@ class FileJournal:
 
     def _no_room_for(self, exc: OSError) -> str:
         """What a failed file creation means, for logs and refusals (no lock needed)."""
-        what = f"a new {self._file_size}-byte journal file ({exc.strerror or exc})"
+        what = f"a new {self._file_size}-byte journal file"
+        if exc.errno == errno.EDQUOT:  # free bytes do not tell it: say so
+            what += f" ({exc.strerror})"
         return disk_monitor.describe_no_room(self.directory, what)
 
     def _set_no_room(self, problem: str | None) -> None:
@@ -780,8 +782,7 @@ class FileJournal:
 
     def _storage_full(self) -> StorageFull:
         return StorageFull(
-            f"journal {self.directory}: the record was not stored: {self._no_room}; "
-            "producers resume once space returns"
+            f"journal: not stored: {self._no_room}; producers resume once space returns"
         )
 
     def _delete_file(self, f: JFile) -> None:

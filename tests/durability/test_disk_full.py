@@ -1,0 +1,230 @@
+"""`scow run` with its data dir on a small file system that fills (a tmpfs, root only).
+
+A durable producer sends until the disk is full: it is blocked (no credit) or refused with
+amqp:resource-limit-exceeded, never closed; the broker stays up; once space returns the
+producer goes on by itself; and after a SIGKILL every accepted message is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+from scow.core.testing import BrokerProcess, broker_processes, wait_for
+from tests.wire.helpers import consume_all
+
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
+BODY = "d" * 4000
+ADDRESS = "full"
+
+
+@contextlib.contextmanager
+def small_data_dir(tmp_path: Path, size: str) -> Iterator[Path]:
+    """tmp_path/data on a tmpfs of `size`; skips the test where mounting is not allowed."""
+    data = tmp_path / "data"
+    data.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(data)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield data
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def leave_free(data: Path, free: int) -> Path:
+    """A filler file on `data`'s file system leaving about `free` bytes free."""
+    filler = data / "filler"
+    size = free_bytes(data) - free
+    with open(filler, "wb") as f:
+        for _ in range(size // (1 << 20)):
+            f.write(bytes(1 << 20))
+        f.write(bytes(size % (1 << 20)))
+    return filler
+
+
+class Producer(MessagingHandler):
+    """Sends numbered durable messages as fast as credit allows, from its own thread;
+    notes what was accepted and what was refused, and how."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.accepted: list[int] = []
+        self.refused: list[tuple[str, str]] = []  # (condition, description)
+        self.errors: list[str] = []
+        self._pending: dict[object, int] = {}
+        self._next = 0
+        self._stop = False
+        self._blocked_since: float | None = None
+        self._thread = threading.Thread(target=Container(self).run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self) -> None:
+        self._stop = True
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the producer did not stop"
+
+    def blocked(self) -> bool:
+        """No credit and nothing unsettled for a second: the broker withholds credit."""
+        since = self._blocked_since
+        return since is not None and time.monotonic() - since > 1.0
+
+    def on_start(self, event: Any) -> None:
+        self.sender = event.container.create_sender(event.container.connect(self.url), ADDRESS)
+        event.container.schedule(0.05, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        if self._stop:
+            self.sender.connection.close()
+            return
+        if self.sender.credit or self._pending:
+            self._blocked_since = None
+        elif self._blocked_since is None:
+            self._blocked_since = time.monotonic()
+        event.container.schedule(0.05, self)
+
+    def on_sendable(self, event: Any) -> None:
+        while event.sender.credit and not self._stop:
+            message = Message(body=BODY, durable=True, properties={"n": self._next})
+            self._pending[event.sender.send(message)] = self._next
+            self._next += 1
+
+    def on_accepted(self, event: Any) -> None:
+        self.accepted.append(self._pending.pop(event.delivery))
+
+    def on_rejected(self, event: Any) -> None:
+        self._pending.pop(event.delivery)
+        condition = event.delivery.remote.condition
+        self.refused.append(
+            (condition.name, condition.description) if condition else ("(none)", "")
+        )
+
+    def on_released(self, event: Any) -> None:
+        self.errors.append(f"released {self._pending.pop(event.delivery)}")
+
+    def on_link_error(self, event: Any) -> None:
+        self.errors.append(f"link closed: {event.link.remote_condition}")
+
+    def on_connection_error(self, event: Any) -> None:
+        self.errors.append(f"connection closed: {event.connection.remote_condition}")
+
+    def on_transport_error(self, event: Any) -> None:
+        self.errors.append(f"transport: {event.transport.condition}")
+
+    def on_disconnected(self, event: Any) -> None:
+        if not self._stop:
+            self.errors.append("disconnected")
+        event.container.stop()
+
+
+def start_broker(
+    start, port: int | None = None, credit: int = 1000, **broker: object
+) -> BrokerProcess:
+    return start(
+        port=port,
+        plugins=PLUGINS,
+        sections={
+            "broker": {"disk-scan-period": 200, **broker},
+            "journal": {"journal-file-size": "1MiB"},
+            "amqp": {"producer-credit": credit},
+        },
+    )
+
+
+def check_recovered(start, broker: BrokerProcess, accepted: list[int], log: Path) -> None:
+    broker.kill()
+    restarted = start_broker(start, broker.port, **{"max-disk-usage": -1})
+    try:
+        got = [m.properties["n"] for m in consume_all(restarted.url, ADDRESS)]
+    finally:
+        restarted.stop()
+    assert len(got) == len(set(got)), "a message was recovered twice"
+    missing = set(accepted) - set(got)
+    assert not missing, f"{len(missing)} accepted messages lost, e.g. {sorted(missing)[:5]}"
+    assert "journal failed" not in log.read_text()
+
+
+def test_a_full_disk_refuses_or_blocks_producers_and_they_resume_when_space_returns(
+    tmp_path: Path,
+) -> None:
+    # The disk limits are off: only the journal's own check of every file it makes stands
+    # between the producer and ENOSPC. The credit it holds when blocked (up to 1,000 x 4 kB)
+    # is more than the journal takes in: the rest is refused.
+    log = tmp_path / "broker.log"
+    with small_data_dir(tmp_path, "24m") as data, broker_processes(tmp_path) as start:
+        broker = start_broker(start, **{"max-disk-usage": -1})
+        filler = leave_free(data, 6 << 20)
+        producer = Producer(broker.url)
+        producer.start()
+        try:
+            wait_for(producer.blocked, timeout=30, what="the producer to be blocked")
+            assert producer.errors == []
+            assert producer.refused
+            assert {c for c, _ in producer.refused} == {"amqp:resource-limit-exceeded"}
+            for _condition, description in producer.refused:
+                assert str(data / "journal") in description and "no room" in description
+            blocked_at = len(producer.accepted)
+            assert blocked_at > 500  # the 6 MiB that were free were used
+            assert "producers blocked" in log.read_text()
+            assert broker.proc is not None and broker.proc.poll() is None
+
+            filler.unlink()
+            wait_for(
+                lambda: len(producer.accepted) > blocked_at + 200,
+                timeout=15,
+                what="the producer to go on once space returned",
+            )
+        finally:
+            producer.finish()
+        assert producer.errors == []
+        assert broker.proc.poll() is None, "the broker died"
+        check_recovered(start, broker, producer.accepted, log)
+
+
+def test_the_disk_limit_blocks_producers_before_the_disk_is_full(tmp_path: Path) -> None:
+    log = tmp_path / "broker.log"
+    with small_data_dir(tmp_path, "24m") as data, broker_processes(tmp_path) as start:
+        broker = start_broker(start, credit=50, **{"min-disk-free": "4MiB"})
+        filler = leave_free(data, 8 << 20)
+        producer = Producer(broker.url)
+        producer.start()
+        try:
+            wait_for(producer.blocked, timeout=30, what="the producer to be blocked")
+            # blocked with room to spare: nothing refused, the journal never ran out
+            assert producer.refused == []
+            assert free_bytes(data) > 2 << 20
+            blocked_at = len(producer.accepted)
+            assert "producers blocked" in log.read_text()
+            filler.unlink()
+            wait_for(
+                lambda: len(producer.accepted) > blocked_at + 200,
+                timeout=15,
+                what="the producer to go on once space returned",
+            )
+        finally:
+            producer.finish()
+        assert producer.errors == []
+        check_recovered(start, broker, producer.accepted, log)
