@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from scow.core import disk_monitor
 from scow.core.page_frames import frame_all, valid_length
 
 log = structlog.get_logger("scow.paging")
@@ -181,6 +182,10 @@ class FilePageStore:
             )
 
     def _open_page(self, page: int) -> None:
+        if not self._pages or page > self._pages[-1]:
+            # a new page file: the disk monitor checks now, with room for one more page
+            # as large as the last (not only at its next scan)
+            disk_monitor.allocating(self.folder, self._size)
         self._close_fd()
         path = self._path(page)
         try:

@@ -5,6 +5,13 @@ appends each store's records with one write per page, syncs the stores that hold
 durable record (once each: group commit, waiting `page-sync-timeout` first so that one
 sync covers more producers), and hands the completions back to the event loop in one
 call. Deletions go through the same thread, so they are ordered after the writes.
+
+A full file system does not stop it. An append that meets ENOSPC (the store cuts what it
+half wrote) is held with everything queued after it for that store, producers are held
+back, and the held records are written again every `RETRY` seconds until space returns;
+their completions run only then. Nothing is refused: the pager has already counted the
+records and may have handed them to consumers from memory, and a non-durable one was
+already accepted. Deletes of other pages of that store go ahead (they free space).
 """
 
 from __future__ import annotations
@@ -12,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
+from scow.core.disk_monitor import is_no_space
 from scow.core.interfaces import Completion, PageStore
 
 log = structlog.get_logger("scow.paging")
@@ -23,6 +30,10 @@ log = structlog.get_logger("scow.paging")
 
 #: Page records waiting for the writer, in bytes, before producers are held back.
 MAX_BACKLOG = 32 << 20
+#: Seconds between attempts to write what a full file system refused.
+RETRY = 1.0
+
+_Item = tuple[PageStore, int, bytes | None, bool, Completion | None]
 
 
 class PageWriter:
@@ -45,15 +56,20 @@ class PageWriter:
         self.backlog = 0
         self._max_backlog = max_backlog
         self._hold_producers = hold_producers
-        self._holding = False
+        self._holding = False  # the backlog holds producers back
+        self._stalled = False  # the file system is full (kept on the loop)
+        self._held_back = False  # what hold_producers was last told
         self._cond = threading.Condition()
         # (store, page, record, sync, on_done); record None: delete the page (close the
         # store when page is -1)
-        self._queue: list[tuple[PageStore, int, bytes | None, bool, Completion | None]] = []
+        self._queue: list[_Item] = []
         #: Items the loop submitted since its last hand-over: one lock per loop turn, not
         #: one per message.
-        self._submitted: list[tuple[PageStore, int, bytes | None, bool, Completion | None]] = []
+        self._submitted: list[_Item] = []
+        #: Items a full file system refused, in order (writer thread only).
+        self._held: list[_Item] = []
         self._stopping = False
+        self._no_room = ""  # the last refusal, for logs
         self.syncs = 0
         self.writes = 0
         self._thread = threading.Thread(target=self._run, name="scow-page-writer", daemon=True)
@@ -69,13 +85,24 @@ class PageWriter:
         self.backlog += len(record)
         if self.backlog > self._max_backlog and not self._holding:
             self._holding = True
-            self._hold_producers(True)
+            self._update_hold()
 
     def _written(self, size: int) -> None:
         self.backlog -= size
         if self._holding and self.backlog <= self._max_backlog // 2:
             self._holding = False
-            self._hold_producers(False)
+            self._update_hold()
+
+    def _set_stalled(self, stalled: bool) -> None:
+        """On the loop: the file system refused an append (True), or took it again."""
+        self._stalled = stalled
+        self._update_hold()
+
+    def _update_hold(self) -> None:
+        hold = self._holding or self._stalled
+        if hold != self._held_back:
+            self._held_back = hold
+            self._hold_producers(hold)
 
     def delete(self, store: PageStore, page: int, on_done: Completion | None = None) -> None:
         if not self._submitted:
@@ -102,54 +129,102 @@ class PageWriter:
         self._thread.join()
 
     def _run(self) -> None:
+        stalled = False
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self._queue and not self._stopping and not self._held:
                     self._cond.wait()
-                if not self._queue and self._stopping:
-                    return
+                if self._held and not self._queue and not self._stopping:
+                    self._cond.wait(RETRY)  # new work tries at once, else every RETRY s
+                if not self._queue and not self._held and self._stopping:
+                    break
                 if self._sync_delay and any(item[3] for item in self._queue):
                     # let more durable records join this sync (group commit)
                     self._cond.wait(self._sync_delay)
-                batch, self._queue = self._queue, []
+                batch, self._queue = self._held + self._queue, []
+                self._held = []
+                stopping = self._stopping
             try:
                 self._write(batch)
             except OSError:
                 log.exception("page write failed")
                 raise
+            if bool(self._held) != stalled:
+                stalled = not stalled
+                if stalled:
+                    log.warning(
+                        "page write refused: file system full; producers held back and "
+                        "the write retried until space returns",
+                        error=self._no_room,
+                    )
+                else:
+                    log.info("page writes go on: the file system has room again")
+                self._loop.call_soon_threadsafe(self._set_stalled, stalled)
+            if stopping and self._held:
+                log.error(
+                    "page records not written at shutdown: file system full",
+                    records=sum(1 for item in self._held if item[2] is not None),
+                    error=self._no_room,
+                )
+                self._held = []
+                break
 
-    def _write(self, batch: list[Any]) -> None:
+    def _write(self, batch: list[_Item]) -> None:
         completions: list[Completion] = []
         written = 0
         to_sync: dict[int, PageStore] = {}
-        pending: list[bytes] = []
-        current: tuple[Any, int] | None = None
+        pending: list[_Item] = []
+        #: stores with a held append -> the pages it held (later items wait behind it)
+        stalled: dict[int, set[int]] = {}
 
         def flush_pending() -> None:
-            if pending and current is not None:
-                current[0].append(current[1], pending)
+            nonlocal written
+            if not pending:
+                return
+            store, page = pending[0][0], pending[0][1]
+            try:
+                store.append(page, [item[2] for item in pending])  # type: ignore[misc]
+            except OSError as exc:
+                if not is_no_space(exc):
+                    raise
+                self._no_room = str(exc)
+                stalled.setdefault(id(store), set()).add(page)
+                self._held.extend(pending)
+            else:
                 self.writes += 1
-                pending.clear()
+                for item in pending:
+                    written += len(item[2])  # type: ignore[arg-type]
+                    if item[3]:
+                        to_sync[id(store)] = store
+                    if item[4] is not None:
+                        completions.append(item[4])
+            pending.clear()
 
-        for store, page, record, sync, on_done in batch:
+        for item in batch:
+            store, page, record, _sync, on_done = item
+            held_pages = stalled.get(id(store))
+            if held_pages is not None and (record is not None or page < 0 or page in held_pages):
+                self._held.append(item)  # in order, behind what was held
+                if record is not None:
+                    held_pages.add(page)
+                continue
             if record is None:
                 flush_pending()
-                current = None
                 if page < 0:
                     store.close()
                 else:
                     store.delete(page)
                     store.sync()
-            else:
-                if current != (store, page):
-                    flush_pending()
-                    current = (store, page)
-                pending.append(record)
-                written += len(record)
-                if sync:
-                    to_sync[id(store)] = store
-            if on_done is not None:
-                completions.append(on_done)
+                if on_done is not None:
+                    completions.append(on_done)
+                continue
+            if pending and (pending[0][0] is not store or pending[0][1] != page):
+                flush_pending()
+                if id(store) in stalled:  # its pending append was just held
+                    self._held.append(item)
+                    stalled[id(store)].add(page)
+                    continue
+            pending.append(item)
         flush_pending()
         self._sync(to_sync)
         if completions:
