@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from proton import Message
-from proton.handlers import MessagingHandler
+from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 
 from scow.core.testing import BrokerProcess, broker_processes, wait_for
@@ -30,9 +30,9 @@ ADDRESS = "full"
 
 
 @contextlib.contextmanager
-def small_data_dir(tmp_path: Path, size: str) -> Iterator[Path]:
-    """tmp_path/data on a tmpfs of `size`; skips the test where mounting is not allowed."""
-    data = tmp_path / "data"
+def small_data_dir(tmp_path: Path, size: str, name: str = "data") -> Iterator[Path]:
+    """tmp_path/`name` on a tmpfs of `size`; skips the test where mounting is not allowed."""
+    data = tmp_path / name
     data.mkdir()
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(data)],
@@ -56,10 +56,13 @@ def leave_free(data: Path, free: int) -> Path:
     """A filler file on `data`'s file system leaving about `free` bytes free."""
     filler = data / "filler"
     size = free_bytes(data) - free
-    with open(filler, "wb") as f:
-        for _ in range(size // (1 << 20)):
-            f.write(bytes(1 << 20))
-        f.write(bytes(size % (1 << 20)))
+    with open(filler, "wb", buffering=0) as f:
+        chunk = bytes(1 << 20)
+        while size > 0 and chunk:
+            try:
+                size -= f.write(chunk[:size])
+            except OSError:  # full already (what is free moves while the broker writes)
+                chunk = chunk[: len(chunk) // 2]
     return filler
 
 
@@ -228,3 +231,72 @@ def test_the_disk_limit_blocks_producers_before_the_disk_is_full(tmp_path: Path)
             producer.finish()
         assert producer.errors == []
         check_recovered(start, broker, producer.accepted, log)
+
+
+class TxSender(MessagingHandler, TransactionHandler):
+    """Declares a transaction, sends `count` durable messages in it and commits."""
+
+    def __init__(self, url: str, count: int) -> None:
+        super().__init__()
+        self.url, self.count = url, count
+        self.outcome: str | None = None
+        self.condition: tuple[str, str] | None = None
+
+    def on_start(self, event: Any) -> None:
+        self.conn = event.container.connect(self.url)
+        self.sender = event.container.create_sender(self.conn, "txq")
+        event.container.declare_transaction(self.conn, handler=self)
+
+    def on_transaction_declared(self, event: Any) -> None:
+        for _ in range(self.count):
+            event.transaction.send(self.sender, Message(body=BODY, durable=True))
+        event.transaction.commit()
+
+    def _finish(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.conn.close()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self._finish("committed")
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        condition = event.delivery.remote.condition
+        self.condition = (condition.name, condition.description) if condition else None
+        self._finish("commit-failed")
+
+    def on_transaction_declare_failed(self, event: Any) -> None:
+        self._finish("declare-failed")
+
+
+def test_a_commit_the_disk_cannot_hold_is_rolled_back_and_the_next_one_commits(
+    tmp_path: Path, scow_broker
+) -> None:
+    with small_data_dir(tmp_path, "8m", name="data-0") as data:
+        broker = scow_broker(
+            plugins=PLUGINS,
+            sections={
+                "broker": {"max-disk-usage": -1},
+                "journal": {"journal-file-size": "1MiB"},
+            },
+        )
+        figures = broker.call(lambda: (broker.broker.limits.size, broker.broker.limits.messages))
+        filler = leave_free(data, 0)
+        tx = TxSender(broker.url, 400)  # 1.6 MB: more than the journal's files at hand
+        Container(tx).run()
+        assert tx.outcome == "commit-failed"
+        assert tx.condition is not None and tx.condition[0] == "amqp:transaction:rollback"
+        assert str(data / "journal") in tx.condition[1] and "no room" in tx.condition[1]
+        # nothing of it is left: no message, no memory counted, journal consistent
+        assert broker.queue_stats("txq")["message-count"] == 0
+        assert (
+            broker.call(lambda: (broker.broker.limits.size, broker.broker.limits.messages))
+            == figures
+        )
+        assert broker.call(lambda: broker.broker.storage.stats()["messages"]["transactions"]) == 0
+
+        filler.unlink()
+        wait_for(lambda: not broker.call(lambda: broker.broker.limits.disk_full), what="room")
+        tx = TxSender(broker.url, 400)
+        Container(tx).run()
+        assert tx.outcome == "committed"
+        assert broker.queue_stats("txq")["message-count"] == 400
