@@ -1,0 +1,776 @@
+"""Client programs that the system tests run in their own processes.
+
+    python -m tests.system.clients producer --url URL --log FILE --name P --lanes paged,prio
+    python -m tests.system.clients consumer --url URL --log FILE --name C --receive paged ...
+    python -m tests.system.clients tx-producer | tx-consumer | raw ...
+
+Every client appends what happened to `--log` (JSON lines, flushed per event; see
+`records`), so a checker can read it even after the client was SIGKILLed:
+
+- `sent`: the broker accepted the message (the only proof a message must exist);
+- `refused`: the broker rejected, released or modified it;
+- `delivered`: a message arrived (before the client settles it), with its delivery count;
+- `acked`: the client accepted these messages; the event is written before proton sends
+  the dispositions (they go out once the handler returns), so a client killed before
+  writing it never acknowledged them;
+- `tx-*`: a transaction's messages and outcome (`tx-discharge` is written before the
+  discharge is sent: a commit without an outcome is in doubt);
+- `read`: a stream reader's delivery (non-destructive).
+
+SIGTERM stops a client cleanly: producers stop sending and wait for their outstanding
+sends, consumers accept what they hold and detach. Any connection loss ends a client
+(exit status 3) after a `disconnected` event: the schedule starts a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import socket
+import ssl
+import struct
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from proton import (
+    UNDESCRIBED,
+    Array,
+    Collector,
+    Connection,
+    Data,
+    Delivery,
+    Message,
+    Terminus,
+    Transport,
+    symbol,
+)
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import Container, Filter, LinkOption, Selector
+
+from tests.system.records import EventLog
+from tests.system.topology import LANES, body_digest
+
+EXIT_DISCONNECTED = 3
+STREAM_OFFSET = symbol("scow:stream-offset")
+
+
+class _Capabilities(LinkOption):
+    def __init__(self, *names: str) -> None:
+        self.names = [symbol(n) for n in names]
+
+    def apply(self, link: Any) -> None:
+        terminus = link.source if link.is_receiver else link.target
+        terminus.capabilities.put_object(Array(UNDESCRIBED, Data.SYMBOL, *self.names))
+
+
+class _Durable(LinkOption):
+    def apply(self, link: Any) -> None:
+        link.source.durability = Terminus.DELIVERIES
+        link.source.expiry_policy = Terminus.EXPIRE_NEVER
+
+
+class _Stopper:
+    """SIGTERM sets `requested`; a client polls it from a timer."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+
+class _Client(MessagingHandler):
+    """What every reactor client shares: the log, stop on SIGTERM, exit on disconnect."""
+
+    tick_interval = 0.05
+
+    def __init__(self, args: argparse.Namespace, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.args = args
+        self.log = EventLog(args.log, args.name)
+        self.stopper = _Stopper()
+        self.rng = random.Random(args.seed)
+        self.connections: list[Any] = []
+        self.exit_status = 0
+        self.stopping_since: float | None = None
+
+    def on_start(self, event: Any) -> None:
+        self.log.write("started", pid=os.getpid())
+        self.container = event.container
+        self.setup(event.container)
+        event.container.schedule(self.tick_interval, self)
+
+    def connect(self, container: Any, container_id: str | None = None) -> Any:
+        if container_id is not None:
+            container.container_id = container_id
+        conn = container.connect(self.args.url, reconnect=False)
+        self.connections.append(conn)
+        return conn
+
+    def on_timer_task(self, event: Any) -> None:
+        if self.stopper.requested and self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+            self.log.write("stopping")
+        if self.stopping_since is not None and (
+            self.ready_to_stop() or time.monotonic() - self.stopping_since > 5
+        ):
+            self.finish()
+            return
+        self.tick()
+        event.container.schedule(self.tick_interval, self)
+
+    def finish(self) -> None:
+        self.before_close()
+        for conn in self.connections:
+            conn.close()
+        self.log.write("stopped")
+        self.container.stop()
+
+    def _lost(self, event: Any, what: str) -> None:
+        if self.stopping_since is not None and what == "closed":
+            return
+        condition = None
+        for source in (event.transport, event.connection):
+            cond = getattr(source, "condition", None) if source is not None else None
+            if cond is None and source is not None:
+                cond = getattr(source, "remote_condition", None)
+            if cond is not None:
+                condition = f"{cond.name}: {cond.description}"
+                break
+        self.log.write("disconnected", what=what, condition=condition)
+        self.exit_status = EXIT_DISCONNECTED
+        os._exit(EXIT_DISCONNECTED)  # no reconnect: the schedule starts a fresh client
+
+    def on_transport_error(self, event: Any) -> None:
+        self._lost(event, "transport-error")
+
+    def on_connection_error(self, event: Any) -> None:
+        self._lost(event, "connection-error")
+
+    def on_disconnected(self, event: Any) -> None:
+        self._lost(event, "disconnected")
+
+    def on_link_error(self, event: Any) -> None:
+        self._lost(event, "link-error")
+
+    def on_session_error(self, event: Any) -> None:
+        self._lost(event, "session-error")
+
+    # hooks
+    def setup(self, container: Any) -> None: ...
+    def tick(self) -> None: ...
+    def ready_to_stop(self) -> bool:
+        return True
+
+    def before_close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- producers
+
+
+class Producer(_Client):
+    """Sends each lane's messages at its rate, a window of unsettled sends per lane."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args, auto_settle=True)
+        self.lanes = [LANES[n] for n in args.lanes.split(",")]
+        self.senders: dict[str, Any] = {}
+        self.seq = 0
+        self.pending: dict[Any, tuple[str, str, int, dict[str, Any]]] = {}
+        self.inflight = dict.fromkeys((lane.name for lane in self.lanes), 0)
+        self.budget = dict.fromkeys((lane.name for lane in self.lanes), 1.0)
+        self.last = time.monotonic()
+
+    def setup(self, container: Any) -> None:
+        conn = self.connect(container)
+        for lane in self.lanes:
+            self.senders[lane.name] = container.create_sender(conn, lane.address)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        elapsed, self.last = now - self.last, now
+        for lane in self.lanes:
+            rate = lane.rate * self.args.rate_factor
+            self.budget[lane.name] = min(self.budget[lane.name] + elapsed * rate, 2 + rate / 4)
+            self.pump(lane)
+
+    def pump(self, lane: Any) -> None:
+        sender = self.senders[lane.name]
+        while (
+            self.stopping_since is None
+            and sender.credit > 0
+            and self.inflight[lane.name] < self.args.window
+            and self.budget[lane.name] >= 1
+        ):
+            self.budget[lane.name] -= 1
+            self.seq += 1
+            message, meta = lane.message(self.args.name, self.seq, self.rng)
+            delivery = sender.send(message)
+            self.pending[delivery] = (lane.name, str(message.id), self.seq, meta)
+            self.inflight[lane.name] += 1
+
+    def _settled(self, event: Any, kind: str) -> None:
+        entry = self.pending.pop(event.delivery, None)
+        if entry is None:
+            return
+        lane, ident, seq, meta = entry
+        self.inflight[lane] -= 1
+        fields: dict[str, Any] = {"lane": lane, "id": ident, "seq": seq, **meta}
+        if kind != "sent":
+            fields["outcome"] = kind
+            condition = getattr(event.delivery.remote, "condition", None)
+            if condition is not None:
+                fields["condition"] = f"{condition.name}: {condition.description}"
+        self.log.write("sent" if kind == "sent" else "refused", **fields)
+
+    def on_accepted(self, event: Any) -> None:
+        self._settled(event, "sent")
+
+    def on_rejected(self, event: Any) -> None:
+        self._settled(event, "rejected")
+
+    def on_released(self, event: Any) -> None:
+        self._settled(event, "released")
+
+    def on_modified(self, event: Any) -> None:
+        self._settled(event, "modified")
+
+    def ready_to_stop(self) -> bool:
+        return not self.pending
+
+
+# --------------------------------------------------------------------------- consumers
+
+
+def parse_receive(spec: str) -> dict[str, Any]:
+    """`lane[:option=value...]`: `paged`, `select:color=red`, `topic:sub=sub-a`,
+    `stream:offset=first`, `ttl:delay=0.2`."""
+    lane, *options = spec.split(":")
+    parsed: dict[str, Any] = {"lane": lane}
+    for option in options:
+        key, _, value = option.partition("=")
+        parsed[key] = value
+    return parsed
+
+
+class _Receiving:
+    """One receiver link of a consumer and what it holds unacknowledged."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.lane = LANES[spec["lane"]]
+        self.sub = spec.get("sub")
+        self.queue = f"{self.sub}.audit" if self.sub else self.lane.address
+        self.stream = "offset" in spec
+        self.delay = float(spec.get("delay", 0))
+        self.color = spec.get("color")
+        self.link: Any = None
+        self.backlog: deque[tuple[Any, Message]] = deque()  # received, not yet handled
+        self.unacked: list[tuple[Any, str]] = []  # handled, waiting for the next ack batch
+        self.next_handle = 0.0
+        self.last_ack = time.monotonic()
+
+
+class Consumer(_Client):
+    """Receives from one or more lanes; accepts in batches of `--ack-every`, each message
+    after `delay` seconds (a slow consumer); rejects poison messages as failed."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args, prefetch=0, auto_accept=False, auto_settle=False)
+        self.receiving = [_Receiving(parse_receive(s)) for s in args.receive]
+        self.by_link: dict[Any, _Receiving] = {}
+
+    def setup(self, container: Any) -> None:
+        plain = None
+        for r in self.receiving:
+            if r.sub:  # a durable subscription belongs to its container id
+                conn = self.connect(container, container_id=r.sub)
+                options: list[Any] = [_Capabilities("topic"), _Durable()]
+                name = "audit"
+            else:
+                if plain is None:
+                    plain = self.connect(container, container_id=f"{self.args.name}-{os.getpid()}")
+                conn = plain
+                options = []
+                name = f"{self.args.name}-{r.lane.name}-{r.color or ''}"
+            if r.color:
+                options.append(Selector(f"color = '{r.color}'"))
+            if r.stream:
+                options.append(Filter({STREAM_OFFSET: r.spec["offset"]}))
+            r.link = container.create_receiver(conn, r.lane.address, name=name, options=options)
+            r.link.flow(self.args.credit)
+            self.by_link[r.link] = r
+
+    def on_message(self, event: Any) -> None:
+        r = self.by_link[event.receiver]
+        message = event.message
+        props = message.properties or {}
+        fields: dict[str, Any] = {
+            "lane": r.lane.name,
+            "queue": r.queue,
+            "id": str(message.id),
+            "producer": props.get("producer"),
+            "seq": props.get("seq"),
+            "count": message.delivery_count,
+        }
+        if r.color:
+            fields["color"] = props.get("color")
+            fields["selector"] = r.color
+        if "sha" in props:
+            fields["intact"] = body_digest(message.body) == props["sha"]
+        annotations = message.annotations or {}
+        if r.stream:
+            fields["sequence"] = annotations.get(symbol("x-opt-sequence-number"))
+            self.log.write("read", **fields)
+        else:
+            self.log.write("delivered", **fields)
+        r.backlog.append((event.delivery, message))
+        self.handle(r)
+
+    def handle(self, r: _Receiving) -> None:
+        """Settle what the backlog holds, at most one message per `delay`."""
+        now = time.monotonic()
+        while r.backlog and now >= r.next_handle:
+            delivery, message = r.backlog.popleft()
+            props = message.properties or {}
+            if props.get("poison"):
+                delivery.local.failed = True
+                delivery.update(Delivery.MODIFIED)
+                delivery.settle()
+                self.log.write("poisoned", lane=r.lane.name, queue=r.queue, id=str(message.id))
+                r.link.flow(1)
+            else:
+                r.unacked.append((delivery, str(message.id)))
+            if r.delay:
+                r.next_handle = now + r.delay
+        if len(r.unacked) >= self.args.ack_every or (
+            r.unacked and now - r.last_ack > self.args.ack_interval
+        ):
+            self.ack(r)
+
+    def ack(self, r: _Receiving) -> None:
+        if not r.unacked:
+            return
+        # logged first: the dispositions leave only after this handler returns
+        self.log.write("acked", lane=r.lane.name, queue=r.queue, ids=[i for _, i in r.unacked])
+        for delivery, _ in r.unacked:
+            delivery.update(Delivery.ACCEPTED)
+            delivery.settle()
+        r.link.flow(len(r.unacked))
+        r.unacked = []
+        r.last_ack = time.monotonic()
+
+    def tick(self) -> None:
+        for r in self.receiving:
+            self.handle(r)
+
+    def ready_to_stop(self) -> bool:
+        return True
+
+    def before_close(self) -> None:
+        for r in self.receiving:
+            # what arrived is taken (a release would bring it back with the same delivery
+            # count, as if never delivered)
+            r.next_handle = 0.0
+            r.delay = 0.0
+            self.handle(r)
+            self.ack(r)
+            if r.sub:
+                r.link.detach()  # a close would end the durable subscription
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+class TxProducer(_Client, TransactionHandler):
+    """Sends batches in transactions; commits most, aborts some; may hold a transaction
+    open for a while before discharging (a window for a kill mid-transaction)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args, auto_settle=True)
+        self.lane = LANES[args.lane]
+        self.batch = 0
+        self.seq = 0
+        self.transaction: Any = None
+        self.to_send: list[Message] = []
+        self.ids: list[str] = []
+        self.discharge_at: float | None = None
+        self.busy = False
+
+    def setup(self, container: Any) -> None:
+        self.conn = self.connect(container)
+        self.sender = container.create_sender(self.conn, self.lane.address)
+
+    def tick(self) -> None:
+        stopping = self.stopping_since is not None
+        chance = self.args.rate_factor * self.tick_interval * 4
+        if not self.busy and not stopping and self.rng.random() < chance:
+            self.busy = True
+            self.container.declare_transaction(self.conn, handler=self)
+        if self.transaction is not None:
+            if stopping:
+                self.discharge_at = time.monotonic()
+            self.send_some()
+            if not self.to_send and self.discharge_at and time.monotonic() >= self.discharge_at:
+                self.discharge()
+
+    def on_transaction_declared(self, event: Any) -> None:
+        self.transaction = event.transaction
+        self.batch += 1
+        self.to_send, self.ids = [], []
+        for _ in range(self.rng.randint(1, self.args.batch)):
+            self.seq += 1
+            message, _ = self.lane.message(self.args.name, self.seq, self.rng)
+            self.to_send.append(message)
+            self.ids.append(str(message.id))
+        self.log.write("tx-begin", lane=self.lane.name, batch=self.batch, ids=self.ids)
+        self.discharge_at = time.monotonic() + self.rng.uniform(0, self.args.hold)
+        self.send_some()
+
+    def send_some(self) -> None:
+        while self.to_send and self.sender.credit > 0:
+            self.transaction.send(self.sender, self.to_send.pop(0))
+
+    def on_sendable(self, event: Any) -> None:
+        if self.transaction is not None:
+            self.send_some()
+
+    def discharge(self) -> None:
+        commit = self.rng.random() >= self.args.abort_ratio
+        self.log.write(
+            "tx-discharge", lane=self.lane.name, batch=self.batch, ids=self.ids, commit=commit
+        )
+        transaction, self.transaction, self.discharge_at = self.transaction, None, None
+        if commit:
+            transaction.commit()
+        else:
+            transaction.abort()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self.log.write("tx-committed", lane=self.lane.name, batch=self.batch, ids=self.ids)
+        self.busy = False
+
+    def on_transaction_aborted(self, event: Any) -> None:
+        self.log.write("tx-aborted", lane=self.lane.name, batch=self.batch, ids=self.ids)
+        self.busy = False
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self.log.write("tx-commit-failed", lane=self.lane.name, batch=self.batch, ids=self.ids)
+        self.busy = False
+
+    def on_transaction_declare_failed(self, event: Any) -> None:
+        self.log.write("tx-declare-failed", lane=self.lane.name)
+        self.busy = False
+
+    def ready_to_stop(self) -> bool:
+        return not self.busy
+
+
+class TxConsumer(_Client, TransactionHandler):
+    """Accepts batches of messages in transactions; commits most, aborts some."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args, prefetch=0, auto_accept=False, auto_settle=False)
+        self.lane = LANES[args.lane]
+        self.transaction: Any = None
+        self.ids: list[str] = []
+        self.wanted = 0
+        self.deadline = 0.0
+        self.busy = False
+        self.batch = 0
+        self.waiting: deque[tuple[Any, str]] = deque()
+
+    def setup(self, container: Any) -> None:
+        self.conn = self.connect(container)
+        self.receiver = container.create_receiver(self.conn, self.lane.address)
+
+    def tick(self) -> None:
+        stopping = self.stopping_since is not None
+        if not self.busy and not stopping:
+            self.busy = True
+            self.container.declare_transaction(self.conn, handler=self)
+        elif self.transaction is not None and (stopping or time.monotonic() > self.deadline):
+            self.discharge()
+
+    def on_transaction_declared(self, event: Any) -> None:
+        self.transaction = event.transaction
+        self.batch += 1
+        self.ids = []
+        self.wanted = self.rng.randint(1, self.args.batch)
+        self.deadline = time.monotonic() + self.rng.uniform(0.1, 0.3 + self.args.hold)
+        credit = self.wanted - len(self.waiting) - self.receiver.credit
+        if credit > 0:
+            self.receiver.flow(credit)
+        self.take()
+
+    def on_message(self, event: Any) -> None:
+        message = event.message
+        props = message.properties or {}
+        self.log.write(
+            "delivered",
+            lane=self.lane.name,
+            queue=self.lane.address,
+            id=str(message.id),
+            producer=props.get("producer"),
+            seq=props.get("seq"),
+            count=message.delivery_count,
+        )
+        # one that comes after the discharge waits for the next transaction: released, it
+        # would come back with the same delivery count, looking like a first delivery
+        self.waiting.append((event.delivery, str(message.id)))
+        self.take()
+
+    def take(self) -> None:
+        while self.transaction is not None and self.waiting and len(self.ids) < self.wanted:
+            delivery, ident = self.waiting.popleft()
+            self.transaction.accept(delivery)
+            self.ids.append(ident)
+        if self.transaction is not None and self.ids and len(self.ids) >= self.wanted:
+            self.discharge()
+
+    def discharge(self) -> None:
+        commit = self.rng.random() >= self.args.abort_ratio
+        self.log.write(
+            "tx-discharge",
+            lane=self.lane.name,
+            queue=self.lane.address,
+            batch=self.batch,
+            ids=self.ids,
+            commit=commit,
+        )
+        transaction, self.transaction = self.transaction, None
+        if commit:
+            transaction.commit()
+        else:
+            transaction.abort()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self.log.write("tx-committed", lane=self.lane.name, queue=self.lane.address, ids=self.ids)
+        self.busy = False
+
+    def on_transaction_aborted(self, event: Any) -> None:
+        self.log.write("tx-aborted", lane=self.lane.name, queue=self.lane.address, ids=self.ids)
+        self.busy = False
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self.log.write(
+            "tx-commit-failed", lane=self.lane.name, queue=self.lane.address, ids=self.ids
+        )
+        self.busy = False
+
+    def on_transaction_declare_failed(self, event: Any) -> None:
+        self.log.write("tx-declare-failed", lane=self.lane.name)
+        self.busy = False
+
+    def ready_to_stop(self) -> bool:
+        return not self.busy
+
+
+# --------------------------------------------------------------------------- raw sockets
+
+
+class RawPeer:
+    """proton's engine on a socket this program owns, so it can end the connection any
+    way a crashing peer does: a TCP reset, a close without TLS close_notify, or a socket
+    that goes away right after sending AMQP close."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.connection = Connection()
+        self.connection.container = f"raw-{os.getpid()}"
+        self.transport = Transport()
+        self.transport.bind(self.connection)
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.connection.open()
+        self.session = self.connection.session()
+        self.session.open()
+
+    def flush(self, limit: int | None = None) -> int:
+        """Write what the engine has to send (at most `limit` bytes); returns bytes sent."""
+        sent = 0
+        while True:
+            pending = self.transport.pending()
+            if pending <= 0 or (limit is not None and sent >= limit):
+                return sent
+            size = pending if limit is None else min(pending, limit - sent)
+            data = self.transport.peek(size)
+            self.sock.sendall(data)
+            self.transport.pop(len(data))
+            sent += len(data)
+
+    def pump(self, timeout: float) -> bool:
+        """Send, then read what arrives within `timeout`; False once the peer closed."""
+        self.flush()
+        self.sock.settimeout(timeout)
+        capacity = self.transport.capacity()
+        if capacity <= 0:
+            return capacity == 0  # the engine is full (0) or closed for input (< 0)
+        try:
+            data = self.sock.recv(min(capacity, 65536))
+        except (TimeoutError, ssl.SSLWantReadError):
+            return True
+        if not data:
+            self.transport.close_tail()
+            return False
+        self.transport.push(data)
+        self.transport.tick(time.monotonic())
+        return True
+
+    def reset(self) -> None:
+        """Close with SO_LINGER 0: the kernel sends RST, not FIN (no TLS close_notify)."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
+
+    def vanish(self) -> None:
+        """Close the TCP socket (FIN) without TLS close_notify or waiting for anything."""
+        self.sock.close()
+
+
+def _raw_connect(args: argparse.Namespace) -> RawPeer:
+    sock = socket.create_connection(("127.0.0.1", args.port), timeout=10)
+    if args.tls_ca:
+        # the TLS socket takes over the descriptor; closing it sends no close_notify
+        context = ssl.create_default_context(cafile=args.tls_ca)
+        sock = context.wrap_socket(sock, server_hostname="localhost")
+    return RawPeer(sock)
+
+
+def run_raw(args: argparse.Namespace) -> int:
+    """A peer that crashes: `--mode receive` takes up to `--count` messages and ends the
+    connection per `--end`; `--mode partial-send` writes part of a large message and
+    waits to be killed; `--mode attach` ends the connection right after attaching."""
+    log = EventLog(args.log, args.name)
+    lane = LANES[args.lane]
+    address = args.address or lane.address
+    peer = _raw_connect(args)
+    log.write("started", pid=os.getpid(), mode=args.mode, end=args.end, tls=bool(args.tls_ca))
+    if args.mode == "attach":
+        receiver = peer.session.receiver(f"raw-{os.getpid()}")
+        receiver.source.address = address
+        receiver.open()
+        receiver.flow(100)
+        peer.flush()
+    elif args.mode == "receive":
+        receiver = peer.session.receiver(f"raw-{os.getpid()}")
+        receiver.source.address = address
+        receiver.open()
+        receiver.flow(args.count)
+        got, deadline = 0, time.monotonic() + args.seconds
+        while got < args.count and time.monotonic() < deadline:
+            if not peer.pump(0.05):
+                break
+            delivery = receiver.current
+            while delivery is not None and delivery.readable and not delivery.partial:
+                data = receiver.recv(delivery.pending)
+                receiver.advance()
+                message = Message()
+                message.decode(data)
+                props = message.properties or {}
+                log.write(
+                    "delivered",
+                    lane=lane.name,
+                    queue=address,
+                    id=str(message.id),
+                    producer=props.get("producer"),
+                    seq=props.get("seq"),
+                    count=message.delivery_count,
+                )
+                got += 1
+                delivery = receiver.current
+    elif args.mode == "partial-send":
+        sender = peer.session.sender(f"raw-{os.getpid()}")
+        sender.target.address = address
+        sender.open()
+        deadline = time.monotonic() + 10
+        while sender.credit <= 0 and time.monotonic() < deadline:
+            if not peer.pump(0.05):
+                log.write("disconnected")
+                return EXIT_DISCONNECTED
+        size = args.size
+        message = Message(id=f"{args.name}:partial", durable=True, body="p" * size)
+        message.properties = {"lane": lane.name, "producer": args.name, "seq": 0}
+        delivery = sender.delivery(b"partial")
+        sender.send(message.encode())
+        sender.advance()
+        total = peer.transport.pending()
+        sent = peer.flush(limit=int(total * args.fraction))
+        log.write("partial", id=str(message.id), sent=sent, total=total, delivery=str(delivery))
+        if args.end == "hold":
+            time.sleep(120)  # the schedule SIGKILLs us here, mid-message
+    if args.end == "close-no-wait":
+        peer.connection.close()
+        peer.flush()
+        peer.vanish()
+    elif args.end == "fin":
+        peer.vanish()
+    else:
+        peer.reset()
+    log.write("ended", end=args.end)
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.system.clients")
+    sub = parser.add_subparsers(dest="role", required=True)
+    for role in ("producer", "consumer", "tx-producer", "tx-consumer", "raw"):
+        p = sub.add_parser(role)
+        p.add_argument("--url", default="")
+        p.add_argument("--port", type=int, default=0)
+        p.add_argument("--log", required=True)
+        p.add_argument("--name", required=True)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--rate-factor", type=float, default=1.0)
+        if role == "producer":
+            p.add_argument("--lanes", required=True)
+            p.add_argument("--window", type=int, default=10)
+        if role == "consumer":
+            p.add_argument("--receive", action="append", required=True)
+            p.add_argument("--credit", type=int, default=10)
+            p.add_argument("--ack-every", type=int, default=1)
+            p.add_argument("--ack-interval", type=float, default=0.5)
+        if role.startswith("tx-"):
+            p.add_argument("--lane", default="tx")
+            p.add_argument("--batch", type=int, default=5)
+            p.add_argument("--abort-ratio", type=float, default=0.25)
+            p.add_argument("--hold", type=float, default=0.5)
+        if role == "raw":
+            p.add_argument("--lane", required=True)
+            p.add_argument("--address", default="", help="default: the lane's address")
+            p.add_argument("--mode", choices=("receive", "partial-send", "attach"))
+            p.add_argument("--end", choices=("reset", "fin", "close-no-wait", "hold"))
+            p.add_argument("--tls-ca", default="")
+            p.add_argument("--count", type=int, default=20)
+            p.add_argument("--seconds", type=float, default=2.0)
+            p.add_argument("--size", type=int, default=400_000)
+            p.add_argument("--fraction", type=float, default=0.4)
+    return parser.parse_args(argv)
+
+
+ROLES = {
+    "producer": Producer,
+    "consumer": Consumer,
+    "tx-producer": TxProducer,
+    "tx-consumer": TxConsumer,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.role == "raw":
+        return run_raw(args)
+    client = ROLES[args.role](args)
+    Container(client).run()
+    return client.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

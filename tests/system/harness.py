@@ -1,0 +1,918 @@
+"""A seeded random schedule of faults against a broker with every feature on at once.
+
+`ChaosRun(Settings(seed=...), workdir, ...).run()` starts the installed `scow run`, keeps
+producers and consumers of every lane running in their own processes, injects one fault
+every fraction of a second (chosen by a `random.Random(seed)`), then stops the clients,
+drains every queue, checks that the broker's file descriptors, RSS, page files and journal
+records came back near where they started, stops the broker and hands everything recorded
+to the checker. The same seed replays the same sequence of faults (their exact timing
+against the traffic differs from run to run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proton import Terminus
+from proton.utils import BlockingConnection
+
+from scow.core.testing import wait_for
+from tests.system import native
+from tests.system.broker import SystemBroker, describe_status
+from tests.system.checker import Findings, History, Violation, check
+from tests.system.drain import drain_all
+from tests.system.records import read_all, read_events
+from tests.system.topology import C_SEND_ADDRESS, LANES, SUBSCRIPTIONS, BrokerSpec
+from tests.system.volumes import Filler, Tmpfs, mount_tmpfs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Fault kinds and how often each is drawn.
+WEIGHTS = {
+    "client-kill": 4,
+    "client-stop": 1,
+    "tcp-reset": 2,
+    "tls-vanish": 2,
+    "mid-frame-kill": 1,
+    "mid-tx-kill": 1,
+    "broker-restart": 1,
+    "disk-full": 1,
+    "slow-consumer": 1,
+    "c-receive-kill": 2,
+    "c-send": 1,
+    "stream-read": 1,  # not a fault: a reader from `first` that comes and goes
+}
+FAULT_KINDS = tuple(WEIGHTS)
+#: What the default test run uses: every kind but the slowest to recover from.
+QUICK_FAULTS = tuple(k for k in FAULT_KINDS if k not in ("broker-restart", "disk-full"))
+
+#: Producer and consumer processes, by group: which lanes each serves.
+PRODUCER_GROUPS = {
+    "pA": ("paged", "topic", "stream", "select", "c", "ttl"),
+    "pB": ("prio", "lvq", "qpaged", "poison", "large"),
+}
+CONSUMER_GROUPS = {
+    "cA": ("paged", "select:color=red", "select:color=blue", "ttl:delay=0.05"),
+    "cB": ("prio", "lvq", "qpaged", "poison", "large"),
+    "cS": tuple(f"topic:sub={container}" for container, _ in SUBSCRIPTIONS),
+}
+#: Lanes a raw (crashing) receiver may attach to: plain queues.
+RAW_LANES = ("paged", "select", "prio", "lvq", "qpaged", "ttl", "poison", "large", "c")
+
+
+@dataclass
+class Settings:
+    seed: int
+    #: Seconds of faults (the wind-down, drain and checks come on top).
+    duration: float = 12.0
+    faults: tuple[str, ...] = FAULT_KINDS
+    lanes: tuple[str, ...] = tuple(LANES)
+    #: Scales every lane's send rate.
+    rate_factor: float = 1.0
+    #: Seconds between two faults.
+    step: tuple[float, float] = (0.3, 1.2)
+    idle_timeout_ms: int = 3000
+    max_broker_restarts: int = 2
+    tmpfs_size: str = "64m"
+    #: How far above their baseline open fds and RSS may end, after the drain.
+    fd_slack: int = 10
+    rss_slack_kib: int = 96 * 1024
+    #: Journal live records allowed above the baseline after the drain.
+    record_slack: int = 64
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str
+    popen: subprocess.Popen[bytes]
+    group: str | None = None
+    started: float = field(default_factory=time.time)
+    #: A transient client is stopped (SIGTERM) at this monotonic time.
+    until: float | None = None
+    stopped_at: float | None = None
+    terminated: bool = False
+    killed: bool = False
+    out: Path | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.popen.poll() is None and self.stopped_at is None
+
+
+@dataclass
+class Check:
+    """A condition the schedule waits for in the background (a stopped client's messages
+    redelivered, durable sends resuming after a full disk)."""
+
+    kind: str
+    description: str
+    deadline: float
+    test: Callable[[], bool]
+    on_done: Callable[[bool], None] | None = None
+
+
+@dataclass
+class Report:
+    seed: int
+    settings: Settings
+    faults: Counter[str] = field(default_factory=Counter)
+    findings: Findings = field(default_factory=Findings)
+    harness: list[Violation] = field(default_factory=list)
+    broker_deaths: int = 0
+    resources: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    workdir: Path | None = None
+
+    @property
+    def violations(self) -> list[Violation]:
+        return self.harness + self.findings.violations
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.violations)
+
+    def describe(self) -> str:
+        lines = [
+            f"chaos schedule seed {self.seed}: {len(self.violations)} violations "
+            f"({self.seconds:.1f}s, workdir {self.workdir})",
+            f"replay: SCOW_CHAOS_SEED={self.seed} .venv/bin/python -m pytest "
+            f"tests/system/test_chaos.py -k replay",
+            "faults: " + ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())),
+            f"accepted {self.findings.accepted}, lost {self.findings.lost}, first deliveries "
+            f"duplicated {self.findings.duplicated}, broker deaths {self.broker_deaths}, "
+            f"in doubt {self.findings.in_doubt}",
+            f"resources: {json.dumps(self.resources)}",
+            *self.notes,
+        ]
+        lines += [str(v) for v in self.violations[:40]]
+        if len(self.violations) > 40:
+            lines.append(f"... and {len(self.violations) - 40} more")
+        return "\n".join(lines)
+
+
+class ChaosRun:
+    def __init__(
+        self,
+        settings: Settings,
+        workdir: Path,
+        *,
+        c_examples: native.CExamples | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
+    ) -> None:
+        """`tls`: (CA file, server certificate, server key) for the TLS listener."""
+        self.s = settings
+        self.workdir = workdir
+        self.events = workdir / "events"
+        self.c_examples = c_examples
+        self.tls = tls
+        self.rng = random.Random(settings.seed)
+        self.client_rng = random.Random(settings.seed + 1)
+        self.report = Report(settings.seed, settings, workdir=workdir)
+        self.procs: list[Proc] = []
+        self.groups: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.generation: Counter[str] = Counter()
+        self.next_start: dict[str, float] = {}
+        self.checks: list[Check] = []
+        self.restarts: list[tuple[float, float]] = []
+        self.crashed: set[str] = set()
+        self.c_sends: list[tuple[int, bool, float]] = []
+        self.c_receive_outputs: dict[str, Path] = {}
+        self.tmpfs: Tmpfs | None = None
+        self.filler: Filler | None = None
+        self.broker: SystemBroker | None = None
+        self.dead = False
+        self.winding_down = False
+        self.baseline: dict[str, Any] = {}
+        self.c_send_counts: dict[str, int] = {}
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.timeline = open(workdir / "schedule.jsonl", "a", buffering=1)  # noqa: SIM115
+        self.kinds = [k for k in settings.faults if self._possible(k)]
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> Report:
+        start = time.monotonic()
+        try:
+            self.setup()
+            self.inject_faults()
+            self.wind_down()
+            self.drain_and_measure()
+            self.stop_broker()
+            self.report.findings = check(
+                History(
+                    events=read_all(self.events),
+                    restarts=self.restarts,
+                    printed={
+                        name: native.printed_bodies(path)
+                        for name, path in self.c_receive_outputs.items()
+                    },
+                    crashed=self.crashed,
+                    c_sends=self.c_sends,
+                    lanes=self.s.lanes,
+                )
+            )
+        except Exception as exc:
+            self.violation("harness", f"the schedule could not run to its end: {exc!r}")
+            raise
+        finally:
+            self.cleanup()
+            self.report.seconds = time.monotonic() - start
+            self.timeline.close()
+        return self.report
+
+    def log(self, kind: str, **fields: Any) -> None:
+        record = {"t": time.time(), "kind": kind, **fields}
+        self.timeline.write(json.dumps(record, default=sorted) + "\n")
+
+    def violation(self, kind: str, detail: str) -> None:
+        self.report.harness.append(Violation(kind, detail))
+        self.log("violation", violation=kind, detail=detail)
+
+    def _possible(self, kind: str) -> bool:
+        lanes = set(self.s.lanes)
+        needs = {
+            "tls-vanish": self.tls is not None,
+            "c-receive-kill": self.c_examples is not None and "c" in lanes,
+            "c-send": self.c_examples is not None,
+            "mid-frame-kill": "large" in lanes,
+            "mid-tx-kill": "tx" in lanes,
+            "stream-read": "stream" in lanes,
+        }
+        return needs.get(kind, True)
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        self.events.mkdir(parents=True, exist_ok=True)
+        data_dir = None
+        if "disk-full" in self.kinds:
+            mounted = mount_tmpfs(self.workdir / "disk", self.s.tmpfs_size)
+            if isinstance(mounted, str):
+                self.kinds.remove("disk-full")
+                self.report.notes.append(f"disk-full left out: {mounted}")
+            else:
+                self.tmpfs = mounted
+                data_dir = mounted.path / "data"
+                self.filler = Filler(mounted.path / "filler")
+        spec = BrokerSpec(
+            lanes=self.s.lanes,
+            idle_timeout_ms=self.s.idle_timeout_ms,
+            tls=(self.tls[1], self.tls[2]) if self.tls else None,
+            data_dir=data_dir,
+        )
+        self.broker = spec.create(self.workdir / "broker")
+        self.broker.start()
+        self.log("broker-started", pid=self.broker.pid)
+        if "topic" in self.s.lanes:
+            self.subscribe()
+        self.warm_up()
+        self.baseline = self.measure()
+        self.report.resources["baseline"] = self.baseline
+        self.define_groups()
+        self.supervise()
+
+    def subscribe(self) -> None:
+        """Create the durable subscriptions before anything is published to the topic."""
+        from tests.system.clients import _Capabilities, _Durable
+
+        assert self.broker is not None
+        for container, link in SUBSCRIPTIONS:
+            conn = BlockingConnection(self.broker.url, timeout=10, container_id=container)
+            try:
+                receiver = conn.create_receiver(
+                    LANES["topic"].address, name=link, options=[_Capabilities("topic"), _Durable()]
+                )
+                assert receiver.link.source.durability == Terminus.DELIVERIES
+                receiver.link.detach()
+            finally:
+                conn.close()
+
+    def warm_up(self) -> None:
+        """One message through the broker, so the baseline is a broker that has served."""
+        from proton import Message
+
+        assert self.broker is not None
+        conn = BlockingConnection(self.broker.url, timeout=10)
+        try:
+            conn.create_sender("sys.warmup").send(Message(body="warm", durable=True))
+            receiver = conn.create_receiver("sys.warmup")
+            receiver.receive(timeout=10)
+            receiver.accept()
+        finally:
+            conn.close()
+        wait_for(lambda: self.broker.api("/api/broker")["connections"] == 0, 10)
+
+    def define_groups(self) -> None:
+        lanes = set(self.s.lanes)
+        for group, names in PRODUCER_GROUPS.items():
+            mine = tuple(n for n in names if n in lanes)
+            if mine:
+                self.groups[group] = ("producer", mine)
+        for group, specs in CONSUMER_GROUPS.items():
+            mine = tuple(s for s in specs if s.split(":")[0] in lanes)
+            if mine:
+                self.groups[group] = ("consumer", mine)
+        if "tx" in lanes:
+            self.groups["tP"] = ("tx-producer", ())
+            self.groups["tC"] = ("tx-consumer", ())
+
+    # ------------------------------------------------------------------ processes
+
+    def spawn(
+        self,
+        role: str,
+        name: str,
+        args: list[str],
+        *,
+        group: str | None = None,
+        until: float | None = None,
+    ) -> Proc:
+        assert self.broker is not None
+        out = self.events / f"{name}.out"
+        if role.startswith("c-"):
+            command = args
+        else:
+            command = [
+                sys.executable,
+                "-m",
+                "tests.system.clients",
+                role,
+                "--log",
+                str(self.events / f"{name}.jsonl"),
+                "--name",
+                name,
+                "--seed",
+                str(self.client_rng.randrange(1 << 30)),
+                *args,
+            ]
+        with open(out, "wb") as stdout:
+            popen = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                stdout=stdout,
+                stderr=subprocess.STDOUT if not role.startswith("c-") else subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+        proc = Proc(name, role, popen, group=group, until=until, out=out)
+        self.procs.append(proc)
+        self.log("spawn", name=name, role=role, pid=popen.pid, group=group)
+        return proc
+
+    def start_group(self, group: str) -> Proc:
+        assert self.broker is not None
+        role, specs = self.groups[group]
+        self.generation[group] += 1
+        name = f"{group}.{self.generation[group]}"
+        rng = self.client_rng
+        url = ["--url", self.broker.url, "--rate-factor", str(self.s.rate_factor)]
+        if role == "producer":
+            args = [*url, "--lanes", ",".join(specs), "--window", str(rng.randint(3, 20))]
+        elif role == "consumer":
+            args = [
+                *url,
+                "--credit",
+                str(rng.randint(5, 20)),
+                "--ack-every",
+                str(rng.randint(1, 5)),
+            ]
+            for spec in specs:
+                args += ["--receive", spec]
+        else:
+            args = [*url, "--batch", "5", "--abort-ratio", "0.25", "--hold", "0.6"]
+        return self.spawn(role, name, args, group=group)
+
+    def supervise(self) -> None:
+        """Reap exited clients, end transient ones on time, restart groups that lost
+        their client."""
+        now = time.monotonic()
+        for proc in self.procs:
+            if proc.popen.poll() is not None:
+                continue
+            if proc.until is not None and now >= proc.until and proc.stopped_at is None:
+                if not proc.terminated:
+                    proc.terminated = True
+                    proc.popen.send_signal(signal.SIGTERM)
+                elif now >= proc.until + 5:
+                    self.kill(proc, crashed=False)
+        if self.winding_down or self.dead:
+            return
+        for group in self.groups:
+            if any(p.group == group and p.live for p in self.procs):
+                continue
+            at = self.next_start.get(group)
+            if at is None:
+                self.next_start[group] = now + self.client_rng.uniform(0.1, 0.8)
+            elif now >= at:
+                del self.next_start[group]
+                self.start_group(group)
+
+    def kill(self, proc: Proc, *, crashed: bool = True) -> None:
+        if proc.popen.poll() is None:
+            proc.popen.send_signal(signal.SIGKILL)
+            proc.killed = True
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(5)
+        if crashed:
+            self.crashed.add(proc.name)
+
+    def live(self, *roles: str) -> list[Proc]:
+        return [p for p in self.procs if p.live and (not roles or p.role in roles)]
+
+    def pause(self, seconds: float) -> None:
+        """Let the schedule run for `seconds` (clients supervised, the broker watched)."""
+        end = time.monotonic() + seconds
+        while True:
+            self.supervise()
+            self.watch_broker()
+            left = end - time.monotonic()
+            if left <= 0 or self.dead:
+                return
+            time.sleep(min(0.05, left))
+
+    def watch_broker(self) -> None:
+        assert self.broker is not None
+        if not self.dead and self.broker.died() is not None:
+            self.dead = True
+            self.report.broker_deaths += 1
+            self.violation("broker-death", self.broker.death_report())
+            for line in self.broker.log_lines("Traceback", "error", "Error", limit=10):
+                self.report.notes.append(f"broker log: {line}")
+
+    # ------------------------------------------------------------------ faults
+
+    def inject_faults(self) -> None:
+        end = time.monotonic() + self.s.duration
+        weights = [WEIGHTS[k] for k in self.kinds]
+        self.pause(1.0)  # traffic first
+        while time.monotonic() < end and not self.dead:
+            self.pause(self.rng.uniform(*self.s.step))
+            self.run_checks()
+            if self.dead or not self.kinds:
+                break
+            kind = self.rng.choices(self.kinds, weights)[0]
+            choice = self.rng.random()  # drawn for every fault: the sequence stays the seed's
+            injected = getattr(self, "fault_" + kind.replace("-", "_"))(choice)
+            if injected:
+                self.report.faults[kind] += 1
+
+    def _pick(self, procs: list[Proc], choice: float) -> Proc | None:
+        procs = sorted(procs, key=lambda p: p.name)
+        return procs[int(choice * len(procs))] if procs else None
+
+    def fault_client_kill(self, choice: float) -> bool:
+        victim = self._pick(
+            self.live("producer", "consumer", "tx-producer", "tx-consumer", "c-receive"), choice
+        )
+        if victim is None:
+            return False
+        self.log("fault", fault="client-kill", victim=victim.name)
+        self.kill(victim)
+        return True
+
+    def fault_client_stop(self, choice: float) -> bool:
+        """SIGSTOP a consumer (one holding unsettled messages when there is one): the
+        broker's idle timeout must drop its connection and redeliver what it held, with a
+        raised delivery count, to the consumer that replaces it."""
+        assert self.broker is not None
+        if any(c.kind == "client-stop" for c in self.checks):
+            return False
+        candidates = self.live("consumer", "tx-consumer")
+        holding = [p for p in candidates if _held(read_events(self.events / f"{p.name}.jsonl"))]
+        victim = self._pick(holding or candidates, choice)
+        if victim is None:
+            return False
+        ports = _local_ports(victim.popen.pid)
+        os.kill(victim.popen.pid, signal.SIGSTOP)
+        victim.stopped_at = stopped_at = time.time()
+        self.crashed.add(victim.name)
+        held = _held(read_events(self.events / f"{victim.name}.jsonl"))
+        self.log("fault", fault="client-stop", victim=victim.name, held=sorted(held), ports=ports)
+        timeout = 2 * self.s.idle_timeout_ms / 1000 + 10
+        restarts = len(self.restarts)
+        state: dict[str, Any] = {}
+
+        def freed() -> bool:
+            if len(self.restarts) != restarts:
+                return True  # the restart ended the stopped connection anyway: no verdict
+            if "dropped" not in state:
+                remotes = {c["remote"] for c in self.broker.api("/api/connections")}
+                if any(f"127.0.0.1:{port}" in remotes for port in ports):
+                    return False
+                state["dropped"] = time.time() - stopped_at
+            again = {
+                e["id"]
+                for e in read_all(self.events)
+                if e["kind"] == "delivered"
+                and e["client"] != victim.name
+                and e["t"] > stopped_at
+                and (e.get("count") or 0) >= 1
+            }
+            state["missing"] = held - again
+            return not state["missing"]
+
+        def done(ok: bool) -> None:
+            self.kill(victim)
+            self.log("stopped-client", victim=victim.name, **state)
+            if ok:
+                return
+            if "dropped" not in state:
+                self.violation(
+                    "stopped-client",
+                    f"{victim.name} was SIGSTOPped; {timeout:.0f}s later the broker still held "
+                    f"its connection (idle-timeout {self.s.idle_timeout_ms} ms) and the "
+                    f"{len(held)} messages it had not settled",
+                )
+            else:
+                self.violation(
+                    "stopped-client",
+                    f"{victim.name} was SIGSTOPped holding {len(held)} unsettled messages; "
+                    f"the broker dropped its connection after {state['dropped']:.1f}s but "
+                    f"{len(state['missing'])} of them ({sorted(state['missing'])[:5]}) were "
+                    "not redelivered with a raised delivery count to another consumer",
+                )
+
+        self.checks.append(
+            Check("client-stop", victim.name, time.monotonic() + timeout, freed, done)
+        )
+        return True
+
+    def _raw(self, mode: str, end: str, lane: str, *, tls: bool, until: float = 10) -> Proc:
+        assert self.broker is not None
+        port = self.broker.tls_port if tls else self.broker.port
+        name = f"raw{len(self.procs)}"
+        args = ["--port", str(port), "--lane", lane, "--mode", mode, "--end", end]
+        args += ["--count", str(self.rng.randint(1, 30)), "--seconds", "1.5"]
+        if tls:
+            assert self.tls is not None
+            args += ["--tls-ca", str(self.tls[0])]
+        proc = self.spawn("raw", name, args, until=time.monotonic() + until)
+        self.crashed.add(name)
+        return proc
+
+    def _raw_lane(self, choice: float) -> str | None:
+        lanes = [n for n in RAW_LANES if n in self.s.lanes]
+        return lanes[int(choice * len(lanes))] if lanes else None
+
+    def fault_tcp_reset(self, choice: float) -> bool:
+        lane = self._raw_lane(choice)
+        if lane is None:
+            return False
+        mode = self.rng.choice(("receive", "receive", "attach"))
+        proc = self._raw(mode, "reset", lane, tls=False)
+        self.log("fault", fault="tcp-reset", victim=proc.name, lane=lane, mode=mode)
+        return True
+
+    def fault_tls_vanish(self, choice: float) -> bool:
+        lane = self._raw_lane(choice)
+        if lane is None:
+            return False
+        mode = self.rng.choice(("receive", "attach"))
+        end = self.rng.choice(("reset", "fin", "close-no-wait"))
+        proc = self._raw(mode, end, lane, tls=True)
+        self.log("fault", fault="tls-vanish", victim=proc.name, lane=lane, mode=mode, end=end)
+        return True
+
+    def fault_mid_frame_kill(self, choice: float) -> bool:
+        if choice < 0.3:  # the large consumer, while large messages stream to it
+            victim = self._pick([p for p in self.live("consumer") if p.group == "cB"], 0)
+            if victim is None:
+                return False
+            self.log("fault", fault="mid-frame-kill", victim=victim.name, side="consumer")
+            self.kill(victim)
+            return True
+        end = "hold" if choice < 0.8 else "reset"
+        proc = self._raw("partial-send", end, "large", tls=False)
+        log = self.events / f"{proc.name}.jsonl"
+
+        def partial() -> bool:
+            return any(e["kind"] == "partial" for e in read_events(log)) or not proc.live
+
+        deadline = time.monotonic() + 10
+        while not partial() and time.monotonic() < deadline:
+            self.pause(0.02)
+        self.log("fault", fault="mid-frame-kill", victim=proc.name, side="sender", end=end)
+        if end == "hold":
+            self.kill(proc)
+        return True
+
+    def fault_mid_tx_kill(self, choice: float) -> bool:
+        victims = self.live("tx-producer", "tx-consumer")
+        victim = self._pick(victims, choice)
+        if victim is None:
+            return False
+        log = self.events / f"{victim.name}.jsonl"
+
+        def open_transaction() -> bool:
+            events = [
+                e
+                for e in read_events(log)
+                if e["kind"].startswith("tx-") or e["kind"] == "delivered"
+            ]
+            if not events:
+                return False
+            last = events[-1]
+            return (victim.role == "tx-producer" and last["kind"] == "tx-begin") or (
+                victim.role == "tx-consumer" and last["kind"] == "delivered"
+            )
+
+        deadline = time.monotonic() + 3
+        while not open_transaction() and time.monotonic() < deadline and victim.live:
+            self.pause(0.01)
+        self.log("fault", fault="mid-tx-kill", victim=victim.name, mid=open_transaction())
+        self.kill(victim)
+        return True
+
+    def fault_broker_restart(self, choice: float) -> bool:
+        assert self.broker is not None
+        if len(self.restarts) >= self.s.max_broker_restarts:
+            return False
+        self.log("fault", fault="broker-restart", pid=self.broker.pid)
+        killed = time.time()
+        self.broker.kill()
+        time.sleep(choice)  # down for up to a second
+        self.broker.start()
+        self.restarts.append((killed, time.time()))
+        self.log("broker-started", pid=self.broker.pid)
+        self.report.resources.setdefault("restarted", []).append(
+            {"fds": self.broker.fds(), "rss_kib": self.broker.rss_kib()}
+        )
+        return True
+
+    def fault_disk_full(self, choice: float) -> bool:
+        if self.filler is None or any(c.kind == "disk-full" for c in self.checks):
+            return False
+        written = self.filler.fill()
+        self.log("fault", fault="disk-full", filled=written)
+        self.pause(1 + 2 * choice)
+        self.filler.release()
+        freed = time.time()
+        self.log("disk-freed")
+
+        def resumed() -> bool:
+            return any(
+                e["kind"] == "sent" and e.get("durable") and e["t"] > freed + 0.5
+                for e in read_all(self.events, "p*.jsonl")
+            )
+
+        def done(ok: bool) -> None:
+            if not ok:
+                lines = (
+                    self.broker.log_lines("journal", "No space", "ENOSPC", "disk")
+                    if self.broker
+                    else []
+                )
+                self.violation(
+                    "disk-full",
+                    "durable sends did not resume within 20s of the disk being freed; "
+                    "broker log: " + " | ".join(lines[-5:]),
+                )
+
+        self.checks.append(
+            Check("disk-full", "durable sends resume", time.monotonic() + 20, resumed, done)
+        )
+        return True
+
+    def fault_slow_consumer(self, choice: float) -> bool:
+        lanes = [n for n in ("paged", "qpaged", "prio", "select", "ttl") if n in self.s.lanes]
+        if not lanes or self.broker is None:
+            return False
+        lane = lanes[int(choice * len(lanes))]
+        spec = f"{lane}:delay=0.2" + (":color=red" if lane == "select" else "")
+        name = f"slow{len(self.procs)}"
+        args = ["--url", self.broker.url, "--receive", spec, "--credit", "3"]
+        self.spawn("consumer", name, args, until=time.monotonic() + self.rng.uniform(2, 5))
+        self.log("fault", fault="slow-consumer", victim=name, lane=lane)
+        return True
+
+    def fault_c_receive_kill(self, choice: float) -> bool:
+        assert self.c_examples is not None and self.broker is not None
+        name = f"c-receive{len(self.procs)}"
+        command = self.c_examples.receive_command(self.broker.port, LANES["c"].address, 0)
+        proc = self.spawn("c-receive", name, command)
+        self.c_receive_outputs[name] = proc.out  # type: ignore[assignment]
+        self.pause(0.1 + 0.4 * choice)  # the crash point
+        self.log("fault", fault="c-receive-kill", victim=name)
+        self.kill(proc)
+        return True
+
+    def fault_c_send(self, choice: float) -> bool:
+        assert self.c_examples is not None and self.broker is not None
+        count = 100 + int(900 * choice)
+        name = f"c-send{len(self.procs)}"
+        proc = self.spawn(
+            "c-send", name, self.c_examples.send_command(self.broker.port, C_SEND_ADDRESS, count)
+        )
+        proc.until = time.monotonic() + 15
+        self.log("fault", fault="c-send", victim=name, count=count)
+        self.c_send_counts[name] = count
+        return True
+
+    def fault_stream_read(self, choice: float) -> bool:
+        assert self.broker is not None
+        name = f"reader{len(self.procs)}"
+        args = ["--url", self.broker.url, "--receive", "stream:offset=first", "--credit", "50"]
+        self.spawn("consumer", name, args, until=time.monotonic() + 1 + 2 * choice)
+        self.log("action", action="stream-read", victim=name)
+        return True
+
+    def run_checks(self) -> None:
+        now = time.monotonic()
+        for c in list(self.checks):
+            ok = c.test()
+            if ok or now > c.deadline:
+                self.checks.remove(c)
+                self.log("check", check=c.kind, what=c.description, ok=ok)
+                if c.on_done is not None:
+                    c.on_done(ok)
+
+    # ------------------------------------------------------------------ the end
+
+    def wind_down(self) -> None:
+        """Let pending checks finish, then stop producers, then consumers."""
+        while self.checks and not self.dead:
+            self.pause(0.2)
+            self.run_checks()
+        for c in self.checks:  # the broker died: no verdict
+            if c.on_done is not None and c.kind == "client-stop":
+                self.kill(next(p for p in self.procs if p.name == c.description))
+        self.checks = []
+        self.winding_down = True
+        self.log("wind-down")
+        for proc in self.procs:
+            if proc.stopped_at is not None:
+                self.kill(proc)
+        self.wait_roles(("producer", "tx-producer", "c-send"), grace=10)
+        self.log("producers-stopped")
+        self.pause(1.0)  # consumers take what is left in flight
+        self.wait_roles(("consumer", "tx-consumer", "raw", "c-receive"), grace=10)
+        self.log("consumers-stopped")
+        for proc in self.procs:
+            if proc.role == "c-send":
+                out = proc.out.read_text(errors="replace") if proc.out else ""
+                count = self.c_send_counts[proc.name]
+                done = proc.popen.returncode == 0 and f"{count} messages sent" in out
+                self.c_sends.append((count, done, time.time()))
+        if self.filler is not None:
+            self.filler.release()
+        assert self.broker is not None
+        if self.dead:
+            self.broker.start()  # to drain what survived
+            self.restarts.append((time.time(), time.time()))
+            self.dead = False
+        self.watch_broker()
+
+    def wait_roles(self, roles: tuple[str, ...], grace: float) -> None:
+        procs = [p for p in self.procs if p.role in roles and p.popen.poll() is None]
+        for proc in procs:
+            proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(proc, crashed=False)
+                self.report.notes.append(f"{proc.name} did not stop on SIGTERM: killed")
+
+    def measure(self) -> dict[str, Any]:
+        assert self.broker is not None and self.broker.data_dir is not None
+        stats = self.broker.api("/api/broker")
+        return {
+            "fds": self.broker.fds(),
+            "rss_kib": self.broker.rss_kib(),
+            "page_files": _files(self.broker.data_dir / "paging"),
+            "journal_records": stats["journal"]["messages"]["records"],
+            "paged_messages": stats["paging"]["paged-messages"],
+            "connections": stats["connections"],
+        }
+
+    def drain_and_measure(self) -> None:
+        assert self.broker is not None
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: self.broker.api("/api/broker")["connections"] == 0, 15)
+        self.log("disconnected")
+        self.log("drain")
+        drained = drain_all(self.broker, self.events / "drain.jsonl")
+        self.log("drained", queues=drained)
+        self.report.resources["drained"] = sum(drained.values())
+        self.watch_broker()
+        if self.dead:
+            return
+        base = self.baseline
+        restarted = self.report.resources.get("restarted")
+        fd_base = restarted[-1]["fds"] if restarted else base["fds"]
+        rss_base = max(base["rss_kib"], restarted[-1]["rss_kib"] if restarted else 0)
+        stream = _stream_count(self.broker) if "stream" in self.s.lanes else 0
+
+        def settled() -> dict[str, Any] | None:
+            now = self.measure()
+            ok = (
+                now["fds"] <= fd_base + self.s.fd_slack
+                and now["page_files"] <= base["page_files"]
+                and now["journal_records"] <= base["journal_records"] + stream + self.s.record_slack
+            )
+            return now if ok else None
+
+        try:
+            after = wait_for(settled, 20, 0.5, "resources to settle")
+        except AssertionError:
+            after = self.measure()
+            self.violation(
+                "resources",
+                f"after the drain: {after} (baseline {base}, fd baseline {fd_base}, stream "
+                f"messages {stream}); open fds, page files and journal records must return "
+                "near their baseline",
+            )
+        self.report.resources["after"] = after
+        self.log("settled", after=after)
+        if after["rss_kib"] > rss_base + self.s.rss_slack_kib:
+            self.violation(
+                "resources",
+                f"RSS after the drain {after['rss_kib']} KiB, baseline {rss_base} KiB "
+                f"(allowed +{self.s.rss_slack_kib} KiB)",
+            )
+
+    def stop_broker(self) -> None:
+        assert self.broker is not None
+        if not self.broker.running():
+            return
+        status = self.broker.stop()
+        self.log("broker-stopped", status=status)
+        if status != 0:
+            self.violation(
+                "broker-stop",
+                f"SIGTERM: the broker ended with {describe_status(status)}\n"
+                f"{self.broker.log_tail(20)}",
+            )
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                proc.popen.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(5)
+        if self.broker is not None:
+            self.broker.kill()
+        if self.filler is not None:
+            self.filler.release()
+        if self.tmpfs is not None:
+            self.tmpfs.unmount()
+
+
+def _held(events: list[dict[str, Any]]) -> set[str]:
+    """The messages a consumer had received and not yet settled (but those that may expire
+    or be replaced by a last value before anyone sees them again)."""
+    held: set[str] = set()
+    for e in events:
+        if e["kind"] == "delivered" and e.get("lane") not in ("ttl", "lvq"):
+            held.add(e["id"])
+        elif e["kind"] in ("acked", "tx-discharge"):
+            held.difference_update(e["ids"])
+        elif e["kind"] == "poisoned":
+            held.discard(e["id"])
+    return held
+
+
+def _local_ports(pid: int) -> list[int]:
+    """The local TCP ports of `pid`'s sockets (from /proc: its fds' inodes in net/tcp)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    ports = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def _files(directory: Path) -> int:
+    if not directory.exists():
+        return 0
+    return sum(1 for p in directory.rglob("*") if p.is_file())
+
+
+def _stream_count(broker: SystemBroker) -> int:
+    with contextlib.suppress(Exception):
+        return int(broker.api(f"/api/queues/{LANES['stream'].address}")["message-count"])
+    return 0

@@ -1,0 +1,71 @@
+"""Seeded random fault schedules against a broker with every feature on at once.
+
+A failure prints the seed; `SCOW_CHAOS_SEED=N pytest tests/system/test_chaos.py -k replay`
+runs that schedule again (with `SCOW_CHAOS_SECONDS` for its length, default 20, and every
+fault kind). `-m slow` runs many longer schedules.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.security.helpers import Pki
+from tests.system import native
+from tests.system.harness import FAULT_KINDS, QUICK_FAULTS, ChaosRun, Report, Settings
+
+
+def run_schedule(
+    tmp_path: Path, c_build: native.CExamples | str, pki: Pki, settings: Settings
+) -> Report:
+    run = ChaosRun(
+        settings,
+        tmp_path / f"chaos-{settings.seed}",
+        c_examples=c_build if not isinstance(c_build, str) else None,
+        tls=(pki.ca, pki.server_cert, pki.server_key),
+    )
+    report = run.run()
+    if isinstance(c_build, str):
+        report.notes.append(f"proton's C examples left out: {c_build}")
+    print(report.describe())
+    return report
+
+
+@pytest.mark.parametrize("seed", [1701, 1702])
+def test_short_schedule_of_client_faults_keeps_every_invariant(tmp_path, c_build, pki, seed):
+    report = run_schedule(
+        tmp_path,
+        c_build,
+        pki,
+        Settings(seed=seed, duration=8, faults=QUICK_FAULTS, rate_factor=0.5),
+    )
+    assert not report.failed, report.describe()
+
+
+def test_short_schedule_with_broker_kills_and_a_full_disk_keeps_every_invariant(
+    tmp_path, c_build, pki
+):
+    report = run_schedule(
+        tmp_path,
+        c_build,
+        pki,
+        Settings(seed=1703, duration=10, faults=FAULT_KINDS, rate_factor=0.5),
+    )
+    assert not report.failed, report.describe()
+
+
+@pytest.mark.skipif("SCOW_CHAOS_SEED" not in os.environ, reason="set SCOW_CHAOS_SEED to replay")
+def test_replay(tmp_path, c_build, pki):
+    seed = int(os.environ["SCOW_CHAOS_SEED"])
+    seconds = float(os.environ.get("SCOW_CHAOS_SECONDS", "20"))
+    report = run_schedule(tmp_path, c_build, pki, Settings(seed=seed, duration=seconds))
+    assert not report.failed, report.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(100, 140))
+def test_long_schedule_keeps_every_invariant(tmp_path, c_build, pki, seed):
+    report = run_schedule(tmp_path, c_build, pki, Settings(seed=seed, duration=40))
+    assert not report.failed, report.describe()
