@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.interfaces import Completion, PageStore
-from scow.plugins.paging.cursor import QueueCursor
 from scow.plugins.paging.pager import AddressPager, PageInfo
 from scow.plugins.paging.scan import durable_records
 from scow.plugins.paging.writer import PageWriter
@@ -217,8 +216,7 @@ class PagingManager:
                 queue=name,
                 messages=scan.queues[queue.id][0],
             )
-            cursor = pager.cursors[name] = QueueCursor(pager, queue)
-            cursor.drain_to_queue = True
+            pager.drain_cursor(queue)
 
     def _forget_orphans(self, recovery: PageRecovery) -> None:
         """Journal records about pages or transactions that no longer exist."""

@@ -8,11 +8,12 @@ left in pages and whose memory has room takes the message straight into memory a
 read from disk. The address leaves page mode once every cursor has caught up with what
 was written and the address is under its limits again.
 
-Queues that store their own messages (a stream: `stores_own_messages`) are never paged:
-they keep everything in their own files and never read pages. While the address pages,
+Queues that store their own messages (a stream: `stores_own_messages`) are not paged:
+they keep everything in their own files and do not read pages. While the address pages,
 such a queue gets each message as if the address did not page (journaled for it when
-durable, handed to it at once, or at commit), has no cursor, and so never holds a page
-or page mode.
+durable, handed to it at once, or at commit), has no cursor, and so holds no page and
+not page mode. Only what pages hold for it anyway (written before this was so, or by a
+commit the journal had no room for) comes to it through a draining cursor.
 
 Records become visible to cursors in the order they were written, once written (and,
 for a transaction, once committed). A page is deleted once it is closed and no cursor
@@ -29,7 +30,7 @@ import structlog
 
 from scow.core.interfaces import stores_own_messages
 from scow.core.message import Message, PagedRef, SharedMessage
-from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus
+from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus, StorageFull
 from scow.core.page_frames import HEADER_SIZE
 from scow.plugins.paging import record
 from scow.plugins.paging.cursor import QueueCursor
@@ -126,6 +127,16 @@ class AddressPager:
         self.cursors[queue.name] = cursor
         queue.cursor = cursor
 
+    def drain_cursor(self, queue: Queue) -> QueueCursor:
+        """The cursor through which `queue`, which stores its own messages, gets what the
+        pages hold for it (made on first use; see `QueueCursor.drain_to_queue`)."""
+        cursor = self.cursors.get(queue.name)
+        if cursor is None:
+            cursor = self.cursors[queue.name] = QueueCursor(self, queue)
+            cursor.drain_to_queue = True
+            queue.cursor = cursor
+        return cursor
+
     def unbind(self, queue: Queue) -> None:
         self.own_storage.discard(queue.name)
         cursor = self.cursors.pop(queue.name, None)
@@ -179,7 +190,9 @@ class AddressPager:
     ) -> RouteStatus:
         """Page `message` for the queues that read pages; hand it to those that store
         their own messages (`own`) as the broker does while the address does not page:
-        journaled for them when durable, enqueued now (or at commit)."""
+        journaled for them first when durable, then enqueued (at commit, in a
+        transaction). Raises StorageFull, with nothing done, when the journal has no
+        room for it (outside a transaction)."""
         message.id = message.id or self.broker.next_id()
         paged = [q for q in queues if q.name not in self.own_storage]
         if paged and self._refused_by_page_limit():
@@ -197,6 +210,26 @@ class AddressPager:
                 page_done, own_done = _halves(on_stored)
             else:
                 page_done, own_done = None, on_stored
+        if durable_ids:
+            try:
+                broker.storage.store_message(
+                    message.id,
+                    message.address,
+                    message.expiration,
+                    message.priority,
+                    durable_ids,
+                    message.data,
+                    own_done,
+                    tx_id=tx_id,
+                )
+            except StorageFull:
+                if tx_id is None:
+                    raise
+                # The broker journaled the rest of the commit: it can no longer be refused.
+                # The pages keep this copy too; a draining cursor hands it over at commit.
+                for queue in own:
+                    self.drain_cursor(queue)
+                return self._write(message, paged + own, on_stored, tx_id)
         status = self._write(message, paged, page_done, tx_id) if paged else RouteStatus.ROUTED
         # the pages' copy and the own-storage copy are freed apart: each its own object
         refs, stored_refs = len(own), len(durable_ids)
@@ -206,17 +239,6 @@ class AddressPager:
             else message.shared(refs, stored_refs)
         )
         self.address.add_memory(len(message.data))
-        if durable_ids:
-            broker.storage.store_message(
-                message.id,
-                message.address,
-                message.expiration,
-                message.priority,
-                durable_ids,
-                message.data,
-                own_done,
-                tx_id=tx_id,
-            )
         if tx_id is not None:
             self._open_txs.setdefault(tx_id, []).append(["own", own, held])
             if not paged and on_stored is not None:

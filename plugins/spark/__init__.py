@@ -57,3 +57,9 @@ def scow_management_operations(broker: Broker) -> dict[str, dict[str, Management
 @hookimpl
 def scow_services(broker: Broker) -> list[Service]:
     return [Streams.of(broker)]
+
+
+@hookimpl
+def scow_broker_started(broker: Broker) -> None:
+    # after every service's start: the paging plugin's may hand streams what pages held
+    Streams.of(broker).broker_started()

@@ -99,9 +99,13 @@ class Streams:
     # ------------------------------------------------------------------ Service
 
     async def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def broker_started(self) -> None:
+        """Every service ran its recovery (the paging plugin's included): streams may
+        forget what let them skip messages stored before a crash."""
         for queue in self.queues.values():
             queue.recovered()
-        self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
         while True:

@@ -36,7 +36,7 @@ from scow.protocols.amqp.codec import Described, Timestamp
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
-    from scow.core.interfaces import Consumer
+    from scow.core.interfaces import Consumer, Cursor
     from scow.core.model import QueueSpec
 
 STREAM_DIRECTORY = "streams"
@@ -157,9 +157,12 @@ class StreamQueue:
 
     admit: Callable[[Message], None] | None = None
     #: Its segments hold its messages: the address's pager hands it each message directly
-    #: and gives it no cursor (see `scow.core.interfaces.stores_own_messages`).
+    #: and gives it no cursor (see `scow.core.interfaces.stores_own_messages`)...
     stores_own_messages = True
-    cursor = None
+    #: ...except a draining one while its address's pages hold some of its messages
+    #: (written there before streams were kept out of pages, or by a transaction the
+    #: journal had no room for at commit).
+    cursor: Cursor | None = None
 
     def __init__(
         self,
@@ -185,6 +188,7 @@ class StreamQueue:
         self.directory = data_dir / STREAM_DIRECTORY / directory_name(spec.name)
         self.segments, self.next_seq, self._stored_ids = seglog.open_segments(self.directory)
         self._assigned = self.next_seq
+        self._recovering = True
         self.cursors = Cursors(self.directory, arguments.get("cursor-ttl", DEFAULT_CURSOR_TTL))
         self._loop = asyncio.get_running_loop()
         self._on_close = on_close
@@ -276,8 +280,17 @@ class StreamQueue:
         self.log.append(seq, message.id, message.data, entry)
 
     def recovered(self) -> None:
-        """Recovery is over: forget the ids that let it skip messages already stored."""
-        self._stored_ids = set()
+        """Recovery is over (the broker started): forget the ids that let it skip
+        messages already stored, once its address's pages have handed over what they
+        still held for it (`cursor`: a draining one; a crash may have come between such
+        a message's append and its acknowledgement)."""
+        self._recovering = False
+        self._forget_stored_ids()
+
+    def _forget_stored_ids(self) -> None:
+        cursor = self.cursor
+        if not self._recovering and (cursor is None or not cursor.backlog):
+            self._stored_ids = set()
 
     def _acknowledge(self, entry: Entry) -> None:
         # a message routed to several queues is a SharedMessage: a Message, not a ref
@@ -288,6 +301,8 @@ class StreamQueue:
         """Back on the loop: a batch is on disk; acknowledge it and let readers see it."""
         for token in written.tokens:
             self._acknowledge(token)
+        if self._stored_ids:
+            self._forget_stored_ids()
         if self._closed:
             return
         if written.new_segments:

@@ -15,6 +15,7 @@ from proton import Message, Timeout, symbol
 from proton.reactor import Container, Filter
 from proton.utils import SendException
 
+from scow.core.model import StorageFull
 from scow.core.testing import BrokerThread, broker_processes, wait_for
 from scow.protocols.amqp.codec import MessageInfo
 from tests.spark.conftest import PLUGINS, client, stream
@@ -247,3 +248,74 @@ def test_sigkill_mid_traffic_on_a_paging_address_keeps_every_accepted_message_on
     assert len(got) <= len(sent) + 1  # at most the one in flight when the broker died
     assert subscription["message-count"] >= len(sent)
     assert feed["paging"] and list(feed["cursors"]) == ["feed-sub"]  # the stream has none
+
+
+# --------------------------------------------------------------------------- storage full
+
+MIXED = {
+    "audit": {**stream(), "address": "mixed", "routing-type": "MULTICAST"},
+    "mixed-sub": {"address": "mixed", "routing-type": "MULTICAST"},
+}
+MIXED_PAGING = {"mixed": {"max-size-bytes": 2_000, "page-size-bytes": 8_000}}
+
+
+def journal_refuses(broker: BrokerThread, monkeypatch: Any, *, in_tx: bool) -> None:
+    """From now on the message journal has no room for new messages (in or out of
+    transactions, as asked), as on a full file system."""
+    storage = broker.broker.storage
+    store = storage.store_message
+
+    def refuse(*args: Any, tx_id: int | None = None, **kwargs: Any) -> None:
+        if (tx_id is not None) == in_tx:
+            raise StorageFull("journal: no room (test)")
+        store(*args, tx_id=tx_id, **kwargs)
+
+    monkeypatch.setattr(storage, "store_message", refuse)
+
+
+def test_a_send_the_journal_refuses_is_refused_whole_on_a_paging_stream_address(
+    streams, monkeypatch
+):
+    broker = streams.start(MIXED, address_settings=MIXED_PAGING)
+    bulk_send(broker.url, "mixed", 20, numbered("m"))  # past max-size-bytes: it pages
+    assert address_stats(broker, "mixed")["paging"]
+    wait_for(lambda: broker.queue_stats("audit")["next-sequence"] >= 20, what="20 stored")
+    journal_refuses(broker, monkeypatch, in_tx=False)
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("mixed")
+        with pytest.raises(SendException):
+            sender.send(numbered("m")(20))
+    monkeypatch.undo()
+    assert broker.queue_stats("mixed-sub")["message-count"] == 20  # nothing paged either
+    bulk_send(broker.url, "mixed", 1, lambda i: numbered("m")(21))
+    wait_for(lambda: broker.queue_stats("audit")["next-sequence"] >= 21, what="21 stored")
+    expected = [f"m{i}" for i in (*range(20), 21)]
+    assert [m.id for m in read_stream(broker.url, "audit", 21)] == expected
+    with connected(broker.url) as conn:
+        sub = conn.create_receiver("mixed::mixed-sub", credit=50)
+        assert [m.id for m in receive(sub, 21)] == expected
+
+
+def test_a_commit_the_journal_has_no_room_for_still_reaches_the_stream_once(streams, monkeypatch):
+    broker = streams.start(MIXED, address_settings=MIXED_PAGING)
+    bulk_send(broker.url, "mixed", 20, numbered("m"))
+    assert address_stats(broker, "mixed")["paging"]
+    journal_refuses(broker, monkeypatch, in_tx=True)  # after the broker's own journal part
+    tx = TxClient(broker.url, "mixed", 10, commit=True)
+    Container(tx).run()
+    assert tx.outcome == "committed"
+    monkeypatch.undo()
+    assert "audit" in address_stats(broker, "mixed")["cursors"]  # it went through the pages
+    expected = [f"m{i}" for i in range(20)] + [f"tx{i}" for i in range(10)]
+    ids = lambda got: [m.id or m.body for m in got]  # noqa: E731
+    wait_for(lambda: broker.queue_stats("audit")["next-sequence"] >= 30, what="30 stored")
+    assert ids(read_stream(broker.url, "audit", 30)) == expected
+    broker.stop()
+
+    broker = streams.start(MIXED, address_settings=MIXED_PAGING)  # once, after a restart
+    assert ids(read_stream(broker.url, "audit", 30)) == expected
+    with connected(broker.url) as conn:
+        sub = conn.create_receiver("mixed::mixed-sub", credit=50)
+        assert ids(receive(sub, 30)) == expected
+    wait_for(lambda: not address_stats(broker, "mixed")["paging"], what="paging to end")
+    wait_for(lambda: address_stats(broker, "mixed")["page-count"] == 0, what="pages deleted")
