@@ -335,12 +335,15 @@ def stores_own_messages(queue: Queue) -> bool:
     """True for a queue that keeps every message it is given in its own storage (a
     stream's segment files), in bounded memory, and reads them back from there.
 
-    Its address's pages must never hold its messages, since it never reads them: while
+    Its address's pages must not hold its messages, since it does not read them: while
     the address pages, the pager hands such a queue each message directly (as the broker
     does while the address does not page), gives it no cursor and never waits for it to
-    delete a page or to leave page mode. A queue type says so with the class attribute
-    `stores_own_messages = True`; a queue without the attribute is paged like any other.
-    Asked when a queue is bound, never per message.
+    delete a page or to leave page mode. Only what pages hold for it anyway (from an
+    older broker, or a commit the journal had no room for) reaches it through a cursor
+    that hands it everything, consumers or not (so `enqueue` must take `PagedRef`s).
+    A queue type says so with the class attribute `stores_own_messages = True`; a queue
+    without the attribute is paged like any other. Asked when a queue is bound, never
+    per message.
     """
     return getattr(queue, "stores_own_messages", False) is True
 
