@@ -310,7 +310,8 @@ class AddressPager:
         if direct:
             self._enqueue_direct(message, direct)
         if sync and on_stored is not None:
-            write.append(on_stored)  # run by _advance once the record is visible
+            # run by _advance once the record is visible, and its queues' records durable
+            write.append(self.broker.storage.after_bindings(on_stored))
             return RouteStatus.PENDING
         return RouteStatus.ROUTED
 
