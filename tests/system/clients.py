@@ -398,6 +398,7 @@ class TxProducer(_Client, TransactionHandler):
         self.seq = 0
         self.transaction: Any = None
         self.to_send: list[Message] = []
+        self.sent: list[Any] = []
         self.ids: list[str] = []
         self.discharge_at: float | None = None
         self.busy = False
@@ -422,19 +423,28 @@ class TxProducer(_Client, TransactionHandler):
     def on_transaction_declared(self, event: Any) -> None:
         self.transaction = event.transaction
         self.batch += 1
-        self.to_send, self.ids = [], []
+        self.to_send, self.ids, self.sent = [], [], []
         for _ in range(self.rng.randint(1, self.args.batch)):
             self.seq += 1
             message, _ = self.lane.message(self.args.name, self.seq, self.rng)
             self.to_send.append(message)
             self.ids.append(str(message.id))
         self.log.write("tx-begin", lane=self.lane.name, batch=self.batch, ids=self.ids)
-        self.discharge_at = time.monotonic() + self.rng.uniform(0, self.args.hold)
+        hold = float("inf") if self.args.stall else self.rng.uniform(0, self.args.hold)
+        self.discharge_at = time.monotonic() + hold
         self.send_some()
 
     def send_some(self) -> None:
         while self.to_send and self.sender.credit > 0:
-            self.transaction.send(self.sender, self.to_send.pop(0))
+            self.sent.append(self.transaction.send(self.sender, self.to_send.pop(0)))
+        if (
+            self.sent
+            and not self.to_send
+            and all(d.remote_state or d.settled for d in self.sent)
+        ):
+            # the broker has every transfer (its transactional state came back)
+            self.log.write("tx-sent", lane=self.lane.name, batch=self.batch, ids=self.ids)
+            self.sent = []
 
     def on_sendable(self, event: Any) -> None:
         if self.transaction is not None:
@@ -501,8 +511,9 @@ class TxConsumer(_Client, TransactionHandler):
         self.transaction = event.transaction
         self.batch += 1
         self.ids = []
-        self.wanted = self.rng.randint(1, self.args.batch)
-        self.deadline = time.monotonic() + self.rng.uniform(0.1, 0.3 + self.args.hold)
+        self.wanted = self.args.batch if self.args.stall else self.rng.randint(1, self.args.batch)
+        hold = float("inf") if self.args.stall else self.rng.uniform(0.1, 0.3 + self.args.hold)
+        self.deadline = time.monotonic() + hold
         credit = self.wanted - len(self.waiting) - self.receiver.credit
         if credit > 0:
             self.receiver.flow(credit)
@@ -531,7 +542,10 @@ class TxConsumer(_Client, TransactionHandler):
             self.transaction.accept(delivery)
             self.ids.append(ident)
         if self.transaction is not None and self.ids and len(self.ids) >= self.wanted:
-            self.discharge()
+            if self.args.stall:
+                self.log.write("tx-holding", lane=self.lane.name, ids=self.ids)
+            else:
+                self.discharge()
 
     def discharge(self) -> None:
         commit = self.rng.random() >= self.args.abort_ratio
@@ -742,6 +756,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
             p.add_argument("--batch", type=int, default=5)
             p.add_argument("--abort-ratio", type=float, default=0.25)
             p.add_argument("--hold", type=float, default=0.5)
+            p.add_argument("--stall", action="store_true", help="never discharge (tests)")
         if role == "raw":
             p.add_argument("--lane", required=True)
             p.add_argument("--address", default="", help="default: the lane's address")

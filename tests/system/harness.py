@@ -33,7 +33,7 @@ from tests.system import native
 from tests.system.broker import SystemBroker, describe_status
 from tests.system.checker import Findings, History, Violation, check
 from tests.system.drain import drain_all
-from tests.system.records import read_all, read_events
+from tests.system.records import Tail, read_all, read_events
 from tests.system.topology import C_SEND_ADDRESS, LANES, SUBSCRIPTIONS, BrokerSpec
 from tests.system.volumes import Filler, Tmpfs, mount_tmpfs
 
@@ -78,6 +78,8 @@ class Settings:
     #: Seconds of faults (the wind-down, drain and checks come on top).
     duration: float = 12.0
     faults: tuple[str, ...] = FAULT_KINDS
+    #: Kinds injected at least once each (at random points), besides the random draw.
+    must: tuple[str, ...] = ()
     lanes: tuple[str, ...] = tuple(LANES)
     #: Scales every lane's send rate.
     rate_factor: float = 1.0
@@ -91,6 +93,10 @@ class Settings:
     rss_slack_kib: int = 96 * 1024
     #: Journal live records allowed above the baseline after the drain.
     record_slack: int = 64
+    #: Overrides of `WEIGHTS` (0 leaves a kind out).
+    weights: dict[str, int] = field(default_factory=dict)
+    #: Seconds between samples of the broker's fds and RSS (0: none).
+    sample_every: float = 0.0
 
 
 @dataclass
@@ -106,6 +112,8 @@ class Proc:
     terminated: bool = False
     killed: bool = False
     out: Path | None = None
+    #: Wall time the schedule saw it exited.
+    ended: float | None = None
 
     @property
     def live(self) -> bool:
@@ -200,7 +208,11 @@ class ChaosRun:
         self.c_send_counts: dict[str, int] = {}
         workdir.mkdir(parents=True, exist_ok=True)
         self.timeline = open(workdir / "schedule.jsonl", "a", buffering=1)  # noqa: SIM115
-        self.kinds = [k for k in settings.faults if self._possible(k)]
+        self.weights = {**WEIGHTS, **settings.weights}
+        self.kinds = [k for k in settings.faults if self._possible(k) and self.weights[k] > 0]
+        #: Called with each sample of the broker's resources (see Settings.sample_every).
+        self.on_sample: Callable[[dict[str, Any]], None] | None = None
+        self.next_sample = 0.0
 
     # ------------------------------------------------------------------ the run
 
@@ -401,6 +413,8 @@ class ChaosRun:
         now = time.monotonic()
         for proc in self.procs:
             if proc.popen.poll() is not None:
+                if proc.ended is None:
+                    proc.ended = time.time()
                 continue
             if proc.until is not None and now >= proc.until and proc.stopped_at is None:
                 if not proc.terminated:
@@ -438,10 +452,24 @@ class ChaosRun:
         while True:
             self.supervise()
             self.watch_broker()
+            if self.s.sample_every and time.monotonic() >= self.next_sample and not self.dead:
+                self.sample()
             left = end - time.monotonic()
             if left <= 0 or self.dead:
                 return
             time.sleep(min(0.05, left))
+
+    def sample(self) -> None:
+        assert self.broker is not None
+        self.next_sample = time.monotonic() + self.s.sample_every
+        try:
+            sample = {"t": time.time(), **self.measure()}
+        except Exception as exc:  # the broker may be restarting
+            sample = {"t": time.time(), "error": repr(exc)}
+        self.report.resources.setdefault("samples", []).append(sample)
+        self.log("sample", **sample)
+        if self.on_sample is not None:
+            self.on_sample(sample)
 
     def watch_broker(self) -> None:
         assert self.broker is not None
@@ -456,14 +484,22 @@ class ChaosRun:
 
     def inject_faults(self) -> None:
         end = time.monotonic() + self.s.duration
-        weights = [WEIGHTS[k] for k in self.kinds]
+        weights = [self.weights[k] for k in self.kinds]
+        # the kinds that must come, each at a random step of the schedule's first 80 %
+        steps = max(1, int(0.8 * self.s.duration / (sum(self.s.step) / 2)))
+        must = [k for k in self.s.must if k in self.kinds]
+        positions = self.rng.sample(range(steps), min(len(must), steps))
+        planned = dict(zip(positions, must[: len(positions)], strict=True))
         self.pause(1.0)  # traffic first
+        step = 0
         while time.monotonic() < end and not self.dead:
             self.pause(self.rng.uniform(*self.s.step))
             self.run_checks()
             if self.dead or not self.kinds:
                 break
             kind = self.rng.choices(self.kinds, weights)[0]
+            kind = planned.pop(step, kind)
+            step += 1
             choice = self.rng.random()  # drawn for every fault: the sequence stays the seed's
             injected = getattr(self, "fault_" + kind.replace("-", "_"))(choice)
             if injected:
@@ -504,6 +540,8 @@ class ChaosRun:
         timeout = 2 * self.s.idle_timeout_ms / 1000 + 10
         restarts = len(self.restarts)
         state: dict[str, Any] = {}
+        tail = Tail(self.events)
+        again: set[str] = set()
 
         def freed() -> bool:
             if len(self.restarts) != restarts:
@@ -513,14 +551,14 @@ class ChaosRun:
                 if any(f"127.0.0.1:{port}" in remotes for port in ports):
                     return False
                 state["dropped"] = time.time() - stopped_at
-            again = {
+            again.update(
                 e["id"]
-                for e in read_all(self.events)
+                for e in tail.poll()
                 if e["kind"] == "delivered"
                 and e["client"] != victim.name
                 and e["t"] > stopped_at
                 and (e.get("count") or 0) >= 1
-            }
+            )
             state["missing"] = held - again
             return not state["missing"]
 
@@ -625,7 +663,7 @@ class ChaosRun:
             if not events:
                 return False
             last = events[-1]
-            return (victim.role == "tx-producer" and last["kind"] == "tx-begin") or (
+            return (victim.role == "tx-producer" and last["kind"] in ("tx-begin", "tx-sent")) or (
                 victim.role == "tx-consumer" and last["kind"] == "delivered"
             )
 
@@ -662,10 +700,12 @@ class ChaosRun:
         freed = time.time()
         self.log("disk-freed")
 
+        tail = Tail(self.events, "p*.jsonl")
+
         def resumed() -> bool:
             return any(
                 e["kind"] == "sent" and e.get("durable") and e["t"] > freed + 0.5
-                for e in read_all(self.events, "p*.jsonl")
+                for e in tail.poll()
             )
 
         def done(ok: bool) -> None:
@@ -765,7 +805,7 @@ class ChaosRun:
                 out = proc.out.read_text(errors="replace") if proc.out else ""
                 count = self.c_send_counts[proc.name]
                 done = proc.popen.returncode == 0 and f"{count} messages sent" in out
-                self.c_sends.append((count, done, time.time()))
+                self.c_sends.append((count, done, proc.ended or time.time()))
         if self.filler is not None:
             self.filler.release()
         assert self.broker is not None
@@ -806,8 +846,14 @@ class ChaosRun:
         self.log("disconnected")
         self.log("drain")
         drained = drain_all(self.broker, self.events / "drain.jsonl")
-        self.log("drained", queues=drained)
-        self.report.resources["drained"] = sum(drained.values())
+        self.log("drained", queues=drained.taken, stuck=drained.stuck)
+        self.report.resources["drained"] = sum(drained.taken.values())
+        for queue, count in drained.stuck.items():
+            self.violation(
+                "stuck",
+                f"{queue}: the broker reports {count} more messages than a consumer could "
+                "receive from it in the final drain",
+            )
         self.watch_broker()
         if self.dead:
             return
@@ -830,11 +876,13 @@ class ChaosRun:
             after = wait_for(settled, 20, 0.5, "resources to settle")
         except AssertionError:
             after = self.measure()
+            assert self.broker.data_dir is not None
+            pages = _listing(self.broker.data_dir / "paging")
             self.violation(
                 "resources",
                 f"after the drain: {after} (baseline {base}, fd baseline {fd_base}, stream "
                 f"messages {stream}); open fds, page files and journal records must return "
-                "near their baseline",
+                f"near their baseline; page files: {pages}",
             )
         self.report.resources["after"] = after
         self.log("settled", after=after)
@@ -904,6 +952,17 @@ def _local_ports(pid: int) -> list[int]:
                 if fields[9] in inodes:
                     ports.append(int(fields[1].rsplit(":", 1)[1], 16))
     return sorted(ports)
+
+
+def _listing(directory: Path) -> list[str]:
+    """Files under `directory` with their sizes (what a violation report shows)."""
+    if not directory.exists():
+        return []
+    return [
+        f"{p.relative_to(directory)} ({p.stat().st_size} B)"
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    ][:20]
 
 
 def _files(directory: Path) -> int:

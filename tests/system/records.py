@@ -61,3 +61,29 @@ def process_alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+class Tail:
+    """New events of the files in a directory since the last `poll()` (reads each file
+    from where it stopped, so a long schedule's logs are read once)."""
+
+    def __init__(self, directory: Path, pattern: str = "*.jsonl") -> None:
+        self.directory = directory
+        self.pattern = pattern
+        self.offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for path in sorted(self.directory.glob(self.pattern)):
+            offset = self.offsets.get(path, 0)
+            with open(path, "rb") as data:
+                data.seek(offset)
+                chunk = data.read()
+            end = chunk.rfind(b"\n") + 1  # a line still being written waits for next time
+            for line in chunk[:end].splitlines():
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            self.offsets[path] = offset + end
+        return events

@@ -51,7 +51,13 @@ def test_short_schedule_with_broker_kills_and_a_full_disk_keeps_every_invariant(
         tmp_path,
         c_build,
         pki,
-        Settings(seed=1703, duration=10, faults=FAULT_KINDS, rate_factor=0.5),
+        Settings(
+            seed=1703,
+            duration=10,
+            faults=FAULT_KINDS,
+            must=("broker-restart", "disk-full", "client-stop"),
+            rate_factor=0.5,
+        ),
     )
     assert not report.failed, report.describe()
 

@@ -1,0 +1,259 @@
+"""Each fault of the schedules on its own, deterministic: what the broker must do when a
+consumer freezes, a sender dies mid-message, a transaction is cut off, or the disk fills."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from proton import Message
+
+from scow.core.testing import amqp_client, wait_for
+from tests.system.harness import ROOT, _local_ports
+from tests.system.records import read_events
+from tests.system.topology import LANES, BrokerSpec
+from tests.system.volumes import Filler
+
+
+class Clients:
+    """Client programs (tests/system/clients.py) in their own processes, killed at the end."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, role: str, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = self.directory / f"{name}.jsonl"
+        with open(self.directory / f"{name}.out", "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.system.clients", role, *_common(log, name), *args],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+        self.procs.append(proc)
+        return proc
+
+    def events(self, name: str, kind: str | None = None) -> list[dict]:
+        events = read_events(self.directory / f"{name}.jsonl")
+        return [e for e in events if kind is None or e["kind"] == kind]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+def _common(log: Path, name: str) -> list[str]:
+    return ["--log", str(log), "--name", name]
+
+
+@contextlib.contextmanager
+def clients(tmp_path: Path):
+    running = Clients(tmp_path)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def send(broker, address: str, count: int, **kwargs) -> list[str]:
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(address)
+        ids = [f"m{i}" for i in range(count)]
+        for ident in ids:
+            sender.send(Message(id=ident, body=f"body of {ident}", durable=True, **kwargs))
+    return ids
+
+
+def drain(broker, address: str, timeout: float = 2) -> list[Message]:
+    got = []
+    with amqp_client(broker) as conn:
+        receiver = conn.create_receiver(address, credit=100)
+        with contextlib.suppress(Exception):
+            while True:
+                got.append(receiver.receive(timeout=timeout))
+                receiver.accept()
+    return got
+
+
+def queue(broker, name: str) -> dict:
+    return broker.api(f"/api/queues/{name}")
+
+
+def test_frozen_consumers_messages_go_to_another_consumer_after_the_idle_timeout(
+    system_broker, tmp_path
+):
+    broker = system_broker(BrokerSpec(lanes=("paged",), idle_timeout_ms=2000))
+    address = LANES["paged"].address
+    ids = send(broker, address, 20)
+    with clients(tmp_path) as run:
+        # holds what it gets: never accepts (its acks would come after 100 messages)
+        frozen = run.start(
+            "consumer", "frozen", "--url", broker.url, "--receive", "paged",
+            "--credit", "10", "--ack-every", "100", "--ack-interval", "100",
+        )  # fmt: skip
+        wait_for(lambda: len(run.events("frozen", "delivered")) == 10, 20, what="10 deliveries")
+        ports = _local_ports(frozen.pid)
+        held = {e["id"] for e in run.events("frozen", "delivered")}
+        os.kill(frozen.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        run.start("consumer", "other", "--url", broker.url, "--receive", "paged")
+
+        def dropped() -> bool:
+            remotes = {c["remote"] for c in broker.api("/api/connections")}
+            return not any(f"127.0.0.1:{port}" in remotes for port in ports)
+
+        wait_for(dropped, 15, 0.1, "the broker to drop the frozen consumer's connection")
+        assert time.monotonic() - stopped >= 1.5, "dropped before the idle timeout"
+
+        def redelivered() -> set[str]:
+            return {e["id"] for e in run.events("other", "delivered") if e["count"] >= 1}
+
+        wait_for(lambda: held <= redelivered(), 15, 0.1, "the frozen consumer's messages")
+        wait_for(lambda: len(run.events("other", "acked")) and queue(broker, address)[
+            "message-count"] == 0, 15, 0.1, "the rest")  # fmt: skip
+        firsts = [e["id"] for e in run.events("other", "delivered") if e["count"] == 0]
+        assert sorted(set(firsts) | held) == sorted(ids) and not set(firsts) & held
+
+
+def test_sender_killed_mid_message_never_delivers_that_message(system_broker, tmp_path):
+    broker = system_broker(BrokerSpec(lanes=("large",)))
+    address = LANES["large"].address
+    with clients(tmp_path) as run:
+        for attempt in range(3):
+            sender = run.start(
+                "raw", f"partial{attempt}", "--port", str(broker.port), "--lane", "large",
+                "--mode", "partial-send", "--end", "hold", "--size", "400000",
+            )  # fmt: skip
+            wait_for(lambda a=attempt: run.events(f"partial{a}", "partial"), 20, 0.05)
+            partial = run.events(f"partial{attempt}", "partial")[0]
+            assert 0 < partial["sent"] < partial["total"]  # the message spans many frames
+            sender.kill()
+            sender.wait()
+    wait_for(lambda: broker.api("/api/broker")["connections"] == 0, 15, 0.05)
+    send(broker, address, 1)
+    assert [m.id for m in drain(broker, address)] == ["m0"]
+    assert queue(broker, address)["message-count"] == 0
+
+
+def test_transaction_cut_off_by_a_kill_leaves_nothing_behind(system_broker, tmp_path):
+    broker = system_broker(BrokerSpec(lanes=("tx",)))
+    address = LANES["tx"].address
+    with clients(tmp_path) as run:
+        producer = run.start(
+            "tx-producer", "txp", "--url", broker.url, "--batch", "5", "--stall",
+            "--rate-factor", "10",
+        )  # fmt: skip
+        wait_for(lambda: run.events("txp", "tx-sent"), 20, 0.05, "the transactional sends")
+        producer.kill()
+        producer.wait()
+        ids = send(broker, address, 5)
+        consumer = run.start("tx-consumer", "txc", "--url", broker.url, "--batch", "5", "--stall")
+        wait_for(lambda: run.events("txc", "tx-holding"), 20, 0.05, "5 accepted in a transaction")
+        consumer.kill()
+        consumer.wait()
+    wait_for(lambda: broker.api("/api/broker")["connections"] == 0, 15, 0.05)
+    got = drain(broker, address)
+    # nothing of the producer's transaction; the consumer's acks rolled back, counted
+    assert [m.id for m in got] == ids
+    assert all(m.delivery_count >= 1 for m in got)
+    journal = broker.api("/api/broker")["journal"]["messages"]
+    assert journal["transactions"] == 0, "a dead client's transaction stays open"
+
+
+def _fill_the_disk_under_traffic(broker, disk, run, lanes: tuple[str, ...]) -> tuple[float, float]:
+    """Producers on `lanes`; the disk filled for 2 s, then freed; durable sends must resume.
+    Returns when the disk was full and when it was freed."""
+    filler = Filler(disk.path / "filler")
+    run.start(
+        "producer", "p", "--url", broker.url, "--lanes", ",".join(lanes), "--rate-factor", "5"
+    )
+    wait_for(lambda: len(run.events("p", "sent")) > 100, 20, 0.05, "traffic")
+    filler.fill()
+    full = time.time()
+    time.sleep(2)  # the disk stays full this long: the fault, not a wait
+    assert broker.running(), broker.death_report()
+    filler.release()
+    freed = time.time()
+    wait_for(
+        lambda: any(e["t"] > freed + 0.5 for e in run.events("p", "sent")),
+        20,
+        0.1,
+        "durable sends to resume once the disk has room",
+    )
+    refused = run.events("p", "refused")
+    assert all("resource-limit" in str(e.get("condition")) for e in refused), refused[:3]
+    return full, freed
+
+
+def _lost(lane: str, sent: list[dict], got: set[str], full: float, freed: float) -> str:
+    accepted = [e["id"] for e in sent if e["lane"] == lane and e["durable"]]
+    lost = [i for i in accepted if i not in got]
+    if not lost:
+        return ""
+    during = {e["id"] for e in sent if full <= e["t"] <= freed + 5}
+    return (
+        f"{LANES[lane].address}: {len(lost)} of {len(accepted)} acknowledged durable messages "
+        f"lost ({len([i for i in lost if i in during])} accepted while or just after the disk "
+        f"was full), e.g. {lost[:5]}"
+    )
+
+
+def test_full_disk_holds_queue_producers_back_and_loses_nothing_acknowledged(
+    system_broker, tmpfs, tmp_path
+):
+    disk = tmpfs("48m")
+    lanes = ("paged", "qpaged")
+    broker = system_broker(BrokerSpec(lanes=lanes, data_dir=disk.path / "data"))
+    with clients(tmp_path) as run:
+        full, freed = _fill_the_disk_under_traffic(broker, disk, run, lanes)
+    sent = run.events("p", "sent")
+    broker.kill()  # and back: what was acknowledged durable is on disk
+    broker.start()
+    lost = [
+        _lost(name, sent, {str(m.id) for m in drain(broker, LANES[name].address)}, full, freed)
+        for name in lanes
+    ]
+    assert not any(lost), "; ".join(lost)
+
+
+def test_full_disk_loses_nothing_a_stream_acknowledged(system_broker, tmpfs, tmp_path):
+    disk = tmpfs("48m")
+    broker = system_broker(BrokerSpec(lanes=("stream",), data_dir=disk.path / "data"))
+    address = LANES["stream"].address
+    with clients(tmp_path) as run:
+        full, freed = _fill_the_disk_under_traffic(broker, disk, run, ("stream",))
+    sent = run.events("p", "sent")
+    # readable now, and after a restart (recovery must not cut what was acknowledged)
+    now = {str(m.id) for m in _read_stream(broker, address, len(sent))}
+    lost = _lost("stream", sent, now, full, freed)
+    assert not lost, lost
+    broker.kill()
+    broker.start()
+    again = {str(m.id) for m in _read_stream(broker, address, len(sent))}
+    lost = _lost("stream", sent, again, full, freed)
+    assert not lost, f"after a restart: {lost}"
+
+
+def _read_stream(broker, address: str, count: int) -> list[Message]:
+    from proton import symbol
+    from proton.reactor import Filter
+
+    got = []
+    with amqp_client(broker) as conn:
+        receiver = conn.create_receiver(
+            address, credit=200, options=Filter({symbol("scow:stream-offset"): "first"})
+        )
+        with contextlib.suppress(Exception):
+            while len(got) < count:
+                got.append(receiver.receive(timeout=3))
+                receiver.accept()
+    return got
