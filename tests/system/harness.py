@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ WEIGHTS = {
     "broker-restart": 1,
     "disk-full": 1,
     "slow-consumer": 1,
+    "consumer-pause": 2,  # a consumer group away for seconds: backlogs page
     "c-receive-kill": 2,
     "c-send": 1,
     "stream-read": 1,  # not a fault: a reader from `first` that comes and goes
@@ -97,6 +98,34 @@ class Settings:
     weights: dict[str, int] = field(default_factory=dict)
     #: Seconds between samples of the broker's fds and RSS (0: none).
     sample_every: float = 0.0
+
+
+    def replay_command(self) -> str:
+        """The command that runs this schedule again (test_chaos.py::test_replay)."""
+        env = [f"SCOW_CHAOS_SEED={self.seed}", f"SCOW_CHAOS_SECONDS={self.duration:g}"]
+        if self.faults != FAULT_KINDS:
+            env.append(f"SCOW_CHAOS_FAULTS={','.join(self.faults)}")
+        if self.must:
+            env.append(f"SCOW_CHAOS_MUST={','.join(self.must)}")
+        if self.rate_factor != 1.0:
+            env.append(f"SCOW_CHAOS_RATE={self.rate_factor:g}")
+        return " ".join(env) + " .venv/bin/python -m pytest tests/system/test_chaos.py -k replay"
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> Settings:
+        """The settings a replay command gives (see `replay_command`)."""
+
+        def kinds(name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+            value = environ.get(name)
+            return tuple(k for k in value.split(",") if k) if value else default
+
+        return cls(
+            seed=int(environ["SCOW_CHAOS_SEED"]),
+            duration=float(environ.get("SCOW_CHAOS_SECONDS", "20")),
+            faults=kinds("SCOW_CHAOS_FAULTS", FAULT_KINDS),
+            must=kinds("SCOW_CHAOS_MUST", ()),
+            rate_factor=float(environ.get("SCOW_CHAOS_RATE", "1")),
+        )
 
 
 @dataclass
@@ -157,8 +186,7 @@ class Report:
         lines = [
             f"chaos schedule seed {self.seed}: {len(self.violations)} violations "
             f"({self.seconds:.1f}s, workdir {self.workdir})",
-            f"replay: SCOW_CHAOS_SEED={self.seed} .venv/bin/python -m pytest "
-            f"tests/system/test_chaos.py -k replay",
+            f"replay: {self.settings.replay_command()}",
             "faults: " + ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())),
             f"accepted {self.findings.accepted}, lost {self.findings.lost}, first deliveries "
             f"duplicated {self.findings.duplicated}, broker deaths {self.broker_deaths}, "
@@ -224,6 +252,7 @@ class ChaosRun:
             self.wind_down()
             self.drain_and_measure()
             self.stop_broker()
+            self.summarize_log()
             self.report.findings = check(
                 History(
                     events=read_all(self.events),
@@ -738,6 +767,21 @@ class ChaosRun:
         self.log("fault", fault="slow-consumer", victim=name, lane=lane)
         return True
 
+    def fault_consumer_pause(self, choice: float) -> bool:
+        """Stop a consumer group cleanly and keep it away for 2-6 s: its queues back up,
+        their addresses page (and with them the broker as a whole past global-max-size)."""
+        groups = sorted(g for g, (role, _) in self.groups.items() if role == "consumer")
+        group = groups[int(choice * len(groups))] if groups else None
+        victim = next((p for p in self.live() if p.group == group), None)
+        if victim is None:
+            return False
+        away = 2 + 4 * self.rng.random()
+        self.log("fault", fault="consumer-pause", victim=victim.name, seconds=away)
+        victim.popen.send_signal(signal.SIGTERM)
+        victim.terminated = True
+        self.next_start[group] = time.monotonic() + away
+        return True
+
     def fault_c_receive_kill(self, choice: float) -> bool:
         assert self.c_examples is not None and self.broker is not None
         name = f"c-receive{len(self.procs)}"
@@ -833,7 +877,7 @@ class ChaosRun:
         return {
             "fds": self.broker.fds(),
             "rss_kib": self.broker.rss_kib(),
-            "page_files": _files(self.broker.data_dir / "paging"),
+            "page_files": _page_files(self.broker.data_dir / "paging"),
             "journal_records": stats["journal"]["messages"]["records"],
             "paged_messages": stats["paging"]["paged-messages"],
             "connections": stats["connections"],
@@ -906,6 +950,17 @@ class ChaosRun:
                 f"{self.broker.log_tail(20)}",
             )
 
+    def summarize_log(self) -> None:
+        """The broker's errors and warnings, counted by event (notes, not violations)."""
+        assert self.broker is not None
+        counts: Counter[str] = Counter()
+        for line in self.broker.log_lines("[error", "[warning", "[critical", limit=100_000):
+            level, _, rest = line.partition("[")[2].partition("]")
+            event = rest.strip().split("  ")[0]
+            counts[f"{level.strip()}: {event}"] += 1
+        for event, count in counts.most_common(12):
+            self.report.notes.append(f"broker log: {count} x {event}")
+
     def cleanup(self) -> None:
         for proc in self.procs:
             if proc.popen.poll() is None:
@@ -960,15 +1015,16 @@ def _listing(directory: Path) -> list[str]:
         return []
     return [
         f"{p.relative_to(directory)} ({p.stat().st_size} B)"
-        for p in sorted(directory.rglob("*"))
+        for p in sorted(directory.glob("*/*.page"))
         if p.is_file()
     ][:20]
 
 
-def _files(directory: Path) -> int:
+def _page_files(directory: Path) -> int:
+    """Page files (`NNNNNNNNN.page`) of every address folder."""
     if not directory.exists():
         return 0
-    return sum(1 for p in directory.rglob("*") if p.is_file())
+    return sum(1 for p in directory.glob("*/*.page") if p.is_file())
 
 
 def _stream_count(broker: SystemBroker) -> int:

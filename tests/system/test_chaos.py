@@ -1,8 +1,10 @@
 """Seeded random fault schedules against a broker with every feature on at once.
 
-A failure prints the seed; `SCOW_CHAOS_SEED=N pytest tests/system/test_chaos.py -k replay`
-runs that schedule again (with `SCOW_CHAOS_SECONDS` for its length, default 20, and every
-fault kind). `-m slow` runs many longer schedules.
+A failure prints its seed and the command that replays it:
+`SCOW_CHAOS_SEED=N [SCOW_CHAOS_SECONDS=S SCOW_CHAOS_FAULTS=a,b SCOW_CHAOS_MUST=c
+SCOW_CHAOS_RATE=R] pytest tests/system/test_chaos.py -k replay` (the same faults in the same
+order; their timing against the traffic differs from run to run). `-m slow` runs many
+longer schedules.
 """
 
 from __future__ import annotations
@@ -64,9 +66,7 @@ def test_short_schedule_with_broker_kills_and_a_full_disk_keeps_every_invariant(
 
 @pytest.mark.skipif("SCOW_CHAOS_SEED" not in os.environ, reason="set SCOW_CHAOS_SEED to replay")
 def test_replay(tmp_path, c_build, pki):
-    seed = int(os.environ["SCOW_CHAOS_SEED"])
-    seconds = float(os.environ.get("SCOW_CHAOS_SECONDS", "20"))
-    report = run_schedule(tmp_path, c_build, pki, Settings(seed=seed, duration=seconds))
+    report = run_schedule(tmp_path, c_build, pki, Settings.from_environment(os.environ))
     assert not report.failed, report.describe()
 
 

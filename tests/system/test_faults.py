@@ -257,3 +257,31 @@ def _read_stream(broker, address: str, count: int) -> list[Message]:
                 got.append(receiver.receive(timeout=3))
                 receiver.accept()
     return got
+
+
+def test_restart_keeps_queue_order_across_pages_and_memory(system_broker):
+    """A paging address that left page mode while paged messages were still unsettled:
+    a restart must give back the queue in send order (found by seed 42: m6, sent to memory
+    once the address stopped paging, came back ahead of the paged m4 and m5)."""
+    broker = system_broker(BrokerSpec(lanes=("paged",)))  # max-size-bytes 8 KiB
+    address = LANES["paged"].address
+
+    def paging() -> bool:
+        return bool(broker.api(f"/api/addresses/{address}")["paging"])
+
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(address)
+        receiver = conn.create_receiver(address, credit=0)
+        for i in range(6):  # m0-m2 in memory, then the address pages
+            sender.send(Message(id=f"m{i}", body="x" * 2500, durable=True))
+        assert paging()
+        receiver.flow(6)
+        assert [receiver.receive(timeout=10).id for _ in range(6)] == [f"m{i}" for i in range(6)]
+        for _ in range(3):
+            receiver.accept()  # m0-m2 done; m3-m5 stay unsettled
+        conn.create_sender("flush")  # a round trip: the acks are in
+        wait_for(lambda: not paging(), 10, 0.05, "the address to leave page mode")
+        sender.send(Message(id="m6", body="x" * 2500, durable=True))
+    broker.kill()
+    broker.start()
+    assert [m.id for m in drain(broker, address)] == ["m3", "m4", "m5", "m6"]

@@ -90,7 +90,8 @@ def body_digest(body: Any) -> str:
     return hashlib.sha1(data).hexdigest()
 
 
-PAGING = {"max-size-bytes": "32KiB", "page-size-bytes": "16KiB"}
+#: Paging addresses page from a backlog of a few messages on.
+PAGING = {"max-size-bytes": "8KiB", "page-size-bytes": "16KiB"}
 
 LANES: dict[str, Lane] = {
     lane.name: lane
@@ -166,7 +167,8 @@ class BrokerSpec:
     plugins: tuple[str, ...] = PLUGINS
     lanes: tuple[str, ...] = ()
     idle_timeout_ms: int = 3000
-    global_max_size: str = "4MiB"
+    #: Small, so that backlogs page the whole broker (every address, streams included).
+    global_max_size: str = "2MiB"
     broker: dict[str, Any] = field(default_factory=dict)
     amqp: dict[str, Any] = field(default_factory=dict)
     journal: dict[str, Any] = field(
