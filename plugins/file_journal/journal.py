@@ -1015,13 +1015,44 @@ class FileJournal:
                 self.counters.batches += 1
                 if self._max_io > 1:
                     self._io_slots.acquire()
-                    writer.write(batch)
+                    self._write(writer, batch)
                     self._inflight.put(batch)
                 else:
-                    writer.write(batch)
+                    self._write(writer, batch)
                     self._complete([batch])
         except BaseException as exc:
             self._fail(exc)
+
+    def _write(self, writer: FileWriter, batch: Batch) -> None:
+        """Write a batch; a write refused for lack of space is tried again until it fits.
+
+        Files are zero-filled in advance, so this only happens where overwriting needs
+        new blocks (copy-on-write file systems such as btrfs or ZFS). Rewriting the same
+        bytes at the same offsets is harmless; the batch completes once written.
+        """
+        problem: str | None = None
+        owner = f"journal writer {self.directory}"
+        try:
+            while True:
+                try:
+                    writer.write(batch)
+                    return
+                except OSError as exc:
+                    if not is_no_space(exc) or self._stopping:
+                        raise
+                    if problem is None:
+                        problem = disk_monitor.describe_no_room(self.directory, "a write")
+                        structlog.get_logger().warning(
+                            "journal write refused: file system full; tried again until "
+                            "space returns",
+                            directory=self.directory,
+                            error=str(exc),
+                        )
+                        disk_monitor.out_of_space(self.directory, owner, problem)
+                    time.sleep(_RETRY)
+        finally:
+            if problem is not None:
+                disk_monitor.out_of_space(self.directory, owner, None)
 
     def _syncer_loop(self) -> None:
         try:

@@ -7,6 +7,7 @@ file, so making the next journal file meets ENOSPC for real.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -244,3 +245,33 @@ def test_allocations_count_as_headroom_in_the_disk_limits(tmp_path: Path) -> Non
             await monitor.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_write_refused_for_space_is_tried_again_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # copy-on-write file systems can refuse even a write into a zero-filled file
+    from scow.plugins.file_journal import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "_RETRY", 0.01)
+    journal = FileJournal(settings(tmp_path, journal_buffer_timeout=0))
+    journal.load()
+    assert journal._writer is not None
+    write = journal._writer.write
+    refusals = [OSError(errno.ENOSPC, "No space left on device")] * 3
+
+    def flaky(batch) -> None:  # type: ignore[no-untyped-def]
+        if refusals:
+            raise refusals.pop()
+        write(batch)
+
+    monkeypatch.setattr(journal._writer, "write", flaky)
+    done: list[int] = []
+    try:
+        journal.append_add(1, HELD, BODY, sync=True, on_done=lambda: done.append(1))
+        journal.flush()
+        assert done == [1] and refusals == []
+        journal.append_add(2, HELD, BODY, sync=True)
+    finally:
+        journal.stop()
+    assert [r.id for r in load(tmp_path).records] == [1, 2]
