@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -514,25 +515,39 @@ class ChaosRun:
     def inject_faults(self) -> None:
         end = time.monotonic() + self.s.duration
         weights = [self.weights[k] for k in self.kinds]
-        # the kinds that must come, each at a random step of the schedule's first 80 %
-        steps = max(1, int(0.8 * self.s.duration / (sum(self.s.step) / 2)))
+        # the kinds that must come, each at a random step of the schedule's first half (and
+        # all that are left once time runs short)
+        steps = max(1, int(0.5 * self.s.duration / (sum(self.s.step) / 2)))
         must = [k for k in self.s.must if k in self.kinds]
         positions = self.rng.sample(range(steps), min(len(must), steps))
         planned = dict(zip(positions, must[: len(positions)], strict=True))
+        late = must[len(positions) :]
         self.pause(1.0)  # traffic first
         step = 0
-        while time.monotonic() < end and not self.dead:
+        while not self.dead:
+            left = end - time.monotonic()
+            if left <= 0 and (not (planned or late) or left < -15):
+                break
             self.pause(self.rng.uniform(*self.s.step))
             self.run_checks()
             if self.dead or not self.kinds:
                 break
             kind = self.rng.choices(self.kinds, weights)[0]
-            kind = planned.pop(step, kind)
-            step += 1
             choice = self.rng.random()  # drawn for every fault: the sequence stays the seed's
+            forced = True
+            if step in planned:
+                kind = planned.pop(step)
+            elif (planned or late) and left < 4 * max(self.s.step) * (len(planned) + len(late)):
+                late += [planned.pop(k) for k in sorted(planned)]
+                kind = late.pop(0)
+            else:
+                forced = False
+            step += 1
             injected = getattr(self, "fault_" + kind.replace("-", "_"))(choice)
             if injected:
                 self.report.faults[kind] += 1
+            elif forced:
+                late.append(kind)  # not possible right now (no victim yet): later
 
     def _pick(self, procs: list[Proc], choice: float) -> Proc | None:
         procs = sorted(procs, key=lambda p: p.name)
@@ -956,7 +971,7 @@ class ChaosRun:
         counts: Counter[str] = Counter()
         for line in self.broker.log_lines("[error", "[warning", "[critical", limit=100_000):
             level, _, rest = line.partition("[")[2].partition("]")
-            event = rest.strip().split("  ")[0]
+            event = re.split(r"\s+[\w-]+=", rest.strip(), maxsplit=1)[0].strip()
             counts[f"{level.strip()}: {event}"] += 1
         for event, count in counts.most_common(12):
             self.report.notes.append(f"broker log: {count} x {event}")
