@@ -37,7 +37,8 @@ sys.path.insert(0, str(HERE.parent))  # the repository, for the system tests' ha
 
 from tests.security.helpers import make_pki  # noqa: E402
 from tests.system import native  # noqa: E402
-from tests.system.harness import FAULT_KINDS, ChaosRun, Report, Settings  # noqa: E402
+from tests.system.faults import FAULT_KINDS  # noqa: E402
+from tests.system.harness import ChaosRun, Report, Settings  # noqa: E402
 
 SOAK_WEIGHTS = {
     "client-kill": 6,

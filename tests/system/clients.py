@@ -437,11 +437,7 @@ class TxProducer(_Client, TransactionHandler):
     def send_some(self) -> None:
         while self.to_send and self.sender.credit > 0:
             self.sent.append(self.transaction.send(self.sender, self.to_send.pop(0)))
-        if (
-            self.sent
-            and not self.to_send
-            and all(d.remote_state or d.settled for d in self.sent)
-        ):
+        if self.sent and not self.to_send and all(d.remote_state or d.settled for d in self.sent):
             # the broker has every transfer (its transactional state came back)
             self.log.write("tx-sent", lane=self.lane.name, batch=self.batch, ids=self.ids)
             self.sent = []

@@ -34,31 +34,11 @@ from tests.system import native
 from tests.system.broker import SystemBroker, describe_status
 from tests.system.checker import Findings, History, Violation, check
 from tests.system.drain import drain_all
-from tests.system.records import Tail, read_all, read_events
-from tests.system.topology import C_SEND_ADDRESS, LANES, SUBSCRIPTIONS, BrokerSpec
+from tests.system.faults import FAULT_KINDS, FAULTS, WEIGHTS, Check
+from tests.system.processes import ROOT, Proc
+from tests.system.records import read_all
+from tests.system.topology import LANES, SUBSCRIPTIONS, BrokerSpec
 from tests.system.volumes import Filler, Tmpfs, mount_tmpfs
-
-ROOT = Path(__file__).resolve().parents[2]
-
-#: Fault kinds and how often each is drawn.
-WEIGHTS = {
-    "client-kill": 4,
-    "client-stop": 1,
-    "tcp-reset": 2,
-    "tls-vanish": 2,
-    "mid-frame-kill": 1,
-    "mid-tx-kill": 1,
-    "broker-restart": 1,
-    "disk-full": 1,
-    "slow-consumer": 1,
-    "consumer-pause": 2,  # a consumer group away for seconds: backlogs page
-    "c-receive-kill": 2,
-    "c-send": 1,
-    "stream-read": 1,  # not a fault: a reader from `first` that comes and goes
-}
-FAULT_KINDS = tuple(WEIGHTS)
-#: What the default test run uses: every kind but the slowest to recover from.
-QUICK_FAULTS = tuple(k for k in FAULT_KINDS if k not in ("broker-restart", "disk-full"))
 
 #: Producer and consumer processes, by group: which lanes each serves.
 PRODUCER_GROUPS = {
@@ -70,8 +50,6 @@ CONSUMER_GROUPS = {
     "cB": ("prio", "lvq", "qpaged", "poison", "large"),
     "cS": tuple(f"topic:sub={container}" for container, _ in SUBSCRIPTIONS),
 }
-#: Lanes a raw (crashing) receiver may attach to: plain queues.
-RAW_LANES = ("paged", "select", "prio", "lvq", "qpaged", "ttl", "poison", "large", "c")
 
 
 @dataclass
@@ -100,7 +78,6 @@ class Settings:
     #: Seconds between samples of the broker's fds and RSS (0: none).
     sample_every: float = 0.0
 
-
     def replay_command(self) -> str:
         """The command that runs this schedule again (test_chaos.py::test_replay)."""
         env = [f"SCOW_CHAOS_SEED={self.seed}", f"SCOW_CHAOS_SECONDS={self.duration:g}"]
@@ -127,39 +104,6 @@ class Settings:
             must=kinds("SCOW_CHAOS_MUST", ()),
             rate_factor=float(environ.get("SCOW_CHAOS_RATE", "1")),
         )
-
-
-@dataclass
-class Proc:
-    name: str
-    role: str
-    popen: subprocess.Popen[bytes]
-    group: str | None = None
-    started: float = field(default_factory=time.time)
-    #: A transient client is stopped (SIGTERM) at this monotonic time.
-    until: float | None = None
-    stopped_at: float | None = None
-    terminated: bool = False
-    killed: bool = False
-    out: Path | None = None
-    #: Wall time the schedule saw it exited.
-    ended: float | None = None
-
-    @property
-    def live(self) -> bool:
-        return self.popen.poll() is None and self.stopped_at is None
-
-
-@dataclass
-class Check:
-    """A condition the schedule waits for in the background (a stopped client's messages
-    redelivered, durable sends resuming after a full disk)."""
-
-    kind: str
-    description: str
-    deadline: float
-    test: Callable[[], bool]
-    on_done: Callable[[bool], None] | None = None
 
 
 @dataclass
@@ -543,290 +487,11 @@ class ChaosRun:
             else:
                 forced = False
             step += 1
-            injected = getattr(self, "fault_" + kind.replace("-", "_"))(choice)
+            injected = FAULTS[kind](self, choice)
             if injected:
                 self.report.faults[kind] += 1
             elif forced:
                 late.append(kind)  # not possible right now (no victim yet): later
-
-    def _pick(self, procs: list[Proc], choice: float) -> Proc | None:
-        procs = sorted(procs, key=lambda p: p.name)
-        return procs[int(choice * len(procs))] if procs else None
-
-    def fault_client_kill(self, choice: float) -> bool:
-        victim = self._pick(
-            self.live("producer", "consumer", "tx-producer", "tx-consumer", "c-receive"), choice
-        )
-        if victim is None:
-            return False
-        self.log("fault", fault="client-kill", victim=victim.name)
-        self.kill(victim)
-        return True
-
-    def fault_client_stop(self, choice: float) -> bool:
-        """SIGSTOP a consumer (one holding unsettled messages when there is one): the
-        broker's idle timeout must drop its connection and redeliver what it held, with a
-        raised delivery count, to the consumer that replaces it."""
-        assert self.broker is not None
-        if any(c.kind == "client-stop" for c in self.checks):
-            return False
-        candidates = self.live("consumer", "tx-consumer")
-        holding = [p for p in candidates if _held(read_events(self.events / f"{p.name}.jsonl"))]
-        victim = self._pick(holding or candidates, choice)
-        if victim is None:
-            return False
-        ports = _local_ports(victim.popen.pid)
-        os.kill(victim.popen.pid, signal.SIGSTOP)
-        victim.stopped_at = stopped_at = time.time()
-        self.crashed.add(victim.name)
-        held = _held(read_events(self.events / f"{victim.name}.jsonl"))
-        self.log("fault", fault="client-stop", victim=victim.name, held=sorted(held), ports=ports)
-        timeout = 2 * self.s.idle_timeout_ms / 1000 + 10
-        restarts = len(self.restarts)
-        state: dict[str, Any] = {}
-        tail = Tail(self.events)
-        again: set[str] = set()
-
-        def freed() -> bool:
-            if len(self.restarts) != restarts:
-                return True  # the restart ended the stopped connection anyway: no verdict
-            if "dropped" not in state:
-                remotes = {c["remote"] for c in self.broker.api("/api/connections")}
-                if any(f"127.0.0.1:{port}" in remotes for port in ports):
-                    return False
-                state["dropped"] = time.time() - stopped_at
-            again.update(
-                e["id"]
-                for e in tail.poll()
-                if e["kind"] == "delivered"
-                and e["client"] != victim.name
-                and e["t"] > stopped_at
-                and (e.get("count") or 0) >= 1
-            )
-            state["missing"] = held - again
-            return not state["missing"]
-
-        def done(ok: bool) -> None:
-            self.kill(victim)
-            self.log("stopped-client", victim=victim.name, **state)
-            if ok:
-                return
-            if "dropped" not in state:
-                self.violation(
-                    "stopped-client",
-                    f"{victim.name} was SIGSTOPped; {timeout:.0f}s later the broker still held "
-                    f"its connection (idle-timeout {self.s.idle_timeout_ms} ms) and the "
-                    f"{len(held)} messages it had not settled",
-                )
-            else:
-                self.violation(
-                    "stopped-client",
-                    f"{victim.name} was SIGSTOPped holding {len(held)} unsettled messages; "
-                    f"the broker dropped its connection after {state['dropped']:.1f}s but "
-                    f"{len(state['missing'])} of them ({sorted(state['missing'])[:5]}) were "
-                    "not redelivered with a raised delivery count to another consumer",
-                )
-
-        self.checks.append(
-            Check("client-stop", victim.name, time.monotonic() + timeout, freed, done)
-        )
-        return True
-
-    def _raw(self, mode: str, end: str, lane: str, *, tls: bool, until: float = 10) -> Proc:
-        assert self.broker is not None
-        port = self.broker.tls_port if tls else self.broker.port
-        name = f"raw{len(self.procs)}"
-        args = ["--port", str(port), "--lane", lane, "--mode", mode, "--end", end]
-        args += ["--count", str(self.rng.randint(1, 30)), "--seconds", "1.5"]
-        if tls:
-            assert self.tls is not None
-            args += ["--tls-ca", str(self.tls[0])]
-        proc = self.spawn("raw", name, args, until=time.monotonic() + until)
-        self.crashed.add(name)
-        return proc
-
-    def _raw_lane(self, choice: float) -> str | None:
-        lanes = [n for n in RAW_LANES if n in self.s.lanes]
-        return lanes[int(choice * len(lanes))] if lanes else None
-
-    def fault_tcp_reset(self, choice: float) -> bool:
-        lane = self._raw_lane(choice)
-        if lane is None:
-            return False
-        mode = self.rng.choice(("receive", "receive", "attach"))
-        proc = self._raw(mode, "reset", lane, tls=False)
-        self.log("fault", fault="tcp-reset", victim=proc.name, lane=lane, mode=mode)
-        return True
-
-    def fault_tls_vanish(self, choice: float) -> bool:
-        lane = self._raw_lane(choice)
-        if lane is None:
-            return False
-        mode = self.rng.choice(("receive", "attach"))
-        end = self.rng.choice(("reset", "fin", "close-no-wait"))
-        proc = self._raw(mode, end, lane, tls=True)
-        self.log("fault", fault="tls-vanish", victim=proc.name, lane=lane, mode=mode, end=end)
-        return True
-
-    def fault_mid_frame_kill(self, choice: float) -> bool:
-        if choice < 0.3:  # the large consumer, while large messages stream to it
-            victim = self._pick([p for p in self.live("consumer") if p.group == "cB"], 0)
-            if victim is None:
-                return False
-            self.log("fault", fault="mid-frame-kill", victim=victim.name, side="consumer")
-            self.kill(victim)
-            return True
-        end = "hold" if choice < 0.8 else "reset"
-        proc = self._raw("partial-send", end, "large", tls=False)
-        log = self.events / f"{proc.name}.jsonl"
-
-        def partial() -> bool:
-            return any(e["kind"] == "partial" for e in read_events(log)) or not proc.live
-
-        deadline = time.monotonic() + 10
-        while not partial() and time.monotonic() < deadline:
-            self.pause(0.02)
-        self.log("fault", fault="mid-frame-kill", victim=proc.name, side="sender", end=end)
-        if end == "hold":
-            self.kill(proc)
-        return True
-
-    def fault_mid_tx_kill(self, choice: float) -> bool:
-        victims = self.live("tx-producer", "tx-consumer")
-        victim = self._pick(victims, choice)
-        if victim is None:
-            return False
-        log = self.events / f"{victim.name}.jsonl"
-
-        def open_transaction() -> bool:
-            events = [
-                e
-                for e in read_events(log)
-                if e["kind"].startswith("tx-") or e["kind"] == "delivered"
-            ]
-            if not events:
-                return False
-            last = events[-1]
-            return (victim.role == "tx-producer" and last["kind"] in ("tx-begin", "tx-sent")) or (
-                victim.role == "tx-consumer" and last["kind"] == "delivered"
-            )
-
-        deadline = time.monotonic() + 3
-        while not open_transaction() and time.monotonic() < deadline and victim.live:
-            self.pause(0.01)
-        self.log("fault", fault="mid-tx-kill", victim=victim.name, mid=open_transaction())
-        self.kill(victim)
-        return True
-
-    def fault_broker_restart(self, choice: float) -> bool:
-        assert self.broker is not None
-        if len(self.restarts) >= self.s.max_broker_restarts:
-            return False
-        self.log("fault", fault="broker-restart", pid=self.broker.pid)
-        killed = time.time()
-        self.broker.kill()
-        time.sleep(choice)  # down for up to a second
-        self.broker.start()
-        self.restarts.append((killed, time.time()))
-        self.log("broker-started", pid=self.broker.pid)
-        self.report.resources.setdefault("restarted", []).append(
-            {"fds": self.broker.fds(), "rss_kib": self.broker.rss_kib()}
-        )
-        return True
-
-    def fault_disk_full(self, choice: float) -> bool:
-        if self.filler is None or any(c.kind == "disk-full" for c in self.checks):
-            return False
-        written = self.filler.fill()
-        self.log("fault", fault="disk-full", filled=written)
-        self.pause(1 + 2 * choice)
-        self.filler.release()
-        freed = time.time()
-        self.log("disk-freed")
-
-        tail = Tail(self.events, "p*.jsonl")
-
-        def resumed() -> bool:
-            return any(
-                e["kind"] == "sent" and e.get("durable") and e["t"] > freed + 0.5
-                for e in tail.poll()
-            )
-
-        def done(ok: bool) -> None:
-            if not ok:
-                lines = (
-                    self.broker.log_lines("journal", "No space", "ENOSPC", "disk")
-                    if self.broker
-                    else []
-                )
-                self.violation(
-                    "disk-full",
-                    "durable sends did not resume within 20s of the disk being freed; "
-                    "broker log: " + " | ".join(lines[-5:]),
-                )
-
-        self.checks.append(
-            Check("disk-full", "durable sends resume", time.monotonic() + 20, resumed, done)
-        )
-        return True
-
-    def fault_slow_consumer(self, choice: float) -> bool:
-        lanes = [n for n in ("paged", "qpaged", "prio", "select", "ttl") if n in self.s.lanes]
-        if not lanes or self.broker is None:
-            return False
-        lane = lanes[int(choice * len(lanes))]
-        spec = f"{lane}:delay=0.2" + (":color=red" if lane == "select" else "")
-        name = f"slow{len(self.procs)}"
-        args = ["--url", self.broker.url, "--receive", spec, "--credit", "3"]
-        self.spawn("consumer", name, args, until=time.monotonic() + self.rng.uniform(2, 5))
-        self.log("fault", fault="slow-consumer", victim=name, lane=lane)
-        return True
-
-    def fault_consumer_pause(self, choice: float) -> bool:
-        """Stop a consumer group cleanly and keep it away for 2-6 s: its queues back up,
-        their addresses page (and with them the broker as a whole past global-max-size)."""
-        groups = sorted(g for g, (role, _) in self.groups.items() if role == "consumer")
-        group = groups[int(choice * len(groups))] if groups else None
-        victim = next((p for p in self.live() if p.group == group), None)
-        if victim is None:
-            return False
-        away = 2 + 4 * self.rng.random()
-        self.log("fault", fault="consumer-pause", victim=victim.name, seconds=away)
-        victim.popen.send_signal(signal.SIGTERM)
-        victim.terminated = True
-        self.next_start[group] = time.monotonic() + away
-        return True
-
-    def fault_c_receive_kill(self, choice: float) -> bool:
-        assert self.c_examples is not None and self.broker is not None
-        name = f"c-receive{len(self.procs)}"
-        command = self.c_examples.receive_command(self.broker.port, LANES["c"].address, 0)
-        proc = self.spawn("c-receive", name, command)
-        self.c_receive_outputs[name] = proc.out  # type: ignore[assignment]
-        self.pause(0.1 + 0.4 * choice)  # the crash point
-        self.log("fault", fault="c-receive-kill", victim=name)
-        self.kill(proc)
-        return True
-
-    def fault_c_send(self, choice: float) -> bool:
-        assert self.c_examples is not None and self.broker is not None
-        count = 100 + int(900 * choice)
-        name = f"c-send{len(self.procs)}"
-        proc = self.spawn(
-            "c-send", name, self.c_examples.send_command(self.broker.port, C_SEND_ADDRESS, count)
-        )
-        proc.until = time.monotonic() + 15
-        self.log("fault", fault="c-send", victim=name, count=count)
-        self.c_send_counts[name] = count
-        return True
-
-    def fault_stream_read(self, choice: float) -> bool:
-        assert self.broker is not None
-        name = f"reader{len(self.procs)}"
-        args = ["--url", self.broker.url, "--receive", "stream:offset=first", "--credit", "50"]
-        self.spawn("consumer", name, args, until=time.monotonic() + 1 + 2 * choice)
-        self.log("action", action="stream-read", victim=name)
-        return True
 
     def run_checks(self) -> None:
         now = time.monotonic()
@@ -988,40 +653,6 @@ class ChaosRun:
             self.filler.release()
         if self.tmpfs is not None:
             self.tmpfs.unmount()
-
-
-def _held(events: list[dict[str, Any]]) -> set[str]:
-    """The messages a consumer had received and not yet settled (but those that may expire
-    or be replaced by a last value before anyone sees them again)."""
-    held: set[str] = set()
-    for e in events:
-        if e["kind"] == "delivered" and e.get("lane") not in ("ttl", "lvq"):
-            held.add(e["id"])
-        elif e["kind"] in ("acked", "tx-discharge"):
-            held.difference_update(e["ids"])
-        elif e["kind"] == "poisoned":
-            held.discard(e["id"])
-    return held
-
-
-def _local_ports(pid: int) -> list[int]:
-    """The local TCP ports of `pid`'s sockets (from /proc: its fds' inodes in net/tcp)."""
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-    ports = []
-    for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as lines:
-            next(lines)
-            for line in lines:
-                fields = line.split()
-                if fields[9] in inodes:
-                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
-    return sorted(ports)
 
 
 def _listing(directory: Path) -> list[str]:

@@ -16,7 +16,8 @@ import pytest
 
 from tests.security.helpers import Pki
 from tests.system import native
-from tests.system.harness import FAULT_KINDS, QUICK_FAULTS, ChaosRun, Report, Settings
+from tests.system.faults import FAULT_KINDS, QUICK_FAULTS
+from tests.system.harness import ChaosRun, Report, Settings
 
 
 def run_schedule(

@@ -14,7 +14,7 @@ from pathlib import Path
 from proton import Message
 
 from scow.core.testing import amqp_client, wait_for
-from tests.system.harness import ROOT, _local_ports
+from tests.system.processes import ROOT, local_ports
 from tests.system.records import read_events
 from tests.system.topology import LANES, BrokerSpec
 from tests.system.volumes import Filler
@@ -101,7 +101,7 @@ def test_frozen_consumers_messages_go_to_another_consumer_after_the_idle_timeout
             "--credit", "10", "--ack-every", "100", "--ack-interval", "100",
         )  # fmt: skip
         wait_for(lambda: len(run.events("frozen", "delivered")) == 10, 20, what="10 deliveries")
-        ports = _local_ports(frozen.pid)
+        ports = local_ports(frozen.pid)
         held = {e["id"] for e in run.events("frozen", "delivered")}
         os.kill(frozen.pid, signal.SIGSTOP)
         stopped = time.monotonic()
