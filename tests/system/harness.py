@@ -273,14 +273,14 @@ class ChaosRun:
 
     def subscribe(self) -> None:
         """Create the durable subscriptions before anything is published to the topic."""
-        from tests.system.clients import _Capabilities, _Durable
+        from tests.system.clients import Capabilities, Durable
 
         assert self.broker is not None
         for container, link in SUBSCRIPTIONS:
             conn = BlockingConnection(self.broker.url, timeout=10, container_id=container)
             try:
                 receiver = conn.create_receiver(
-                    LANES["topic"].address, name=link, options=[_Capabilities("topic"), _Durable()]
+                    LANES["topic"].address, name=link, options=[Capabilities("topic"), Durable()]
                 )
                 assert receiver.link.source.durability == Terminus.DELIVERIES
                 receiver.link.detach()
