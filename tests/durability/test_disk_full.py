@@ -22,6 +22,7 @@ from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 
 from scow.core.testing import BrokerProcess, broker_processes, wait_for
+from tests.database.backends import on_database
 from tests.wire.helpers import consume_all
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -80,6 +81,7 @@ class Producer(MessagingHandler):
         self._next = 0
         self._stop = False
         self._blocked_since: float | None = None
+        self._no_credit_since: float | None = None
         self._thread = threading.Thread(target=Container(self).run, daemon=True)
 
     def start(self) -> None:
@@ -95,6 +97,11 @@ class Producer(MessagingHandler):
         since = self._blocked_since
         return since is not None and time.monotonic() - since > 1.0
 
+    def stalled(self) -> bool:
+        """No credit for a second (what it sent may wait unsettled)."""
+        since = self._no_credit_since
+        return since is not None and time.monotonic() - since > 1.0
+
     def on_start(self, event: Any) -> None:
         self.sender = event.container.create_sender(event.container.connect(self.url), ADDRESS)
         event.container.schedule(0.05, self)
@@ -103,10 +110,15 @@ class Producer(MessagingHandler):
         if self._stop:
             self.sender.connection.close()
             return
+        now = time.monotonic()
+        if self.sender.credit:
+            self._no_credit_since = None
+        elif self._no_credit_since is None:
+            self._no_credit_since = now
         if self.sender.credit or self._pending:
             self._blocked_since = None
         elif self._blocked_since is None:
-            self._blocked_since = time.monotonic()
+            self._blocked_since = now
         event.container.schedule(0.05, self)
 
     def on_sendable(self, event: Any) -> None:
@@ -144,22 +156,25 @@ class Producer(MessagingHandler):
 
 
 def start_broker(
-    start, port: int | None = None, credit: int = 1000, **broker: object
+    start, port: int | None = None, credit: int = 1000, sqlite: bool = False, **broker: object
 ) -> BrokerProcess:
-    return start(
-        port=port,
-        plugins=PLUGINS,
-        sections={
+    kwargs = {
+        "port": port,
+        "plugins": PLUGINS,
+        "sections": {
             "broker": {"disk-scan-period": 200, **broker},
             "journal": {"journal-file-size": "1MiB"},
             "amqp": {"producer-credit": credit},
         },
-    )
+    }
+    return start(**(on_database(kwargs, "") if sqlite else kwargs))
 
 
-def check_recovered(start, broker: BrokerProcess, accepted: list[int], log: Path) -> None:
+def check_recovered(
+    start, broker: BrokerProcess, accepted: list[int], log: Path, sqlite: bool = False
+) -> None:
     broker.kill()
-    restarted = start_broker(start, broker.port, **{"max-disk-usage": -1})
+    restarted = start_broker(start, broker.port, sqlite=sqlite, **{"max-disk-usage": -1})
     try:
         got = [m.properties["n"] for m in consume_all(restarted.url, ADDRESS)]
     finally:
@@ -231,6 +246,35 @@ def test_the_disk_limit_blocks_producers_before_the_disk_is_full(tmp_path: Path)
             producer.finish()
         assert producer.errors == []
         check_recovered(start, broker, producer.accepted, log)
+
+
+def test_the_sqlite_store_on_a_full_disk_holds_producers_until_space_returns(
+    tmp_path: Path,
+) -> None:
+    # SQLite's "database or disk is full" is a database outage to the database store:
+    # producers are blocked and the refused batch is written again until it goes in
+    log = tmp_path / "broker.log"
+    with small_data_dir(tmp_path, "24m") as data, broker_processes(tmp_path) as start:
+        broker = start_broker(start, sqlite=True, **{"max-disk-usage": -1})
+        filler = leave_free(data, 6 << 20)
+        producer = Producer(broker.url)
+        producer.start()
+        try:
+            wait_for(producer.stalled, timeout=30, what="the producer to be blocked")
+            wait_for(lambda: "disk is full" in log.read_text(), what="the outage")
+            assert producer.refused == [] and producer.errors == []
+            stalled_at = len(producer.accepted)
+            filler.unlink()
+            wait_for(
+                lambda: len(producer.accepted) > stalled_at + 1200,  # the held ones, and more
+                timeout=30,
+                what="the producer to go on once space returned",
+            )
+        finally:
+            producer.finish()
+        assert producer.errors == [] and producer.refused == []
+        assert broker.proc is not None and broker.proc.poll() is None, "the broker died"
+        check_recovered(start, broker, producer.accepted, log, sqlite=True)
 
 
 class TxSender(MessagingHandler, TransactionHandler):
