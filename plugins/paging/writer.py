@@ -173,7 +173,8 @@ class PageWriter:
         completions: list[Completion] = []
         written = 0
         to_sync: dict[int, PageStore] = {}
-        pending: list[_Item] = []
+        pending: list[_Item] = []  # one run of records for one store and page
+        records: list[bytes] = []  # their bytes
         #: stores with a held append -> the pages it held (later items wait behind it)
         stalled: dict[int, set[int]] = {}
 
@@ -183,7 +184,7 @@ class PageWriter:
                 return
             store, page = pending[0][0], pending[0][1]
             try:
-                store.append(page, [item[2] for item in pending])  # type: ignore[misc]
+                store.append(page, list(records))
             except OSError as exc:
                 if not is_no_space(exc):
                     raise
@@ -192,13 +193,14 @@ class PageWriter:
                 self._held.extend(pending)
             else:
                 self.writes += 1
+                written += sum(map(len, records))
                 for item in pending:
-                    written += len(item[2])  # type: ignore[arg-type]
                     if item[3]:
                         to_sync[id(store)] = store
                     if item[4] is not None:
                         completions.append(item[4])
             pending.clear()
+            records.clear()
 
         for item in batch:
             store, page, record, _sync, on_done = item
@@ -225,6 +227,7 @@ class PageWriter:
                     stalled[id(store)].add(page)
                     continue
             pending.append(item)
+            records.append(record)
         flush_pending()
         self._sync(to_sync)
         if completions:
