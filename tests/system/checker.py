@@ -340,8 +340,15 @@ class Checker:
             self.f.add("stream", "sequence numbers read from first are not strictly increasing")
         self._per_producer_order(read, "sys.stream (read from first)")
         for client, events in _by_client(self.by_kind["read"]).items():
-            seqs = [e.get("sequence") for e in events]
-            if any(s is None for s in seqs) or seqs != sorted(set(seqs)):
+            blank = [e["id"] for e in events if e.get("sequence") is None]
+            if blank:
+                self.f.add(
+                    "stream",
+                    f"reader {client} got {len(blank)} messages without x-opt-sequence-number "
+                    f"(ids {blank[:5]}): not records of the stream",
+                )
+            seqs = [e["sequence"] for e in events if e.get("sequence") is not None]
+            if seqs != sorted(set(seqs)):
                 self.f.add("stream", f"reader {client} saw sequence numbers out of order")
 
     def _per_producer_order(self, events: Iterable[dict], where: str) -> None:

@@ -241,7 +241,7 @@ def broker_restart(run: ChaosRun, choice: float) -> bool:
     killed = time.time()
     run.broker.kill()
     time.sleep(choice)  # down for up to a second
-    run.broker.start()
+    run.restart_broker()
     run.restarts.append((killed, time.time()))
     run.log("broker-started", pid=run.broker.pid)
     run.report.resources.setdefault("restarted", []).append(

@@ -106,6 +106,10 @@ class Settings:
         )
 
 
+class BrokerGone(Exception):
+    """The broker would not start again: the schedule ends without a drain."""
+
+
 @dataclass
 class Report:
     seed: int
@@ -211,6 +215,9 @@ class ChaosRun:
                     lanes=self.s.lanes,
                 )
             )
+        except BrokerGone:
+            # reported as restart-failed; nothing left to drain or check
+            self.summarize_log()
         except Exception as exc:
             self.violation("harness", f"the schedule could not run to its end: {exc!r}")
             raise
@@ -445,6 +452,27 @@ class ChaosRun:
         if self.on_sample is not None:
             self.on_sample(sample)
 
+    def restart_broker(self) -> None:
+        """Start the broker again; one that refuses to start is a finding, and is given a
+        second try (as an operator or a supervisor would) before the schedule gives up."""
+        assert self.broker is not None
+        for attempt in (1, 2):
+            try:
+                self.broker.start()
+                return
+            except AssertionError as exc:
+                lines = [
+                    line
+                    for line in str(exc).splitlines()
+                    if "Error" in line or "error" in line or "Traceback" in line
+                ]
+                self.violation(
+                    "restart-failed",
+                    f"the broker did not start again after a SIGKILL (try {attempt}): "
+                    + " | ".join(lines[-4:]),
+                )
+        raise BrokerGone("the broker does not start any more; see restart-failed")
+
     def watch_broker(self) -> None:
         assert self.broker is not None
         if not self.dead and self.broker.died() is not None:
@@ -534,7 +562,7 @@ class ChaosRun:
             self.filler.release()
         assert self.broker is not None
         if self.dead:
-            self.broker.start()  # to drain what survived
+            self.restart_broker()  # to drain what survived
             self.restarts.append((time.time(), time.time()))
             self.dead = False
         self.watch_broker()
