@@ -348,11 +348,12 @@ def stream_read(run: ChaosRun, choice: float) -> bool:
 
 
 def held_by(events: list[dict[str, Any]]) -> set[str]:
-    """The messages a consumer had received and not yet settled (but those that may expire
-    or be replaced by a last value before anyone sees them again)."""
+    """The messages a consumer had received and not yet settled (but those that may expire,
+    be replaced by a last value or reach the dead-letter address before anyone sees them
+    again)."""
     held: set[str] = set()
     for e in events:
-        if e["kind"] == "delivered" and e.get("lane") not in ("ttl", "lvq"):
+        if e["kind"] == "delivered" and e.get("lane") not in ("ttl", "lvq", "poison"):
             held.add(e["id"])
         elif e["kind"] in ("acked", "tx-discharge"):
             held.difference_update(e["ids"])
