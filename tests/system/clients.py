@@ -558,16 +558,32 @@ class TxConsumer(_Client, TransactionHandler):
             transaction.abort()
 
     def on_transaction_committed(self, event: Any) -> None:
-        self.log.write("tx-committed", lane=self.lane.name, queue=self.lane.address, ids=self.ids)
+        self.log.write(
+            "tx-committed",
+            lane=self.lane.name,
+            queue=self.lane.address,
+            batch=self.batch,
+            ids=self.ids,
+        )
         self.busy = False
 
     def on_transaction_aborted(self, event: Any) -> None:
-        self.log.write("tx-aborted", lane=self.lane.name, queue=self.lane.address, ids=self.ids)
+        self.log.write(
+            "tx-aborted",
+            lane=self.lane.name,
+            queue=self.lane.address,
+            batch=self.batch,
+            ids=self.ids,
+        )
         self.busy = False
 
     def on_transaction_commit_failed(self, event: Any) -> None:
         self.log.write(
-            "tx-commit-failed", lane=self.lane.name, queue=self.lane.address, ids=self.ids
+            "tx-commit-failed",
+            lane=self.lane.name,
+            queue=self.lane.address,
+            batch=self.batch,
+            ids=self.ids,
         )
         self.busy = False
 
