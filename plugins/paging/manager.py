@@ -114,21 +114,27 @@ class PagingManager:
         future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f.result()))
 
     def delete_page(self, pager: AddressPager, page: int, info: PageInfo) -> None:
-        """Delete the page file, then (once it is gone) the journal records about it."""
+        """Delete the page file, then (once it is gone) the journal records about it.
+
+        Who deletes each record is decided here, at once: the cursors give theirs up, and
+        a transaction's record goes with the last stored page holding its records (two
+        pages deleted before either file is gone must not both delete it).
+        """
         records = [c.records.pop(page) for c in pager.cursors.values() if page in c.records]
+        txs = [
+            tx_id
+            for tx_id in info.txs
+            if not any(tx_id in p.txs for pg in self.pagers.values() for p in pg.pages.values())
+        ]
+        for tx_id in txs:
+            pager.committed_txs.discard(tx_id)
 
         def forget() -> None:
             if not self.broker.persistent:
                 return
             storage = self.broker.storage
-            for record_id in records:
+            for record_id in (*records, *txs):
                 storage.delete_record(record_id)
-            for tx_id in info.txs:
-                if not any(
-                    tx_id in p.txs for pg in self.pagers.values() for p in pg.pages.values()
-                ):
-                    storage.delete_record(tx_id)
-                    pager.committed_txs.discard(tx_id)
 
         self.writer.delete(pager.store, page, forget)
 
@@ -142,12 +148,18 @@ class PagingManager:
     # ------------------------------------------------------------------ recovery
 
     async def recover(self) -> None:
-        """Rebuild pages and cursors of every address that has page files."""
+        """Rebuild pages and cursors of every address that has page files.
+
+        Every address is rebuilt before any page is deleted or journal record forgotten:
+        a transaction's records may lie in the pages of several addresses.
+        """
         broker = self.broker
         recovery = broker.page_recovery
         names = await self.loop.run_in_executor(
             None, self.backend.discover, self.directory, self.store_settings
         )
+        recovered: list[AddressPager] = []
+        scanned_txs: set[int] = set()
         for name in names:
             address = broker.addresses.get(name)
             if address is None or address.pager is None:
@@ -164,9 +176,18 @@ class PagingManager:
             scan = await self.loop.run_in_executor(
                 None, _scan_store, pager.store, durable.keys(), acked, committed
             )
+            for info in scan.pages.values():
+                scanned_txs |= info.txs
             self._apply(pager, scan, recovery)
+            recovered.append(pager)
         if recovery is not None:
-            self._forget_orphans(recovery)
+            self._forget_orphans(recovery, scanned_txs)
+        for pager in recovered:
+            for page in list(pager.pages):
+                pager._maybe_delete(page)  # what every queue acknowledged before the stop
+            for cursor in pager.cursors.values():
+                if cursor.drain_to_queue:
+                    cursor.fill()
 
     def _apply(self, pager: AddressPager, scan: _Scan, recovery: PageRecovery | None) -> None:
         pager.pages = scan.pages
@@ -183,11 +204,14 @@ class PagingManager:
             cursor.page = min(pending, default=pager.write_page)
             cursor.offset = 0
             if recovery is not None:
-                for (queue_id, page), record in recovery.cursor_pages.items():
-                    if queue_id == cursor.queue.id and page in scan.pages:
-                        cursor.records[page] = record.record_id
-                        cursor.acked[page] = record.acked
-                        cursor.counts[page] = record.counts
+                # the cursor owns the records it takes (deleted with their page or queue);
+                # what no cursor takes is an orphan
+                for key in [k for k in recovery.cursor_pages if k[0] == cursor.queue.id]:
+                    if key[1] in scan.pages:
+                        record = recovery.cursor_pages.pop(key)
+                        cursor.records[key[1]] = record.record_id
+                        cursor.acked[key[1]] = record.acked
+                        cursor.counts[key[1]] = record.counts
         if any(c.backlog for c in pager.cursors.values()):
             pager.paging = True
             log.info(
@@ -196,11 +220,6 @@ class PagingManager:
                 pages=len(scan.pages),
                 messages={c.queue.name: c.backlog for c in pager.cursors.values()},
             )
-        for page in list(scan.pages):
-            pager._maybe_delete(page)
-        for cursor in pager.cursors.values():
-            if cursor.drain_to_queue:
-                cursor.fill()
 
     def _drain_own_storage(self, pager: AddressPager, scan: _Scan) -> None:
         """Cursors that hand queues storing their own messages (streams) what pages hold
@@ -218,23 +237,21 @@ class PagingManager:
             )
             pager.drain_cursor(queue)
 
-    def _forget_orphans(self, recovery: PageRecovery) -> None:
-        """Journal records about pages or transactions that no longer exist."""
+    def _forget_orphans(self, recovery: PageRecovery, scanned_txs: set[int]) -> None:
+        """Journal records about pages or transactions that no longer exist: the cursor
+        records no cursor took, and the transaction records no scanned page names (those
+        of pages recovery deletes go with the page). A record already gone is no reason
+        to refuse to start."""
         if not self.broker.persistent:
             return
-        live: set[tuple[int, int]] = set()
-        txs: set[int] = set()
-        for pager in self.pagers.values():
-            for cursor in pager.cursors.values():
-                live |= {(cursor.queue.id, page) for page in cursor.records}
-            for info in pager.pages.values():
-                txs |= info.txs
+        orphans = [record.record_id for record in recovery.cursor_pages.values()]
+        orphans += sorted(recovery.page_txs - scanned_txs)
         storage = self.broker.storage
-        for key, record in recovery.cursor_pages.items():
-            if key not in live:
-                storage.delete_record(record.record_id)
-        for tx_id in recovery.page_txs - txs:
-            storage.delete_record(tx_id)
+        for record_id in orphans:
+            try:
+                storage.delete_record(record_id)
+            except ValueError as exc:
+                log.warning("a page record recovery found was already gone", error=str(exc))
         recovery.cursor_pages.clear()
         recovery.page_txs.clear()
 

@@ -1,0 +1,123 @@
+"""Paging recovery: a restart reconciles pages, cursor records and journaled messages.
+
+Each broker here runs in this process on one data dir kept across restarts, so a test can
+leave the pages in a state a SIGKILL leaves them in, deterministically.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Message
+
+from scow.core.storage import StorageManager
+from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
+from scow.plugins.paging.manager import PagingManager
+from tests.wire.helpers import connected, consume_all, receive, send
+
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "paging"]
+FAST_JOURNAL = {"journal": {"journal-file-size": "1MiB", "journal-buffer-timeout": 500000}}
+#: Everything pages; pages of ~9 messages of 500 bytes.
+PAGE_ALWAYS = {"#": {"max-size-bytes": 0, "page-size-bytes": 5_000}}
+#: Pages once 3 messages of 2,500 bytes are in memory; leaves page mode when drained.
+PAGE_WHEN_FULL = {"#": {"max-size-bytes": 8192, "page-size-bytes": 5_000}}
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Iterator[Callable[..., BrokerThread]]:
+    """Factory: a broker on the test's one data dir (a restart is another call)."""
+    started: list[BrokerThread] = []
+
+    def start(address_settings: dict[str, Any]) -> BrokerThread:
+        config = broker_config(
+            tmp_path / "data",
+            plugins=PLUGINS,
+            sections=FAST_JOURNAL,
+            address_settings=address_settings,
+        )
+        path = write_config(tmp_path / f"scow-{len(started)}.toml", config)
+        broker = BrokerThread(path)
+        started.append(broker)
+        return broker.start()
+
+    yield start
+    for broker in started:
+        broker.stop()
+
+
+def durable(i: int, size: int = 500) -> Message:
+    return Message(id=f"m{i}", body="d" * size, durable=True)
+
+
+def test_restart_deletes_a_fully_acknowledged_page_and_its_cursor_record_once(
+    restartable, monkeypatch
+):
+    """A SIGKILL between the acknowledgement of a page's last message and the page's
+    deletion leaves the page and its cursor record: the restart deletes both, once."""
+    kept: list[int] = []  # pages whose deletion the crash cut off
+    monkeypatch.setattr(
+        PagingManager, "delete_page", lambda _, pager, page, info: kept.append(page)
+    )
+    broker = restartable(PAGE_ALWAYS)
+    with connected(broker.url) as conn:
+        send(conn, "q", *(durable(i) for i in range(30)))
+        receiver = conn.create_receiver("q", credit=20)
+        assert [m.id for m in receive(receiver, 20)] == [f"m{i}" for i in range(20)]
+        send(conn, "flush", durable(-1))  # a round trip after the acks: they are journaled
+    records = broker.call(lambda: dict(broker.broker.page_manager.pagers["q"].cursors["q"].records))
+    assert len(kept) == 2 and set(kept) <= set(records)  # two acked pages left behind
+    broker.stop()
+    monkeypatch.undo()
+
+    deleted: list[int] = []
+    delete_record = StorageManager.delete_record
+
+    def counted(storage: StorageManager, record_id: int) -> None:
+        deleted.append(record_id)
+        delete_record(storage, record_id)  # raises "no live record has that id" the 2nd time
+
+    monkeypatch.setattr(StorageManager, "delete_record", counted)
+    restarted = restartable(PAGE_ALWAYS)
+    manager = restarted.broker.page_manager
+    barrier = threading.Event()  # the writer deletes in order: past the recovery's deletions
+    restarted.call(lambda: manager.writer.delete(manager.pagers["q"].store, 1 << 40, barrier.set))
+    wait_for(barrier.is_set, 10, 0.05, "the page deletions queued by recovery")
+    restarted.call(lambda: None)  # and the completions handed back with the barrier ran
+    assert {records[page] for page in kept} <= set(deleted)
+    assert sorted(deleted) == sorted(set(deleted)), "a journal record was deleted twice"
+    assert [m.id for m in consume_all(restarted.url, "q")] == [f"m{i}" for i in range(20, 30)]
+    restarted.stop()
+
+    again = restartable(PAGE_ALWAYS)  # and the journal it left starts too
+    assert consume_all(again.url, "q") == []
+
+
+def test_restart_keeps_send_order_across_journaled_and_paged_messages(restartable):
+    """Paged m3-m5 unsettled when the address leaves page mode, m6 journaled after them:
+    the restart gives m3-m6 back in send order, not m6 first."""
+    broker = restartable(PAGE_WHEN_FULL)
+
+    def paging() -> bool:
+        return broker.call(lambda: broker.broker.addresses["o"].pager.paging)
+
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("o")
+        receiver = conn.create_receiver("o", credit=0)
+        for i in range(6):
+            sender.send(durable(i, 2500))
+        assert paging()
+        receiver.flow(6)
+        got = [receiver.receive(timeout=10).id for _ in range(6)]
+        assert got == [f"m{i}" for i in range(6)]
+        for _ in range(3):
+            receiver.accept()
+        wait_for(lambda: not paging(), 10, 0.05, "the address to leave page mode")
+        sender.send(durable(6, 2500))
+    broker.stop()
+
+    restarted = restartable(PAGE_WHEN_FULL)
+    assert [m.id for m in consume_all(restarted.url, "o")] == ["m3", "m4", "m5", "m6"]
