@@ -8,6 +8,11 @@ that nothing in memory matches, it looks further ahead and takes only what they 
 so a restrictive selector is never starved behind messages it refuses; what it took
 ahead is skipped when the cursor's position gets there.
 
+After a restart the journal's messages are in the queue before the cursor has read any
+page. Those sent after the first paged message are held back (`hold_back`) and join the
+queue as the cursor's reading passes their ids: a queue comes back in send order, not
+with what was in memory ahead of what was paged before it.
+
 A queue that stores its own messages (a stream) has no cursor, except to take back what
 pages still hold for it from before such queues were kept out of pages (`drain_to_queue`).
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +80,9 @@ class QueueCursor:
         self.priorities_known = True
         #: While set, records with an id up to it are acknowledged as read (a purge).
         self.purging: int | None = None
+        #: Recovered journal messages sent after the first paged one, in id order: each
+        #: joins the queue once the cursor reads past its id (see `hold_back`).
+        self.held: deque[MessageRef] = deque()
         #: Set for a queue that stores its own messages but has some in pages (written
         #: before such queues were kept out of pages): the cursor hands the queue all of
         #: them, consumers or not, DRAIN_BATCH at a time, and then has nothing to do.
@@ -291,12 +300,15 @@ class QueueCursor:
     def _take(self, window: _Window, end: int) -> None:
         page = self.page
         messages, size = self._allowance()  # counted down, asked again only when spent
+        held = self.held
         for at, next_offset, head, data_at, data_end in self._records(
             window, page, self.offset, end
         ):
             self.offset = next_offset
             if data_at is None:
                 continue
+            if held and held[0].message.id < head[0]:
+                self._release_held(head[0])
             self._deliver(page, at, head, window.data[data_at:data_end])
             if not self.backlog:
                 return
@@ -400,6 +412,9 @@ class QueueCursor:
         return next((p for p in range(9, -1, -1) if counts[p]), -1)
 
     def purge(self, up_to: int) -> None:
+        held = self.held
+        while held and held[0].message.id <= up_to:
+            self.pager.broker.discard(held.popleft())
         if self.backlog:
             self.purging = up_to
             self.fill()
@@ -422,6 +437,26 @@ class QueueCursor:
             return
         self.purging = None
         self.queue.enqueue(ref)
+        if self.held and not self.backlog:
+            self._release_held(None)  # nothing in pages precedes them any more
+
+    def hold_back(self, first_paged: int) -> None:
+        """At recovery: take out of the queue the journal's messages sent after
+        `first_paged` (the id of the queue's first paged message); they join it again as
+        the cursor reads past them."""
+        queue = self.queue
+        refs = queue.take(lambda entry: entry.message.id > first_paged)
+        for ref in refs:
+            queue.remove_delivering(ref)  # out of the queue's figures until it rejoins
+        refs.sort(key=lambda ref: ref.message.id)  # once, at startup
+        self.held.extend(refs)
+
+    def _release_held(self, before: int | None) -> None:
+        """Enqueue the held messages with an id below `before` (all of them if None)."""
+        held = self.held
+        queue = self.queue
+        while held and (before is None or held[0].message.id < before):
+            queue.enqueue(held.popleft())
 
     # ------------------------------------------------------------------ browsers
 
@@ -542,6 +577,7 @@ class QueueCursor:
 
     def close(self) -> None:
         """The queue is gone: drop its records and what it held of every page."""
+        self._release_held(None)  # the queue's deletion takes them with the rest
         self.closed = True
         storage = self.pager.broker.storage
         if self.pager.broker.persistent:
@@ -558,6 +594,7 @@ class QueueCursor:
             "offset": self.offset,
             "messages-paged": self.backlog,
             "paged-bytes": self.backlog_bytes,
+            "messages-held": len(self.held),
             "pages-pending": len(self.pending),
             "page-reads": self.reads,
         }

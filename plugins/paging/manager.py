@@ -43,7 +43,7 @@ class _Scan:
     """What one address's page files hold for its durable queues (built off the loop)."""
 
     pages: dict[int, PageInfo] = field(default_factory=dict)
-    #: queue id -> (messages, bytes, {page: messages})
+    #: queue id -> (messages, bytes, {page: messages}, lowest message id)
     queues: dict[int, list[Any]] = field(default_factory=dict)
 
 
@@ -198,7 +198,7 @@ class PagingManager:
             pager.committed_txs |= recovery.page_txs
         self._drain_own_storage(pager, scan)
         for cursor in pager.cursors.values():
-            messages, size, pending = scan.queues.get(cursor.queue.id, (0, 0, {}))
+            messages, size, pending, first = scan.queues.get(cursor.queue.id, (0, 0, {}, 0))
             cursor.backlog, cursor.backlog_bytes, cursor.pending = messages, size, pending
             cursor.priorities_known = not messages
             cursor.page = min(pending, default=pager.write_page)
@@ -212,6 +212,8 @@ class PagingManager:
                         cursor.records[key[1]] = record.record_id
                         cursor.acked[key[1]] = record.acked
                         cursor.counts[key[1]] = record.counts
+            if messages and not cursor.drain_to_queue:
+                cursor.hold_back(first)  # the journal's messages sent after its paged ones
         if any(c.backlog for c in pager.cursors.values()):
             pager.paging = True
             log.info(
@@ -276,11 +278,13 @@ def _scan_store(
     if it committed; nothing of a message is kept but counters.
     """
     scan = _Scan()
-    queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}])
+    queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
     for rec in durable_records(store, set(queue_ids_durable), acked, committed, scan.pages):
         size = len(rec.data)
         for queue_id in rec.queue_ids:
             figures = queues[queue_id]
+            if not figures[0] or rec.message_id < figures[3]:
+                figures[3] = rec.message_id
             figures[0] += 1
             figures[1] += size
             figures[2][rec.page] = figures[2].get(rec.page, 0) + 1

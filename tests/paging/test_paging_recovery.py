@@ -24,7 +24,7 @@ FAST_JOURNAL = {"journal": {"journal-file-size": "1MiB", "journal-buffer-timeout
 #: Everything pages; pages of ~9 messages of 500 bytes.
 PAGE_ALWAYS = {"#": {"max-size-bytes": 0, "page-size-bytes": 5_000}}
 #: Pages once 3 messages of 2,500 bytes are in memory; leaves page mode when drained.
-PAGE_WHEN_FULL = {"#": {"max-size-bytes": 8192, "page-size-bytes": 5_000}}
+PAGE_WHEN_FULL = {"#": {"max-size-bytes": "8KiB", "page-size-bytes": "16KiB"}}
 
 
 @pytest.fixture
@@ -115,6 +115,7 @@ def test_restart_keeps_send_order_across_journaled_and_paged_messages(restartabl
         assert got == [f"m{i}" for i in range(6)]
         for _ in range(3):
             receiver.accept()
+        conn.create_sender("flush")  # a round trip: the acks are in
         wait_for(lambda: not paging(), 10, 0.05, "the address to leave page mode")
         sender.send(durable(6, 2500))
     broker.stop()
