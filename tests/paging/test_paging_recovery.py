@@ -122,3 +122,29 @@ def test_restart_keeps_send_order_across_journaled_and_paged_messages(restartabl
 
     restarted = restartable(PAGE_WHEN_FULL)
     assert [m.id for m in consume_all(restarted.url, "o")] == ["m3", "m4", "m5", "m6"]
+
+
+def test_released_paged_messages_go_back_ahead_of_a_later_memory_message(restartable):
+    """The live broker in the same state: paged m3-m5 released (their consumer's
+    connection ends) after m6 went to memory come back before m6."""
+    broker = restartable(PAGE_WHEN_FULL)
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("o")
+        for i in range(6):
+            sender.send(durable(i, 2500))
+        with connected(broker.url) as consumer:
+            receiver = consumer.create_receiver("o", credit=6)
+            got = [receiver.receive(timeout=10).id for _ in range(6)]
+            assert got == [f"m{i}" for i in range(6)]
+            for _ in range(3):
+                receiver.accept()
+            consumer.create_sender("flush")  # a round trip: the acks are in
+            wait_for(
+                lambda: not broker.call(lambda: broker.broker.addresses["o"].pager.paging),
+                10,
+                0.05,
+                "the address to leave page mode",
+            )
+            sender.send(durable(6, 2500))
+        # the consumer's connection is gone: m3-m5 are released
+    assert [m.id for m in consume_all(broker.url, "o")] == ["m3", "m4", "m5", "m6"]
