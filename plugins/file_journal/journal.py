@@ -163,9 +163,9 @@ class FileJournal:
         self._file_size = settings.journal_file_size
         # room for the EOF record that seals a file is always kept free
         self._limit = self._file_size - HEADER_SIZE
-        #: Where new records stop in the current file: `_limit`, or while no spare can be
-        #: made (`_no_room`), `_limit - _reserve`, keeping the rest for records that free
-        #: space. The add path compares against it, so this costs it nothing.
+        #: Where the add path stops to think (`_make_room`): `_limit`, or while no spare
+        #: file is at hand, `_limit - _reserve`, the rest of the file being kept for
+        #: records that free space when no spare can be made. One comparison, as before.
         self._add_limit = self._limit
         self._reserve = (self._file_size - DATA_START) // 2
         #: Why no spare file can be made (the file system is full), or None.
