@@ -26,6 +26,8 @@ from pathlib import Path
 
 import structlog
 
+from scow.core import disk_monitor
+from scow.core.disk_monitor import is_no_space
 from scow.core.page_frames import HEADER_SIZE, frame_all, iter_frames
 from scow.plugins.spark.records import RECORD
 
@@ -36,6 +38,8 @@ INDEX_EVERY = 32 << 10
 #: Bytes read per positioned read.
 READ_CHUNK = 256 << 10
 SUFFIX = ".seg"
+#: Seconds between attempts to write what a full file system refused.
+RETRY = 1.0
 
 
 @dataclass(slots=True)
@@ -138,6 +142,21 @@ def _first_time(segment: Segment) -> int:
     return int(RECORD.unpack_from(head, HEADER_SIZE)[1])
 
 
+_Item = tuple[int, int, bytes, object]
+
+
+@dataclass(slots=True)
+class _Undo:
+    """The writer's figures before a batch, and the files the batch sealed and made."""
+
+    fd: int
+    first: int
+    size: int
+    mark: int
+    sealed: list[int] = field(default_factory=list)
+    made: list[tuple[int, Path]] = field(default_factory=list)
+
+
 class Log:
     """The writer side of one stream's segments: a thread that appends and syncs.
 
@@ -145,6 +164,14 @@ class Log:
     order by the loop); the thread writes what is queued, fdatasyncs once, and calls
     `on_written(Written)` (which must hand over to the loop itself). The thread keeps its
     own figures of the segment it writes: `Segment` objects belong to the loop.
+
+    A batch lands whole or not at all: a write, sync or new segment the file system
+    refuses for lack of space undoes the batch (the segment cut back to where it was,
+    segments it made removed) and holds its records, with everything queued after them,
+    to be written again every `RETRY` seconds (at once when more comes) until space
+    returns. Meanwhile the disk monitor holds producers back (`out_of_space`), and no
+    token is handed back, so the stream acknowledges nothing that is not on disk; a
+    segment never has a hole that would hide what follows it.
     """
 
     def __init__(
@@ -170,8 +197,11 @@ class Log:
             self._first, self._size = active.first, active.size
             self._mark = active.index[-1][1] if active.index else -INDEX_EVERY
         self._last_time = 0
-        self._queue: queue.SimpleQueue[tuple[int, int, bytes, object] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self.errors = 0
+        #: Records a full file system refused, waiting to be written again (their number).
+        self.held = 0
+        self._owner = f"stream {directory}"
         self._thread = threading.Thread(
             target=self._run, name=f"scow-stream-{directory.name}", daemon=True
         )
@@ -195,31 +225,61 @@ class Log:
 
     def _run(self) -> None:
         get, get_nowait = self._queue.get, self._queue.get_nowait
+        held: list[_Item] = []
+        problem: str | None = None  # why held records wait (reported to the disk monitor)
         while True:
-            item = get()
-            batch = []
-            while item is not None:
-                batch.append(item)
-                try:
+            batch, held = held, []
+            stopping = False
+            try:  # with records held, new work tries again at once, else every RETRY s
+                item = get(timeout=RETRY if batch else None)
+                while item is not None:
+                    batch.append(item)
                     item = get_nowait()
-                except queue.Empty:
-                    break
+                stopping = True
+            except queue.Empty:
+                pass
             try:
-                self._write(batch)
+                held = self._write(batch)
             except OSError:
                 self.errors += 1
                 log.exception("stream write failed", directory=str(self.directory))
-            if item is None:
+            self.held = len(held)
+            if held and problem is None:
+                problem = disk_monitor.describe_no_room(self.directory, "a stream write")
+                log.warning(
+                    "stream write refused: file system full; producers held back and the "
+                    "write tried again until space returns",
+                    directory=str(self.directory),
+                    records=len(held),
+                )
+                disk_monitor.out_of_space(self.directory, self._owner, problem)
+            elif not held and problem is not None:
+                problem = None
+                log.info("stream writes go on: the file system has room again")
+                disk_monitor.out_of_space(self.directory, self._owner, None)
+            if stopping:
+                if held:
+                    # still journaled (not acknowledged): recovery appends them again
+                    log.error(
+                        "stream records not written at shutdown: file system full",
+                        directory=str(self.directory),
+                        records=len(held),
+                    )
+                    disk_monitor.out_of_space(self.directory, self._owner, None)
                 return
 
-    def _roll(self, first: int, now: int, written: Written) -> None:
+    def _roll(self, first: int, now: int, written: Written, undo: _Undo) -> None:
         if self._fd >= 0:
             if self.sync:
                 os.fdatasync(self._fd)
-            os.close(self._fd)
+            undo.sealed.append(self._fd)  # closed once the batch is in
             written.sizes[self._first] = self._size
+        # the disk monitor checks now, with room for a whole segment (not at its next scan)
+        disk_monitor.allocating(self.directory, self.segment_bytes)
         path = _segment_path(self.directory, first)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        undo.made.append((fd, path))
+        self._fd = fd
         if self.sync:
             dir_fd = os.open(self.directory, os.O_RDONLY)
             try:
@@ -229,36 +289,62 @@ class Log:
         self._first, self._size, self._mark = first, 0, -INDEX_EVERY
         written.new_segments.append(Segment(first, path, index=[], first_time=now))
 
-    def _write(self, batch: list[tuple[int, int, bytes, object]]) -> None:
+    def _write(self, batch: list[_Item]) -> list[_Item]:
+        """Write and sync `batch`; the records a full file system refused (the whole batch's,
+        in order), or [] once they are in."""
         records: list[bytes] = []
-        written = Written(last_seq=-1)
-        annotate, pack = self.annotate, RECORD.pack
-        for seq, message_id, data, token in batch:
-            if seq < 0:
-                self._flush(records)
-                for path in token:  # type: ignore[attr-defined]
+        items: list[_Item] = []
+        for item in batch:
+            if item[0] < 0:  # retention: older segments than any a write touches
+                for path in item[3]:  # type: ignore[attr-defined]
                     path.unlink(missing_ok=True)
-                continue
-            now = max(int(time.time() * 1000), self._last_time)
-            self._last_time = now
-            if self._fd < 0 or self._size >= self.segment_bytes:
-                self._flush(records)
-                self._roll(seq, now, written)
-            record = pack(seq, now, message_id) + annotate(data, seq, now)
-            if self._size - self._mark >= INDEX_EVERY:
-                written.index.append((self._first, (seq, self._size, now)))
-                self._mark = self._size
-            records.append(record)
-            self._size += HEADER_SIZE + len(record)
-            written.last_seq = seq
-            written.tokens.append(token)
-        self._flush(records)
-        if written.last_seq < 0 and not written.new_segments:
-            return
-        if self.sync and self._fd >= 0:
-            os.fdatasync(self._fd)
+            else:
+                items.append(item)
+        if not items:
+            return []
+        written = Written(last_seq=-1)
+        undo = _Undo(self._fd, self._first, self._size, self._mark)
+        annotate, pack = self.annotate, RECORD.pack
+        try:
+            for seq, message_id, data, token in items:
+                now = max(int(time.time() * 1000), self._last_time)
+                self._last_time = now
+                if self._fd < 0 or self._size >= self.segment_bytes:
+                    self._flush(records)
+                    self._roll(seq, now, written, undo)
+                record = pack(seq, now, message_id) + annotate(data, seq, now)
+                if self._size - self._mark >= INDEX_EVERY:
+                    written.index.append((self._first, (seq, self._size, now)))
+                    self._mark = self._size
+                records.append(record)
+                self._size += HEADER_SIZE + len(record)
+                written.last_seq = seq
+                written.tokens.append(token)
+            self._flush(records)
+            if self.sync:
+                os.fdatasync(self._fd)
+        except OSError as exc:
+            self._undo(undo)
+            if is_no_space(exc):
+                return items
+            raise  # the batch is dropped, still journaled: recovery appends it again
+        for fd in undo.sealed:
+            os.close(fd)
         written.sizes[self._first] = self._size
         self.on_written(written)
+        return []
+
+    def _undo(self, undo: _Undo) -> None:
+        """Put the log back as it was before a batch that failed: no hole, no new file."""
+        for fd, path in undo.made:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+        self._fd, self._first, self._size, self._mark = undo.fd, undo.first, undo.size, undo.mark
+        if self._fd >= 0:
+            try:
+                os.ftruncate(self._fd, self._size)  # frees the space; writes go at offsets
+            except OSError:
+                log.exception("stream segment not cut back", directory=str(self.directory))
 
     def _flush(self, records: list[bytes]) -> None:
         if not records:

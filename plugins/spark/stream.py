@@ -6,7 +6,9 @@ and an enqueue time, both stored with it and written into it as the annotations
 its own segment files (see `segments`) under `<data-dir>/streams/<queue>`; the broker
 journals a durable message first, as for any queue, and the stream acknowledges it once
 its own copy is synced, so the journal holds only what the segments may not have yet
-(recovery appends those again, skipping the ones the last segments already hold).
+(recovery appends those again, skipping the ones the last segments already hold). A full
+file system holds the stream's writes (and, through the disk monitor, its producers) until
+space returns: what is held is acknowledged only once it is written (see `segments.Log`).
 
 Reads do not consume: each consumer reads from its own position, given as a source filter
 when it attaches (`scow:stream-offset`: "first", "last", "next", a sequence number or a
@@ -260,6 +262,7 @@ class StreamQueue:
             "messages-delivered": self.messages_delivered,
             "segments-deleted": self.segments_deleted,
             "write-errors": self.log.errors,
+            "writes-held": self.log.held,
         }
 
     # ------------------------------------------------------------------ appending
