@@ -1,0 +1,222 @@
+"""A stream's segment log on a file system that fills: writes wait, nothing is lost.
+
+Each test mounts a small tmpfs (root only; skipped elsewhere) and fills it with a filler
+file, so the segment writer meets ENOSPC for real. Records the file system refuses are
+held and written again once space returns; only then are their tokens handed back (the
+stream acknowledges the journaled message on that), and the segment never has a hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scow.core.disk_monitor import DiskMonitor
+from scow.core.model import MemoryLimits
+from scow.core.testing import wait_for
+from scow.plugins.spark import segments as seglog
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, unmounted at the end."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(fs: Path) -> Path:
+    """Write a filler file until the file system refuses; its path."""
+    filler = fs / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        chunk = bytes(64 * 1024)
+        while chunk:
+            try:
+                f.write(chunk)
+            except OSError:
+                chunk = chunk[: len(chunk) // 2]
+    return filler
+
+
+class Writes:
+    """What the log handed back, in order (its writer thread calls `on_written`)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[object] = []
+        self.sizes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def on_written(self, written: seglog.Written) -> None:
+        with self._lock:
+            self.tokens.extend(written.tokens)
+            self.sizes.update(written.sizes)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.tokens)
+
+
+def open_log(directory: Path, writes: Writes, segment_bytes: int = 1 << 20) -> seglog.Log:
+    segments, _next, _ids = seglog.open_segments(directory)
+    return seglog.Log(
+        directory,
+        segments[-1] if segments else None,
+        segment_bytes,
+        True,
+        writes.on_written,
+        lambda data, seq, now: data,
+    )
+
+
+def body(seq: int, size: int) -> bytes:
+    return f"{seq:08d}".encode() * (size // 8)
+
+
+def stored(directory: Path) -> list[tuple[int, bytes]]:
+    """(sequence, bytes) of every record the segments hold, as a restart reads them."""
+    segments, next_seq, _ids = seglog.open_segments(directory)
+    records, _following = seglog.read_range(segments, 0, next_seq, 1 << 20)
+    return [(seq, data) for seq, _time, data in records]
+
+
+def test_a_full_disk_holds_stream_writes_and_hands_them_back_once_written(
+    small_fs: Path,
+) -> None:
+    directory = small_fs / "stream"
+    writes = Writes()
+    log = open_log(directory, writes)
+    try:
+        for seq in range(10):
+            log.append(seq, seq, body(seq, 1000), seq)
+        wait_for(lambda: writes.count() == 10, what="the first 10 records")
+        (segment,) = directory.glob("*.seg")
+        size = segment.stat().st_size
+        filler = fill(small_fs)
+        for seq in range(10, 60):
+            log.append(seq, seq, body(seq, 4000), seq)
+        wait_for(lambda: log.held == 50, what="the 50 refused records held")
+        # nothing refused is handed back, and the segment is cut back: no hole
+        assert writes.tokens == list(range(10))
+        assert segment.stat().st_size == size
+        assert [seq for seq, _data in stored(directory)] == list(range(10))
+        os.unlink(filler)
+        wait_for(lambda: writes.count() == 60, what="the held records once space returns")
+        assert log.held == 0
+        assert writes.tokens == list(range(60))  # in order
+        log.append(60, 60, body(60, 1000), 60)
+        wait_for(lambda: writes.count() == 61, what="a write after the hold")
+    finally:
+        log.close()
+    expected = [(seq, body(seq, 1000 if seq < 10 or seq == 60 else 4000)) for seq in range(61)]
+    assert stored(directory) == expected
+
+
+def test_records_held_at_shutdown_are_not_handed_back_and_the_segment_stays_whole(
+    small_fs: Path,
+) -> None:
+    directory = small_fs / "stream"
+    writes = Writes()
+    log = open_log(directory, writes)
+    try:
+        for seq in range(5):
+            log.append(seq, seq, body(seq, 1000), seq)
+        wait_for(lambda: writes.count() == 5, what="the first 5 records")
+        filler = fill(small_fs)
+        for seq in range(5, 20):
+            log.append(seq, seq, body(seq, 4000), seq)
+        wait_for(lambda: log.held == 15, what="the refused records held")
+    finally:
+        log.close()  # they stay journaled: recovery appends them again
+    assert writes.tokens == list(range(5))
+    assert [seq for seq, _data in stored(directory)] == list(range(5))
+    os.unlink(filler)
+    again = Writes()
+    log = open_log(directory, again)
+    try:
+        for seq in range(5, 20):  # what recovery would append
+            log.append(seq, seq, body(seq, 4000), seq)
+        wait_for(lambda: again.count() == 15, what="the appends after a restart")
+    finally:
+        log.close()
+    assert [seq for seq, _data in stored(directory)] == list(range(20))
+
+
+def test_a_segment_roll_refused_for_space_leaves_no_new_file_and_is_tried_again(
+    small_fs: Path,
+) -> None:
+    directory = small_fs / "stream"
+    writes = Writes()
+    log = open_log(directory, writes, segment_bytes=8000)
+    try:
+        for seq in range(8):  # two segments of 4 records
+            log.append(seq, seq, body(seq, 2000), seq)
+        wait_for(lambda: writes.count() == 8, what="two segments")
+        before = sorted(p.name for p in directory.glob("*.seg"))
+        filler = fill(small_fs)
+        for seq in range(8, 24):  # would roll four more segments
+            log.append(seq, seq, body(seq, 2000), seq)
+        wait_for(lambda: log.held == 16, what="the refused records held")
+        assert sorted(p.name for p in directory.glob("*.seg")) == before
+        assert writes.tokens == list(range(8))
+        os.unlink(filler)
+        wait_for(lambda: writes.count() == 24, what="the held records once space returns")
+    finally:
+        log.close()
+    assert [seq for seq, _data in stored(directory)] == list(range(24))
+    assert len(list(directory.glob("*.seg"))) >= 6
+
+
+def test_the_disk_monitor_blocks_producers_while_a_stream_write_is_held(
+    small_fs: Path,
+) -> None:
+    async def scenario() -> None:
+        limits = MemoryLimits()
+        monitor = DiskMonitor(
+            limits,
+            [small_fs],
+            {"max-disk-usage": -1, "min-disk-free": -1, "disk-scan-period": 60_000},
+        )
+        await monitor.start()
+        loop = asyncio.get_running_loop()
+        directory = small_fs / "stream"
+        writes = Writes()
+        log = open_log(directory, writes)
+        try:
+            log.append(0, 0, body(0, 1000), 0)
+            await until(lambda: writes.count() == 1)
+            filler = fill(small_fs)
+            log.append(1, 1, body(1, 8000), 1)
+            await until(lambda: limits.disk_full)
+            assert limits.reasons == ["disk"]
+            assert f"stream {directory}" in (monitor.problem() or "")
+            os.unlink(filler)
+            await until(lambda: not limits.disk_full)  # resumed by itself
+            assert writes.tokens == [0, 1]
+        finally:
+            await loop.run_in_executor(None, log.close)
+            await monitor.stop()
+
+    async def until(condition) -> None:  # type: ignore[no-untyped-def]
+        for _ in range(1000):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("timed out")
+
+    asyncio.run(scenario())
