@@ -353,7 +353,11 @@ class AddressPager:
                 then()
         if moved:
             for cursor in list(self.cursors.values()):
-                if cursor.backlog and cursor.queue.consumer_count():
+                if not cursor.backlog:
+                    continue
+                if cursor.purging is not None or cursor.drain_to_queue:
+                    cursor.fill()  # it reads on whether or not anyone consumes
+                elif cursor.queue.consumer_count():
                     cursor.queue.dispatch()  # consumers fill, browsers browse
             # what was read straight from memory may all be acknowledged by now: page mode
             # can end once nothing is in flight (check() waited for these writes)
