@@ -7,6 +7,7 @@ import pytest
 
 from tests.database.postgres import PostgresServer, binaries
 from tests.fresh_venv import make_venv
+from tests.tmpfs import tmpfs
 
 pytest_plugins = ["scow.core.testing"]
 
@@ -54,3 +55,10 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new venv (no system site-packages) with Scow installed from this checkout, no
     extras: what a plain `pip install scow` gives a user. Shared by the tests that need it."""
     return make_venv(tmp_path_factory.mktemp("fresh-venv"))
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs at tmp_path/fs for disk-full tests (skips where mounting is refused)."""
+    with tmpfs(tmp_path / "fs", "1m") as mount:
+        yield mount

@@ -7,50 +7,23 @@ producer goes on by itself; and after a SIGKILL every accepted message is there.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from proton import Message
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 
 from scow.core.testing import BrokerProcess, broker_processes, wait_for
 from tests.database.backends import on_database
+from tests.tmpfs import free_bytes, tmpfs
 from tests.wire.helpers import consume_all
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 BODY = "d" * 4000
 ADDRESS = "full"
-
-
-@contextlib.contextmanager
-def small_data_dir(tmp_path: Path, size: str, name: str = "data") -> Iterator[Path]:
-    """tmp_path/`name` on a tmpfs of `size`; skips the test where mounting is not allowed."""
-    data = tmp_path / name
-    data.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(data)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield data
-    finally:
-        subprocess.run(["umount", "-l", str(data)], check=False)
-
-
-def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
 
 
 def leave_free(data: Path, free: int) -> Path:
@@ -192,7 +165,7 @@ def test_a_full_disk_refuses_or_blocks_producers_and_they_resume_when_space_retu
     # between the producer and ENOSPC. The credit it holds when blocked (up to 1,000 x 4 kB)
     # is more than the journal takes in: the rest is refused.
     log = tmp_path / "broker.log"
-    with small_data_dir(tmp_path, "24m") as data, broker_processes(tmp_path) as start:
+    with tmpfs(tmp_path / "data", "24m") as data, broker_processes(tmp_path) as start:
         broker = start_broker(start, **{"max-disk-usage": -1})
         filler = leave_free(data, 6 << 20)
         producer = Producer(broker.url)
@@ -224,7 +197,7 @@ def test_a_full_disk_refuses_or_blocks_producers_and_they_resume_when_space_retu
 
 def test_the_disk_limit_blocks_producers_before_the_disk_is_full(tmp_path: Path) -> None:
     log = tmp_path / "broker.log"
-    with small_data_dir(tmp_path, "24m") as data, broker_processes(tmp_path) as start:
+    with tmpfs(tmp_path / "data", "24m") as data, broker_processes(tmp_path) as start:
         broker = start_broker(start, credit=50, **{"min-disk-free": "4MiB"})
         filler = leave_free(data, 8 << 20)
         producer = Producer(broker.url)
@@ -254,7 +227,7 @@ def test_the_sqlite_store_on_a_full_disk_holds_producers_until_space_returns(
     # SQLite's "database or disk is full" is a database outage to the database store:
     # producers are blocked and the refused batch is written again until it goes in
     log = tmp_path / "broker.log"
-    with small_data_dir(tmp_path, "24m") as data, broker_processes(tmp_path) as start:
+    with tmpfs(tmp_path / "data", "24m") as data, broker_processes(tmp_path) as start:
         broker = start_broker(start, sqlite=True, **{"max-disk-usage": -1})
         filler = leave_free(data, 6 << 20)
         producer = Producer(broker.url)
@@ -315,7 +288,7 @@ class TxSender(MessagingHandler, TransactionHandler):
 def test_a_commit_the_disk_cannot_hold_is_rolled_back_and_the_next_one_commits(
     tmp_path: Path, scow_broker
 ) -> None:
-    with small_data_dir(tmp_path, "8m", name="data-0") as data:
+    with tmpfs(tmp_path / "data-0", "8m") as data:
         broker = scow_broker(
             plugins=PLUGINS,
             sections={

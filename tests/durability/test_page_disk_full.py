@@ -4,46 +4,15 @@ back and writes what was refused once space returns, in order; nothing is lost."
 from __future__ import annotations
 
 import asyncio
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from scow.core.page_frames import iter_frames
 from scow.plugins.paging.store import FilePageStore
 from scow.plugins.paging.writer import PageWriter
+from tests.tmpfs import fill
 
 RECORD = 8 * 1024
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(fs: Path) -> Path:
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        chunk = bytes(64 * 1024)
-        while chunk:
-            try:
-                f.write(chunk)
-            except OSError:
-                chunk = chunk[: len(chunk) // 2]
-    return filler
 
 
 def numbered(n: int) -> bytes:

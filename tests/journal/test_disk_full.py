@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from scow.core import disk_monitor
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.model import MemoryLimits, ResourceLimitExceeded, StorageFull
 from scow.plugins.file_journal import FileJournal
+from tests.tmpfs import fill
 
 from .helpers import load, settings, wait_until
 
@@ -27,37 +26,6 @@ HELD = 1  # a record type held back while the file system is full (messages)
 BOOK = 2  # a record type that may use the reserve (bookkeeping)
 BODY = b"m" * 1000
 PER_FILE = (FILE - 4096) // (len(BODY) + 32)  # records of BODY in one file
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, unmounted at the end."""
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(fs: Path) -> Path:
-    """Write a filler file until the file system refuses; its path."""
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        chunk = bytes(64 * 1024)
-        while chunk:
-            try:
-                f.write(chunk)
-            except OSError:
-                chunk = chunk[: len(chunk) // 2]
-    return filler
 
 
 def open_on(directory: Path, **changes) -> FileJournal:

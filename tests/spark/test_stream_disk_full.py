@@ -10,48 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.model import MemoryLimits
 from scow.core.testing import wait_for
 from scow.plugins.spark import segments as seglog
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, unmounted at the end."""
-    mount = tmp_path / "fs"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(fs: Path) -> Path:
-    """Write a filler file until the file system refuses; its path."""
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        chunk = bytes(64 * 1024)
-        while chunk:
-            try:
-                f.write(chunk)
-            except OSError:
-                chunk = chunk[: len(chunk) // 2]
-    return filler
+from tests.tmpfs import fill
 
 
 class Writes:
