@@ -228,6 +228,10 @@ def test_full_disk_holds_queue_producers_back_and_loses_nothing_acknowledged(
 
 
 def test_full_disk_loses_nothing_a_stream_acknowledged(system_broker, tmpfs, tmp_path):
+    """Found by the schedules (every one with a full disk, e.g. seeds 21-25): a segment
+    write refused with ENOSPC left a hole in the segment; readers stopped there (or read a
+    blank record), later records were acknowledged yet unreadable, and a restart cut the
+    segment at the hole ("stream segment tail cut")."""
     disk = tmpfs("48m")
     broker = system_broker(BrokerSpec(lanes=("stream",), data_dir=disk.path / "data"))
     address = LANES["stream"].address
