@@ -317,3 +317,109 @@ def test_broker_starts_again_after_sigkills_while_transactions_and_backlogs_page
             broker.kill()
             run.close()
             broker.start()  # fails the test with the broker's log if it does not start
+
+
+def test_dead_letter_move_refused_by_a_full_disk_happens_once_space_returns(system_broker, tmpfs):
+    """Found by benchmark seed 26 (after the full-disk fixes): a poison message whose move
+    to the dead-letter address met a full journal was logged "message not moved: storage
+    full; it stays in its queue's journal" and left memory: no queue held it any more, no
+    consumer could get it until a restart, yet it had been acknowledged to its producer."""
+    disk = tmpfs("32m")
+    broker = system_broker(
+        BrokerSpec(
+            lanes=("poison",),
+            data_dir=disk.path / "data",
+            address_settings={"sys.poison": {"max-delivery-attempts": 1}},
+            global_max_size="64MiB",  # no paging: the copies go to the journal
+        )
+    )
+    address = LANES["poison"].address
+    body = "p" * 600_000  # each copy needs a journal file of its own: the spare runs out
+    filler = Filler(disk.path / "filler")
+    ids = [f"poison{i}" for i in range(4)]
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(address)
+        for ident in ids:
+            sender.send(Message(id=ident, body=body, durable=True))
+        receiver = conn.create_receiver(address, credit=len(ids))
+        assert [receiver.receive(timeout=10).id for _ in ids] == ids
+        filler.fill()
+        try:
+            _until_the_journal_refuses(broker, body)
+            for _ in ids:
+                settle_failed(receiver)  # the last attempt: to the dead-letter address
+            conn.create_sender("flush")  # a round trip: the broker has the outcomes
+        except BaseException:
+            filler.release()
+            raise
+    try:
+        wait_for(lambda: broker.log_lines("message not moved"), 5, 0.1, "a refused move")
+        refused = True
+    except AssertionError:
+        refused = False
+    finally:
+        filler.release()
+    assert refused, "the disk was full, yet every dead-letter copy was stored"
+
+    def held() -> int:
+        return sum(
+            q["message-count"] for q in broker.api("/api/queues") if q["name"] in ("DLA", address)
+        )
+
+    # each is in the DLA, or back in its queue to be dead-lettered again: not only in the
+    # journal, where nothing can reach it until a restart
+    wait_for(lambda: held() == len(ids), 10, 0.2, f"{len(ids)} messages in DLA or {address}")
+
+
+def _until_the_journal_refuses(broker, body: str) -> None:
+    """Durable sends on a full disk until the journal says it has no room."""
+    with contextlib.suppress(Exception), amqp_client(broker, timeout=5) as conn:
+        sender = conn.create_sender("sys.filler")
+        for i in range(20):
+            sender.send(Message(id=f"f{i}", body=body, durable=True))
+            if broker.log_lines("journal file system full"):
+                return
+
+
+def settle_failed(receiver) -> None:
+    """Settle the oldest unsettled delivery as modified with delivery-failed."""
+    from proton import Delivery
+
+    delivery = receiver.fetcher.unsettled.popleft()
+    delivery.local.failed = True
+    delivery.update(Delivery.MODIFIED)
+    delivery.settle()
+
+
+def test_address_that_starts_paging_on_a_full_disk_refuses_the_send_not_the_connection(
+    system_broker, tmpfs
+):
+    """Found by benchmark seeds 1 and 5 and by the dead-letter test above: the first page of
+    an address writes its folder's address.txt; on a full disk the OSError escaped from
+    FilePageStore._open_folder through AddressPager.store into the link's on_delivery, the
+    producer's connection was dropped ("connection failed" and a traceback) and the address
+    stayed in page mode without a store: later sends to it were lost or stuck."""
+    disk = tmpfs("32m")
+    broker = system_broker(BrokerSpec(lanes=("paged",), data_dir=disk.path / "data"))
+    address = LANES["paged"].address  # pages past 8 KiB
+    filler = Filler(disk.path / "filler")
+    outcomes = []
+    with amqp_client(broker, timeout=10) as conn:
+        sender = conn.create_sender(address)
+        sender.send(Message(id="before", body="x" * 4000, durable=True))
+        filler.fill()
+        try:
+            for i in range(3):  # past max-size-bytes: the address starts paging
+                try:
+                    sender.send(Message(id=f"full{i}", body="x" * 4000, durable=True))
+                    outcomes.append("accepted")
+                except Exception as exc:  # refused (resource-limit-exceeded) is fine
+                    outcomes.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            filler.release()
+        assert not any("Connection" in o or "closed" in o.lower() for o in outcomes), outcomes
+        sender.send(Message(id="after", body="x" * 4000, durable=True))
+    assert not broker.log_lines("connection failed"), broker.log_lines("OSError")
+    got = [m.id for m in drain(broker, address)]
+    accepted = ["before"] + [f"full{i}" for i, o in enumerate(outcomes) if o == "accepted"]
+    assert got == [*accepted, "after"]
