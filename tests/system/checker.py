@@ -9,6 +9,7 @@
 - No message is delivered for the first time (delivery count 0) twice by one queue while
   one broker process lived (a restart may repeat deliveries the journal had not counted).
 - Per consumer and FIFO queue, first deliveries of one producer arrive in send order.
+- A last-value queue never hands out a value a later one of its key had replaced.
 - Selector consumers get only matching messages; large messages arrive intact; nothing of
   an aborted or unfinished transaction, or of a send cut off mid-message, is delivered.
 - A stream keeps every accepted message once, in sequence, per producer in send order.
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -152,6 +154,7 @@ class Checker:
         self.check_first_deliveries()
         self.check_order()
         self.check_content()
+        self.check_last_values(accepted.get("lvq", {}))
         self.check_c_sends()
         self.f.counts = {k: len(v) for k, v in self.by_kind.items()}
         return self.f
@@ -321,6 +324,35 @@ class Checker:
                         "partial-delivered",
                         f"{e['id']}, whose sender died mid-message, was delivered to {e['client']}",
                     )
+
+    def check_last_values(self, accepted: dict[str, dict]) -> None:
+        """A last-value queue hands out no value that a later one with its key had replaced
+        a while (a second) before: the replaced one must be dropped, in memory or in pages,
+        across restarts too."""
+        times: dict[str, list[float]] = defaultdict(list)
+        for e in accepted.values():
+            times[e["k"]].append(e["t"])
+        for key_times in times.values():
+            key_times.sort()
+        stale = 0
+        for kind in DELIVERY_KINDS:
+            for e in self.by_kind[kind]:
+                sent = accepted.get(e["id"])
+                if sent is None or e.get("count") != 0 or e["queue"] != LANES["lvq"].address:
+                    continue
+                later = times[sent["k"]]
+                i = bisect.bisect_right(later, sent["t"])
+                if i < len(later) and later[i] < e["t"] - 1.0:
+                    stale += 1
+                    if stale <= 5:
+                        self.f.add(
+                            "last-value",
+                            f"{e['queue']}: {e['id']} (key {sent['k']}) {e['kind']} to "
+                            f"{e['client']} {e['t'] - later[i]:.1f}s after a later value of "
+                            "its key was accepted",
+                        )
+        if stale > 5:
+            self.f.add("last-value", f"... and {stale - 5} more replaced values handed out")
 
     def check_stream(self, accepted: dict[str, dict]) -> None:
         read = [e for e in self.by_kind["drained"] if e.get("lane") == "stream"]

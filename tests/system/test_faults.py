@@ -18,7 +18,7 @@ from proton import Message
 from scow.core.testing import amqp_client, wait_for
 from tests.system.processes import ROOT, local_ports
 from tests.system.records import read_events
-from tests.system.topology import LANES, BrokerSpec
+from tests.system.topology import LANES, PAGING, BrokerSpec
 from tests.system.volumes import Filler
 
 
@@ -423,3 +423,20 @@ def test_address_that_starts_paging_on_a_full_disk_refuses_the_send_not_the_conn
     got = [m.id for m in drain(broker, address)]
     accepted = ["before"] + [f"full{i}" for i, o in enumerate(outcomes) if o == "accepted"]
     assert got == [*accepted, "after"]
+
+
+def test_restart_never_brings_back_replaced_last_values_from_pages(system_broker):
+    """Found by the schedules (benchmark seed 30: a last-value queue on a paging address
+    after restarts): values replaced while in pages came back after a restart, next to the
+    values that replaced them."""
+    broker = system_broker(BrokerSpec(lanes=("lvq",), address_settings={"sys.lvq": PAGING}))
+    address = LANES["lvq"].address
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(address)
+        for i in range(20):  # keys k0-k4 four times each; most of it paged
+            properties = {"k": f"k{i % 5}"}
+            sender.send(Message(id=f"m{i}", body="x" * 3000, durable=True, properties=properties))
+    assert broker.api(f"/api/addresses/{address}")["messages-paged"] > 0
+    broker.kill()
+    broker.start()
+    assert [m.id for m in drain(broker, address)] == [f"m{i}" for i in range(15, 20)]
