@@ -42,7 +42,7 @@ def test_short_schedule_of_client_faults_keeps_every_invariant(tmp_path, c_build
         tmp_path,
         c_build,
         pki,
-        Settings(seed=seed, duration=8, faults=QUICK_FAULTS, rate_factor=0.5),
+        Settings(seed=seed, duration=7, faults=QUICK_FAULTS, rate_factor=0.5),
     )
     assert not report.failed, report.describe()
 
@@ -56,7 +56,7 @@ def test_short_schedule_with_broker_kills_and_a_full_disk_keeps_every_invariant(
         pki,
         Settings(
             seed=1703,
-            duration=10,
+            duration=8,
             faults=FAULT_KINDS,
             must=("broker-restart", "disk-full", "client-stop"),
             rate_factor=0.5,

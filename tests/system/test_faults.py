@@ -368,7 +368,7 @@ def test_dead_letter_move_refused_by_a_full_disk_happens_once_space_returns(syst
 
     # each is in the DLA, or back in its queue to be dead-lettered again: not only in the
     # journal, where nothing can reach it until a restart
-    wait_for(lambda: held() == len(ids), 10, 0.2, f"{len(ids)} messages in DLA or {address}")
+    wait_for(lambda: held() == len(ids), 8, 0.2, f"{len(ids)} messages in DLA or {address}")
 
 
 def _until_the_journal_refuses(broker, body: str) -> None:
