@@ -22,18 +22,22 @@ has a message of it left to acknowledge.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from scow.core.disk_monitor import describe_no_room, is_no_space, out_of_space
 from scow.core.interfaces import stores_own_messages
 from scow.core.message import Message, PagedRef, SharedMessage
 from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus, StorageFull
 from scow.core.page_frames import HEADER_SIZE
 from scow.plugins.paging import record
 from scow.plugins.paging.cursor import QueueCursor
+from scow.plugins.paging.writer import RETRY
 
 if TYPE_CHECKING:
     from scow.core.interfaces import Completion, PageStore, Queue
@@ -90,6 +94,8 @@ class AddressPager:
         self.messages_paged = 0
         self.messages_dropped = 0
         self.messages_refused = 0
+        #: Retries opening a store the file system had no room for (see `prepare_store`).
+        self._retry: asyncio.TimerHandle | None = None
         address.pager = self
         for queue in address.queues.values():
             self.bind(queue)
@@ -110,7 +116,64 @@ class AddressPager:
             self._store = self.manager.open_store(self.address.name)
         return self._store
 
+    def prepare_store(self) -> None:
+        """Open the store before anything is counted or paged. Raises StorageFull, with
+        nothing changed, when its file system has no room for it (the first page of an
+        address makes its folder): producers are then held back (the disk monitor) and
+        the store is opened again every RETRY seconds until space returns."""
+        if self._store is not None:
+            return
+        try:
+            self._store = self.manager.open_store(self.address.name)
+        except (StorageFull, OSError) as exc:
+            if isinstance(exc, OSError) and not is_no_space(exc):
+                raise
+            refusal = (
+                exc
+                if isinstance(exc, StorageFull)
+                else StorageFull(
+                    f"page store of '{self.address.name}': not stored: "
+                    + describe_no_room(self.manager.directory, f"its pages ({exc})")
+                )
+            )
+            self._no_room(refusal.description)
+            raise refusal from None
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+            self._no_room(None)
+
+    def _no_room(self, problem: str | None) -> None:
+        """Tell the disk monitor the store cannot be opened (`problem`), or can (None)."""
+        owner = f"page store of address {self.address.name!r}"
+        out_of_space(self.manager.directory, owner, problem)
+        if problem is None:
+            log.info("page store opened: the file system has room again", address=self.address.name)
+            return
+        if self._retry is None:
+            log.warning(
+                "page store not opened: file system full; sends to the address refused "
+                "and producers held back until space returns",
+                address=self.address.name,
+                reason=problem,
+            )
+        else:
+            self._retry.cancel()
+        self._retry = self.manager.loop.call_later(RETRY, self._retry_open)
+
+    def _retry_open(self) -> None:
+        if self.manager.pagers.get(self.address.name) is not self:
+            self._retry = None
+            self._no_room(None)  # closed meanwhile: holds nothing back any more
+            return
+        with contextlib.suppress(StorageFull):  # reschedules itself
+            self.prepare_store()
+
     def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+            self._no_room(None)
         if self.manager.pagers.get(self.address.name) is self:
             del self.manager.pagers[self.address.name]
         if self._store is not None:
@@ -157,6 +220,7 @@ class AddressPager:
         on_stored: Completion | None,
         tx_id: int | None,
     ) -> RouteStatus:
+        self.prepare_store()  # first: it may refuse (StorageFull) while nothing changed
         if not self.paging:
             self._start()
         if self.own_storage:

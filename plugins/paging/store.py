@@ -9,6 +9,7 @@ earlier pages are left as they are, since reads stop at their first bad frame an
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -19,6 +20,7 @@ from typing import Any
 import structlog
 
 from scow.core import disk_monitor
+from scow.core.model import StorageFull
 from scow.core.page_frames import frame_all, valid_length
 
 log = structlog.get_logger("scow.paging")
@@ -41,6 +43,13 @@ def folder_name(address: str) -> str:
 def _os_error(exc: OSError, path: Path | str, doing: str) -> OSError:
     """`exc` again, saying which file and what for (os.write and fsync errors name neither)."""
     return OSError(exc.errno, f"{path}: {doing}: {exc.strerror}")
+
+
+def _existing(path: Path) -> Path:
+    """`path` or its nearest existing parent."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _fsync_path(path: Path) -> None:
@@ -77,6 +86,23 @@ class FilePageStore:
             self._cut_torn_tail(self._pages[-1])
 
     def _open_folder(self) -> None:
+        """Make the folder and its address.txt unless they exist. Raises StorageFull when
+        the file system has no room for them: nothing is stored then, and opening the
+        store again once space returns finishes the job."""
+        try:
+            self._make_folder()
+        except OSError as exc:
+            if not disk_monitor.is_no_space(exc):
+                raise
+            raise StorageFull(
+                f"page store of {self.address!r}: not stored: "
+                + disk_monitor.describe_no_room(
+                    _existing(self.folder), f"its page folder {self.folder} ({exc.strerror})"
+                )
+                + "; producers resume once space returns"
+            ) from exc
+
+    def _make_folder(self) -> None:
         marker = self.folder / ADDRESS_FILE
         created: list[Path] = []  # folders this store makes, whose parents then need a sync
         parent = self.folder
@@ -90,7 +116,9 @@ class FilePageStore:
             raise _os_error(exc, marker, "opening the page store") from exc
         if stored is None:
             self._write_marker(marker)
-            for new in reversed(created):
+            # the folder's parent too when an earlier attempt made the folder and then
+            # found no room for address.txt
+            for new in reversed(created or [self.folder]):
                 _fsync_path(new.parent)
         elif stored != self.address:
             raise FileExistsError(
@@ -107,6 +135,8 @@ class FilePageStore:
                 os.fsync(f.fileno())
             os.replace(tmp, marker)
         except OSError as exc:
+            with contextlib.suppress(OSError):  # no half-written address left behind
+                os.unlink(tmp)
             raise _os_error(exc, marker, "writing the address") from exc
         _fsync_path(self.folder)
 
