@@ -3,14 +3,16 @@
 Built on first use (the first address whose PAGE policy is created, or the paging
 service at startup) and kept as `broker.page_manager`. At startup, `recover` rebuilds
 each address's pages and cursors from the page files and the journal's cursor records:
-counters are derived from the data, never stored.
+counters are derived from the data, never stored. So is what a last-value queue learnt
+at page time (the newest value of each key in pages): the scan asks such queues for each
+of their paged messages' key, and hands them the newest id per key before any is read.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.interfaces import Completion, PageStore
+from scow.core.message import Message
 from scow.plugins.paging.pager import AddressPager, PageInfo
-from scow.plugins.paging.scan import durable_records
+from scow.plugins.paging.scan import PagedRecord, durable_records
 from scow.plugins.paging.writer import PageWriter
 
 if TYPE_CHECKING:
@@ -45,6 +48,9 @@ class _Scan:
     pages: dict[int, PageInfo] = field(default_factory=dict)
     #: queue id -> (messages, bytes, {page: messages}, lowest message id)
     queues: dict[int, list[Any]] = field(default_factory=dict)
+    #: queue id -> {key: id of the newest paged message with it}, for the queues that
+    #: supersede paged messages by a key (`page_key`, last-value queues)
+    newest: dict[int, dict[object, int]] = field(default_factory=dict)
 
 
 class PagingManager:
@@ -173,8 +179,20 @@ class PagingManager:
             durable = {q.id: q for q in address.queues.values() if q.durable}
             acked = _acked_by_queue(recovery, durable)
             committed = recovery.page_txs if recovery is not None else set()
+            keyed = {
+                queue_id: key_of
+                for queue_id, queue in durable.items()
+                if (key_of := getattr(queue, "page_key", None)) is not None
+            }
             scan = await self.loop.run_in_executor(
-                None, _scan_store, pager.store, durable.keys(), acked, committed
+                None,
+                _scan_store,
+                pager.store,
+                durable.keys(),
+                acked,
+                committed,
+                keyed,
+                (address.name, self.message_format()),
             )
             for info in scan.pages.values():
                 scanned_txs |= info.txs
@@ -198,6 +216,9 @@ class PagingManager:
             pager.committed_txs |= recovery.page_txs
         self._drain_own_storage(pager, scan)
         for cursor in pager.cursors.values():
+            newest = scan.newest.get(cursor.queue.id)
+            if newest:
+                cursor.queue.recovered_paged(newest)  # type: ignore[attr-defined]
             messages, size, pending, first = scan.queues.get(cursor.queue.id, (0, 0, {}, 0))
             cursor.backlog, cursor.backlog_bytes, cursor.pending = messages, size, pending
             cursor.priorities_known = not messages
@@ -271,15 +292,25 @@ def _scan_store(
     queue_ids_durable: Any,
     acked: Mapping[tuple[int, int], set[int]],
     committed: set[int],
+    keyed: Mapping[int, Callable[[Message], object]] | None = None,
+    origin: tuple[str, MessageFormat] | None = None,
 ) -> _Scan:
     """Count, per durable queue and page, the committed durable messages not acknowledged.
 
     Non-durable messages do not survive a restart, and a transaction's records count only
-    if it committed; nothing of a message is kept but counters.
+    if it committed; nothing of a message is kept but counters. For the queues in `keyed`
+    (queue id -> `page_key`; `origin` is the address and message format), the newest id
+    per key among their messages, acknowledged or not: a value consumed before the stop
+    still replaced the older ones.
     """
     scan = _Scan()
     queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
-    for rec in durable_records(store, set(queue_ids_durable), acked, committed, scan.pages):
+    if keyed:
+        assert origin is not None
+        records = _keyed_records(store, queue_ids_durable, acked, committed, scan, keyed, origin)
+    else:
+        records = durable_records(store, set(queue_ids_durable), acked, committed, scan.pages)
+    for rec in records:
         size = len(rec.data)
         for queue_id in rec.queue_ids:
             figures = queues[queue_id]
@@ -290,3 +321,38 @@ def _scan_store(
             figures[2][rec.page] = figures[2].get(rec.page, 0) + 1
     scan.queues = dict(queues)
     return scan
+
+
+def _keyed_records(
+    store: PageStore,
+    queue_ids_durable: Any,
+    acked: Mapping[tuple[int, int], set[int]],
+    committed: set[int],
+    scan: _Scan,
+    keyed: Mapping[int, Callable[[Message], object]],
+    origin: tuple[str, MessageFormat],
+) -> Iterator[PagedRecord]:
+    """`durable_records`, noting in `scan.newest` the newest id per key of the keyed
+    queues' messages, the acknowledged ones included (the same single pass)."""
+    address, fmt = origin
+    newest: dict[int, dict[object, int]] = {queue_id: {} for queue_id in keyed}
+    scan.newest = newest
+    for rec in durable_records(store, set(queue_ids_durable), {}, committed, scan.pages):
+        message: Message | None = None
+        holders = []
+        for queue_id in rec.queue_ids:
+            key_of = keyed.get(queue_id)
+            if key_of is not None:
+                if message is None:
+                    message = Message(rec.message_id, bytes(rec.data), address, fmt, durable=True)
+                key = key_of(message)
+                if key is not None:
+                    known = newest[queue_id]
+                    if known.get(key, -1) < rec.message_id:
+                        known[key] = rec.message_id
+            done = acked.get((queue_id, rec.page))
+            if done is None or rec.offset not in done:
+                holders.append(queue_id)
+        if holders:
+            rec.queue_ids = holders
+            yield rec
