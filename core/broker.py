@@ -57,6 +57,8 @@ log = structlog.get_logger("scow.broker")
 PERSISTED_SETTINGS = "address-settings.json"
 
 FQQN_SEPARATOR = "::"
+#: Seconds between attempts at a dead-letter or expiry move storage had no room for.
+MOVE_RETRY = 1.0
 
 #: `authorize(permission, address)`: raises Unauthorized when the client may not.
 Authorize = Callable[[str, str], None]
@@ -133,6 +135,8 @@ class Broker:
         self.messages_dead_lettered = 0
         #: Acknowledgements storage had no room for (see `_ack_not_stored`).
         self.acks_not_stored = 0
+        #: Dead-letter/expiry moves storage refused, waiting to be tried again.
+        self.moves_waiting = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
         self._connection_numbers = itertools.count(1)
@@ -669,6 +673,11 @@ class Broker:
         journaled_acks: list[MessageRef] = []
         journaled = False
         try:
+            for _message, _queues, pager in paged:
+                # a page store is opened first: its file system may refuse (StorageFull)
+                prepare = getattr(pager, "prepare_store", None)
+                if prepare is not None:
+                    prepare()
             for message, queues, address in kept:
                 size = len(message.data)
                 shared, stored = self._store(message, queues, address, None, tx.id)
@@ -1044,7 +1053,20 @@ class Broker:
         settings = self.settings_for(queue.address)
         self._move(ref, settings.expiry_address, "x-opt-ORIG-", {"x-opt-ACTUAL-EXPIRY": now_ms()})
 
-    def _move(self, ref: MessageRef, target: str | None, prefix: str, extra: dict) -> None:
+    def _move(
+        self,
+        ref: MessageRef,
+        target: str | None,
+        prefix: str,
+        extra: dict,
+        *,
+        retry: bool = False,
+    ) -> None:
+        """Move `ref`'s message to `target` (a copy there, then `ref` dereferenced).
+
+        When storage has no room for the copy, the message stays where it was (in memory
+        and in its queue's journal record) and the move is tried again every
+        MOVE_RETRY seconds until it is stored: once space returns it happens, once."""
         message = ref.message
         queue: Any = ref.queue
         if target and target != queue.address:
@@ -1071,20 +1093,32 @@ class Broker:
                 try:
                     self._accept(copy, queues, target_address, None, target_address.is_full())
                 except StorageFull as exc:
-                    # The copy cannot be stored: the message leaves memory but keeps its
-                    # journal record, so a restart puts it back where it was. Nothing is
-                    # lost, and nothing loops (putting it back would meet it again).
-                    log.warning(
-                        "message not moved: storage full; it stays in its queue's journal",
-                        queue=queue.name,
-                        target=target,
-                        reason=exc.description,
+                    # The copy cannot be stored: the message keeps its place (its memory,
+                    # its journal record) and the move is tried again later, not offered
+                    # to consumers again (they would meet it again) nor dropped from
+                    # memory (nothing would reach it until a restart).
+                    if not retry:
+                        log.warning(
+                            "message not moved: storage full; moved once space returns",
+                            queue=queue.name,
+                            target=target,
+                            reason=exc.description,
+                        )
+                    self.moves_waiting += 1
+                    asyncio.get_running_loop().call_later(
+                        MOVE_RETRY, self._retry_move, ref, target, prefix, extra
                     )
-                    self._release_memory(ref)
                     return
             else:
                 log.warning("no queue on dead-letter/expiry address", address=target)
         self._dereference(ref)
+
+    def _retry_move(self, ref: MessageRef, target: str | None, prefix: str, extra: dict) -> None:
+        self.moves_waiting -= 1
+        if not self._is_live(ref.queue):  # its queue was deleted meanwhile, with the rest
+            self.discard(ref)
+            return
+        self._move(ref, target, prefix, extra, retry=True)
 
     def _dead_letter_targets(self, target: str, message: Message) -> list[Any]:
         address = self.addresses.get(target) or self.create_address(
