@@ -182,13 +182,15 @@ class BrokerSpec:
 
     def tables(self, data_dir: Path, port: int, http_port: int, tls_port: int) -> dict:
         queues = dict(self.queues)
-        settings = {k: dict(v) for k, v in self.address_settings.items()}
+        settings: dict[str, dict[str, Any]] = {}
         for name in self.lanes:
             lane = LANES[name]
             if lane.queue_config is not None:
                 queues[lane.address] = {"routing-type": "ANYCAST", **lane.queue_config}
             if lane.address_settings:
                 settings.setdefault(lane.address, {}).update(lane.address_settings)
+        for pattern, given in self.address_settings.items():  # the test's own win
+            settings.setdefault(pattern, {}).update(given)
         amqp: dict[str, Any] = {
             "idle-timeout": self.idle_timeout_ms,
             "max-frame-size": MAX_FRAME_SIZE,
