@@ -17,21 +17,12 @@ from typing import Any
 
 from proton import Message
 
+from scow.core.config import DEFAULT_PLUGINS
 from scow.core.testing import broker_config, free_port, write_config
 from tests.system.broker import SystemBroker
 
-PLUGINS = (
-    "amqp",
-    "file-journal",
-    "standard-queues",
-    "priority-queues",
-    "last-value-queues",
-    "qpid-paged-queues",
-    "full-policies",
-    "paging",
-    "spark",
-    "management",
-)
+#: Every plugin the packaged config enables: the built-in default set and management.
+PLUGINS = (*DEFAULT_PLUGINS, "management")
 
 #: A small frame size so the large lane's messages span many frames.
 MAX_FRAME_SIZE = 16384
