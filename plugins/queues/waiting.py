@@ -32,7 +32,9 @@ class Waiting(Protocol):
 
     def popleft(self) -> Entry: ...
 
-    def put_back(self, ref: MessageRef) -> Entry | None: ...
+    def put_back(self, ref: MessageRef) -> Entry | None:
+        """Return `ref` (released unsettled) to its place; returns an entry it makes
+        superfluous (last-value: `ref` itself or an older value of its key), or None."""
 
     def newer_than(self, message_id: int) -> Iterable[Entry]:
         """Entries that arrived after `message_id`, in arrival order (callers iterate,
@@ -265,15 +267,18 @@ class LastValue:
         return None
 
     def put_back(self, ref: MessageRef) -> Entry | None:
-        """Back at its place, unless a newer value came meanwhile: then `ref` is dropped."""
+        """Back at its place, unless a newer value waits or went to pages meanwhile: then
+        `ref` is dropped. An older value waiting (released before it) is dropped instead."""
         key = self._key(ref)
-        newer = self._entries.get(key)
-        if newer is not None and newer.message.id > ref.message.id:
+        if self._newest_paged.get(key, -1) > ref.message.id:
+            return ref
+        waiting = self._entries.get(key)
+        if waiting is not None and waiting.message.id > ref.message.id:
             return ref
         self._entries[key] = ref
         for later_key in [k for k, e in self._entries.items() if e.message.id > ref.message.id]:
             self._entries.move_to_end(later_key)  # keep arrival order
-        return None
+        return waiting
 
     def newer_than(self, message_id: int) -> list[Entry]:
         return [e for e in self._entries.values() if e.message.id > message_id]

@@ -299,6 +299,32 @@ def test_a_high_priority_message_paged_behind_low_ones_is_delivered_first(scow_b
     assert rest == list(range(1, 300))
 
 
+def test_a_released_value_superseded_in_pages_meanwhile_is_dropped(scow_broker):
+    broker = typed_paging_broker(
+        scow_broker,
+        "prices",
+        {"last-value-key": "stock"},
+        **{"max-size-bytes": 0, "max-read-page-messages": 1},
+    )
+
+    def tick(i: int) -> Message:
+        return Message(body=f"{i}:{BODY}", properties={"stock": "A", "n": i}, durable=True)
+
+    with connected(broker.url) as conn:
+        send(conn, "prices", tick(1))
+        receiver = conn.create_receiver("prices", credit=0)  # credit 1 per receive()
+        assert ns(receive(receiver, 1, accept=False)) == [1]
+        send(conn, "prices", tick(2))  # stays in pages (1 fills the read limit)
+        receiver.release()  # 1 comes back, but 2 superseded it meanwhile
+        assert ns(receive(receiver, 1)) == [2]
+
+    def settled() -> bool:
+        cursor = address_stats(broker, "prices")["cursors"]["prices"]
+        return (cursor["messages-paged"], cursor["pages-pending"]) == (0, 0)
+
+    wait_for(settled, what="both values acknowledged")
+
+
 def test_a_paged_message_superseded_by_a_newer_value_is_never_delivered(scow_broker):
     broker = typed_paging_broker(
         scow_broker, "prices", {"last-value-key": "stock"}, **{"max-size-bytes": 0}

@@ -634,7 +634,7 @@ class ChaosRun:
                 "resources",
                 f"after the drain: {after} (baseline {base}, fd baseline {fd_base}, stream "
                 f"messages {stream}); open fds, page files and journal records must return "
-                f"near their baseline; page files: {pages}",
+                f"near their baseline; page files: {pages}; cursors: {self._paging_cursors()}",
             )
         self.report.resources["after"] = after
         self.log("settled", after=after)
@@ -644,6 +644,15 @@ class ChaosRun:
                 f"RSS after the drain {after['rss_kib']} KiB, baseline {rss_base} KiB "
                 f"(allowed +{self.s.rss_slack_kib} KiB)",
             )
+
+    def _paging_cursors(self) -> dict[str, Any]:
+        """The cursors of every address that still has pages (for a resources finding)."""
+        assert self.broker is not None
+        return {
+            a["name"]: a.get("cursors")
+            for a in self.broker.api("/api/addresses")
+            if a.get("page-count")
+        }
 
     def stop_broker(self) -> None:
         assert self.broker is not None

@@ -76,6 +76,25 @@ def test_qpid_last_value_key_and_a_message_replacing_one_being_delivered(scow_br
     assert broker.queue_stats("prices")["message-count"] == 0
 
 
+def test_two_values_of_a_key_released_together_leave_only_the_newer(scow_broker):
+    """Found by the chaos schedules (seed 30): a consumer holding two values of one key
+    unsettled vanished; the newer, put back second, overwrote the older without
+    acknowledging it, so the older one's record (or page) was never freed."""
+    broker = scow_broker(sections=queues(prices={"arguments": {"last-value-key": "stock"}}))
+    with connected(broker.url) as conn:
+        send(conn, "prices", stock("A", 1))
+        receiver = conn.create_receiver("prices", credit=10)
+        assert bodies(receive(receiver, 1, accept=False)) == ["A=1"]
+        send(conn, "prices", stock("A", 2))  # nothing waits with key A: delivered too
+        assert bodies(receive(receiver, 1, accept=False)) == ["A=2"]
+        receiver.close()  # both released, A=1 first
+        stats = broker.queue_stats("prices")
+        assert (stats["message-count"], stats["messages-acknowledged"]) == (1, 1)
+        assert bodies(receive(conn.create_receiver("prices"), 1)) == ["A=2"]
+    stats = broker.queue_stats("prices")
+    assert (stats["message-count"], stats["memory-bytes"]) == (0, 0)
+
+
 def test_default_last_value_key_makes_auto_created_queues_last_value(scow_broker):
     broker = scow_broker(address_settings={"ticks.#": {"default-last-value-key": "stock"}})
     with connected(broker.url) as conn:
