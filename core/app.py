@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 import difflib
 import gc
+import os
 import signal
+import socket
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,11 +24,13 @@ from scow.core.config import (
     Config,
     ConfigError,
     load_config,
+    parse_host_port,
     read_plugin_list,
 )
 from scow.core.data_lock import DataDirLock, DataDirLocked
 from scow.core.descriptors import JournalBackend
 from scow.core.disk_monitor import DiskMonitor
+from scow.core.ha import FileStoreLock, HaMember, StoreLock
 from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.core.plugins import PluginError, PluginManager
@@ -36,6 +41,8 @@ log = structlog.get_logger("scow")
 
 #: Allocations between young-generation collections (CPython's default is 700).
 GC_THRESHOLD = 50_000
+#: Seconds a broker stepping down (HA) waits for its store to close before it restarts.
+STEP_DOWN_TIMEOUT = 10
 
 
 class StartupError(Exception):
@@ -113,7 +120,48 @@ class Server:
                 "no plugin provides the 'standard' queue type; enable 'standard-queues'"
             )
         self._check_full_policies()
+        #: This broker's part in an HA pair ([ha] policy), or None.
+        self.ha = self._ha_member()
         plugins.hook.scow_configure(config=config)
+
+    def _ha_member(self) -> HaMember | None:
+        settings = self.config.section("ha")
+        if not settings["policy"]:
+            return None
+        broker_cfg = self.config.section("broker")
+        if not broker_cfg["persistence-enabled"]:
+            raise StartupError(
+                f"[ha] policy = {settings['policy']!r} needs a store to share: "
+                "[broker] persistence-enabled = false keeps nothing"
+            )
+        name, backend = journal_backend(self.journals, self.config)
+        lock: StoreLock
+        if backend.store_lock is not None:
+            section = backend.config_section
+            options = self.config.section(section) if section in self.config.section_names else {}
+            lock = backend.store_lock(self.data_lock.data_dir, options)
+        elif not backend.persistent:
+            raise StartupError(
+                f"[ha] policy = {settings['policy']!r}: [broker] journal = {name!r} keeps "
+                "nothing a backup could take over; use the file or the database journal"
+            )
+        else:
+            lock = FileStoreLock(self.data_lock.data_dir, self.data_lock)
+        return HaMember(settings, lock, str(broker_cfg["name"]), self._own_url(settings))
+
+    def _own_url(self, settings: Mapping[str, Any]) -> str:
+        """The AMQP URL this broker announces to its HA peer (clients fail over to it)."""
+        if settings["url"]:
+            return str(settings["url"])
+        if "amqp" not in self.config.section_names:
+            return ""
+        listen = list(self.config.section("amqp")["listen"])
+        if not listen:
+            return ""
+        host, port = parse_host_port(str(listen[0]))
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.gethostname()
+        return f"amqp://{host}:{port}"
 
     def _check_full_policies(self) -> None:
         """A limit needs its address-full-policy provided by an enabled plugin.
@@ -159,16 +207,41 @@ class Server:
     def _storage(self) -> StorageManager:
         return open_storage(self.journals, self.config)
 
-    async def start(self) -> Broker:
+    async def start(self, stop: asyncio.Event | None = None) -> Broker | None:
+        """Lock the store, recover and serve. An HA member first waits until the store is
+        its to take; it returns None if `stop` is set meanwhile."""
+        ha = self.ha
+        shared_data_dir = ha is not None and ha.lock.__class__ is FileStoreLock
         try:
-            self.data_lock.acquire()
+            if not shared_data_dir:
+                self.data_lock.acquire()
         except DataDirLocked as exc:
             raise StartupError(str(exc)) from None
         try:
-            return await self._start()
+            if ha is not None and not await ha.wait_for_store(stop or asyncio.Event()):
+                self._release_locks()
+                return None
+            broker = await self._start()
+            if ha is not None:
+                self._announce_bound_url(ha)
+                broker.ha = ha
+                broker.stats_sections["ha"] = ha.status
+                await ha.serving()
+            return broker
         except BaseException:
-            self.data_lock.release()
+            self._release_locks()
             raise
+
+    def _announce_bound_url(self, ha: HaMember) -> None:
+        """An announced URL with port 0 gets the port the AMQP listener was given."""
+        server: Any = self.protocols.get("amqp")
+        if ha.url.endswith(":0") and server is not None and server.bound:
+            ha.url = f"{ha.url[: -len(':0')]}:{server.bound[0][1]}"
+
+    def _release_locks(self) -> None:
+        if self.ha is not None:
+            self.ha.lock.release()
+        self.data_lock.release()
 
     async def _start(self) -> Broker:
         loop = asyncio.get_running_loop()
@@ -280,32 +353,59 @@ class Server:
             await service.stop()
         if self.broker is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.broker.storage.stop)
-        self.data_lock.release()
+            if self.ha is not None:
+                await self.ha.leave()  # while the store is still ours
+        self._release_locks()
         self._stopped.set()
 
     async def run_forever(self) -> None:
-        """Start, then serve until SIGINT/SIGTERM."""
+        """Start, then serve until SIGINT/SIGTERM. An HA member that must hand the store
+        over stops serving and starts afresh in this process, waiting (`os.execv`)."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await self.start()
-        await stop.wait()
-        log.info("shutting down")
-        await self.stop()
+        if await self.start(stop) is None:
+            log.info("shutting down")
+            return
+        waits = [asyncio.ensure_future(stop.wait())]
+        if self.ha is not None:
+            waits.append(asyncio.ensure_future(self.ha.stepped_down.wait()))
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
+        if self.ha is None or self.ha.step_down is None:
+            log.info("shutting down")
+            await self.stop()
+            return
+        for server in self.protocols.values():  # clients go to the other member at once
+            await server.stop()
+        try:
+            await asyncio.wait_for(self.stop(), STEP_DOWN_TIMEOUT)
+        except TimeoutError:
+            log.warning("ha: the store did not close in time; restarting anyway")
+        restart_to_wait()
 
 
-def open_storage(journals: Mapping[str, JournalBackend], config: Config) -> StorageManager:
-    """The storage manager over the journal backend `[broker] journal` names (not loaded).
+def restart_to_wait() -> None:
+    """Replace this process by a fresh `scow run` with the same arguments (HA step-down).
 
-    A backend that cannot open (a bad directory, an unreachable database, a lock held by
-    another broker) stops startup: StartupError naming the backend and the cause.
+    Nothing of the old broker survives: its sockets and locks are close-on-exec, and the new
+    process waits for the store like a member that just started.
     """
-    broker_cfg = config.section("broker")
-    if not broker_cfg["persistence-enabled"]:
-        return StorageManager(None, None)
-    name = broker_cfg["journal"]
+    log.info("ha: restarting to wait for the store")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def journal_backend(
+    journals: Mapping[str, JournalBackend], config: Config
+) -> tuple[str, JournalBackend]:
+    """The journal backend `[broker] journal` names (the one enabled when it is empty)."""
+    name = config.section("broker")["journal"]
     if not name:
         if len(journals) != 1:
             raise StartupError(
@@ -319,6 +419,19 @@ def open_storage(journals: Mapping[str, JournalBackend], config: Config) -> Stor
             f"[broker] journal = {name!r}: no enabled plugin provides it "
             f"(enabled journals: {', '.join(sorted(journals)) or 'none'})"
         )
+    return name, backend
+
+
+def open_storage(journals: Mapping[str, JournalBackend], config: Config) -> StorageManager:
+    """The storage manager over the journal backend `[broker] journal` names (not loaded).
+
+    A backend that cannot open (a bad directory, an unreachable database, a lock held by
+    another broker) stops startup: StartupError naming the backend and the cause.
+    """
+    broker_cfg = config.section("broker")
+    if not broker_cfg["persistence-enabled"]:
+        return StorageManager(None, None)
+    name, backend = journal_backend(journals, config)
     data_dir = Path(broker_cfg["data-dir"])
     section = backend.config_section
     settings = config.section(section) if section in config.section_names else {}

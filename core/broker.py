@@ -109,6 +109,8 @@ class Broker:
         self.compile_selector = selector_compiler
         #: The plugin hooks (pluggy's relay), for per-connection hook calls by protocols.
         self.hooks: Any = None
+        #: This broker's HA membership (`scow.core.ha.HaMember`), or None without HA.
+        self.ha: Any = None
         self.addresses: dict[str, AddressInfo] = {}
         self.queues: dict[str, Any] = {}
         #: Transactions found prepared at recovery, undecided: their messages and acks are

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scow.core import app
+from scow.core import app, ha
 from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
 from scow.core.model import derived_global_max_size
@@ -82,6 +84,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"scow: cannot listen: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_ha_status(args: argparse.Namespace) -> int:
+    """Read what the members of an HA pair left in their shared store (no lock taken)."""
+    try:
+        plugins, config = app.load(_config_path(args))
+        member = app.Server(plugins, config).ha
+    except app.StartupError as exc:
+        print(f"scow: {exc}", file=sys.stderr)
+        return 2
+    if member is None:
+        print(
+            f"scow: {_config_path(args)}: no [ha] policy: this broker shares no store",
+            file=sys.stderr,
+        )
+        return 2
+    lock = member.lock
+    state, members = lock.read_state(), lock.members()
+    now = time.time()
+    if args.json:
+        print(
+            json.dumps(
+                {"store": lock.where, "state": state, "members": [m.to_dict() for m in members]}
+            )
+        )
+        return 0
+    print(f"store: {lock.where}\nstate: {state or 'never served'}")
+    for m in members:
+        age = now - m.updated
+        stale = "  (stale: not heard from since)" if age > ha.STALE_AFTER * ha.HEARTBEAT else ""
+        print(
+            f"  {m.name:<16} {m.role:<8} {m.state:<8} {m.url or '-':<28} pid {m.pid} on "
+            f"{m.host}, {age:.1f} s ago{stale}"
+        )
     return 0
 
 
@@ -215,6 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_config_check)
 
     _add_user_commands(sub)
+
+    ha = sub.add_parser("ha", help="high availability: the members sharing this broker's store")
+    ha_sub = ha.add_subparsers(dest="ha_command", required=True)
+    status = ha_sub.add_parser(
+        "status", help="the store's state and each member's role and state, as they announced"
+    )
+    _config_arg(status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(handler=cmd_ha_status)
 
     tools = PluginManager()
     for name, ep in sorted(installed_plugins().items()):

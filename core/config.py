@@ -479,6 +479,51 @@ TLS_SECTION = ConfigSection(
     "TLS for the listeners that ask for it ([amqp] listen-tls).",
 )
 
+HA_SECTION = ConfigSection(
+    "ha",
+    (
+        Setting(
+            "policy",
+            str,
+            "",
+            "This broker's part in a pair sharing one store (the data dir, or the database): "
+            '"primary" or "backup"; empty: no HA (the store is this broker\'s alone).',
+            choices=("", "primary", "backup"),
+        ),
+        Setting(
+            "allow-failback",
+            bool,
+            True,
+            "A primary that comes back while the backup serves asks for the store back; the "
+            "backup hands over and waits again.",
+        ),
+        Setting(
+            "failover-on-shutdown",
+            bool,
+            False,
+            "A clean stop of the serving broker lets the other take over (false: only a crash "
+            "or a lost lock does).",
+        ),
+        Setting(
+            "lock-poll-period",
+            int,
+            200,
+            "How often (ms) a waiting broker tries the store's lock and a serving one checks "
+            "whether it must hand over.",
+            kind="duration-ms",
+            minimum=10,
+        ),
+        Setting(
+            "url",
+            str,
+            "",
+            "The AMQP URL clients reach this broker at, announced to the other member for its "
+            "failover-server-list; empty: amqp://<this host>:<first [amqp] listen port>.",
+        ),
+    ),
+    "High availability: a primary and a backup over a shared store (Artemis's shared-store HA).",
+)
+
 ADDRESS_SETTINGS_CONFIG_SECTION = ConfigSection(
     ADDRESS_SETTINGS_SECTION,
     (),
@@ -541,6 +586,7 @@ def core_sections() -> list[ConfigSection]:
         SECURITY_SECTION,
         SECURITY_SETTINGS_CONFIG_SECTION,
         TLS_SECTION,
+        HA_SECTION,
         ADDRESS_SETTINGS_CONFIG_SECTION,
         QUEUES_CONFIG_SECTION,
     ]

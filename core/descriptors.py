@@ -54,6 +54,10 @@ class JournalBackend:
     persistent: bool = True
     #: The config section whose validated values the factory receives, if any.
     config_section: str | None = None
+    #: For HA over a store shared beyond the data dir (a database):
+    #: `store_lock(data_dir, settings)` builds its `scow.core.ha.StoreLock`. None: the
+    #: data dir's lock is the store's (the file journal).
+    store_lock: Callable[[Path, Mapping[str, Any]], Any] | None = None
 
 
 @dataclass(frozen=True)

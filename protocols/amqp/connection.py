@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from scow.core.ha import failover_server_list
 from scow.core.model import BrokerError, ConnectionInfo, ResourceLimitExceeded
 from scow.core.security import Principal
 from scow.core.tls import subject_name
@@ -303,15 +304,15 @@ class AmqpConnection(asyncio.Protocol):
             engine.close_connection(connection, exc.condition, exc.description)
             return
         self._admitted = True
-        engine.open_connection(
-            connection,
-            self.server.container_id,
-            {
-                "product": "scow",
-                "version": self.server.version,
-                "platform": f"Python {platform.python_version()} ({platform.system()})",
-            },
-        )
+        properties: dict[str, Any] = {
+            "product": "scow",
+            "version": self.server.version,
+            "platform": f"Python {platform.python_version()} ({platform.system()})",
+        }
+        ha = self.server.broker.ha
+        if ha is not None and (servers := failover_server_list(ha.url, ha.peers)):
+            properties["failover-server-list"] = servers  # Qpid JMS's convention
+        engine.open_connection(connection, self.server.container_id, properties)
         self._opened = True
         self.server.hooks.scow_connection_opened(info=self.info)
 

@@ -223,7 +223,7 @@ class Engine:
         lib.pn_collector_free(self.collector)
 
 
-def open_connection(connection: CData, container_id: str, properties: Mapping[str, str]) -> None:
+def open_connection(connection: CData, container_id: str, properties: Mapping[str, Any]) -> None:
     lib.pn_connection_set_container(connection, container_id.encode())
     _put_symbol_map(lib.pn_connection_properties(connection), properties)
     lib.pn_connection_open(connection)
@@ -436,15 +436,38 @@ def _bytes(value: str) -> tuple[int, CData]:
     return len(raw), ffi.from_buffer(raw)
 
 
-def _put_symbol_map(data: CData, values: Mapping[str, str]) -> None:
+def _put_symbol_map(data: CData, values: Mapping[str, Any]) -> None:
+    """A map with symbol keys; values are strings, ints, or lists and maps of them."""
     lib.pn_data_clear(data)
+    _put_map(data, values)
+
+
+def _put_map(data: CData, values: Mapping[str, Any]) -> None:
     lib.pn_data_put_map(data)
     lib.pn_data_enter(data)
     for key, value in values.items():
-        key_raw, value_raw = key.encode(), value.encode()
+        key_raw = key.encode()
         lib.pn_data_put_symbol(data, (len(key_raw), ffi.from_buffer(key_raw)))
-        lib.pn_data_put_string(data, (len(value_raw), ffi.from_buffer(value_raw)))
+        _put_value(data, value)
     lib.pn_data_exit(data)
+
+
+def _put_value(data: CData, value: Any) -> None:
+    if isinstance(value, str):
+        raw = value.encode()
+        lib.pn_data_put_string(data, (len(raw), ffi.from_buffer(raw)))
+    elif isinstance(value, bool):
+        lib.pn_data_put_bool(data, value)
+    elif isinstance(value, int):
+        lib.pn_data_put_int(data, value)
+    elif isinstance(value, Mapping):
+        _put_map(data, value)
+    else:
+        lib.pn_data_put_list(data)
+        lib.pn_data_enter(data)
+        for item in value:
+            _put_value(data, item)
+        lib.pn_data_exit(data)
 
 
 def _put_symbol_array(data: CData, values: list[str]) -> None:

@@ -136,6 +136,7 @@ def test_effective_lists_every_section_with_defaults(tmp_path: Path) -> None:
         "security",
         "security-settings",
         "tls",
+        "ha",
         "address-settings",
         "amqp",
         "queues",
@@ -150,7 +151,7 @@ def test_unknown_section_suggests_the_close_one(tmp_path: Path) -> None:
         load_config(path, [AMQP])
     msg = str(info.value)
     assert msg.startswith(f"{path}: unknown section [amqpp]; did you mean [amqp]?")
-    known = "[address-settings], [amqp], [broker], [plugins], [queues], [security]"
+    known = "[address-settings], [amqp], [broker], [ha], [plugins], [queues], [security]"
     assert f"known sections: {known}" in msg
     assert info.value.section == "amqpp"
 
