@@ -32,6 +32,7 @@ from scow.core.descriptors import JournalBackend
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.ha import FileStoreLock, HaMember, StoreLock
 from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
+from scow.core.memory_trim import MemoryTrimmer
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
@@ -284,6 +285,7 @@ class Server:
         self.services = [
             ExpiryReaper(broker, broker_cfg),
             DiskMonitor(broker.limits, self._storage_paths(), broker_cfg),
+            MemoryTrimmer(),
         ]
         self.services += self.plugins.collect("scow_services", broker=broker)
         for service in self.services:
