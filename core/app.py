@@ -217,7 +217,7 @@ class Server:
             if not shared_data_dir:
                 self.data_lock.acquire()
         except DataDirLocked as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupError(f"{exc}, or give this broker its own [broker] data-dir") from None
         try:
             if ha is not None and not await ha.wait_for_store(stop or asyncio.Event()):
                 self._release_locks()

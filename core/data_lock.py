@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 LOCK_FILE = "broker.lock"
@@ -54,7 +55,7 @@ class DataDirLock:
                 os.close(fd)
                 raise DataDirLocked(
                     f"data dir {self.data_dir.resolve()} is in use by another broker "
-                    f"({holder}); stop it first, or give this one its own [broker] data-dir"
+                    f"({holder}); stop it first"
                 ) from None
             except BaseException:
                 os.close(fd)
@@ -91,3 +92,15 @@ def _read_holder(fd: int) -> str:
         if text:
             return text
     return "pid unknown"
+
+
+@contextlib.contextmanager
+def offline(data_dir: Path) -> Iterator[None]:
+    """Hold the data dir's lock while a command rewrites what a broker would own (import,
+    compact): DataDirLocked while a broker runs on it."""
+    lock = DataDirLock(data_dir)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()

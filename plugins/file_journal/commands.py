@@ -10,6 +10,7 @@ from pathlib import Path
 
 from scow.core import app
 from scow.core.cli import command_group
+from scow.core.data_lock import DataDirLocked, offline
 from scow.core.export import ExportError, export, import_
 from scow.core.storage import (
     ACK_REF,
@@ -62,7 +63,7 @@ def _configurable(parser: argparse.ArgumentParser, files: Handler, configured: H
                 return configured(args)
             args.data_dir = args.data_dir or Path("data")
             return files(args)
-        except app.StartupError as exc:
+        except (app.StartupError, DataDirLocked) as exc:
             print(f"scow: {exc}", file=sys.stderr)
             return 2
         except BrokenPipeError:
@@ -119,23 +120,29 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    storage = _storage(args.data_dir)
-    pages = page_tools.PageImporter(args.data_dir, storage)
-    try:
-        with open(args.input, encoding="utf-8") as source:
-            counts = import_(storage, source, pages.add)
-    finally:
-        pages.close()
-        storage.stop()
+    with offline(args.data_dir):
+        storage = _storage(args.data_dir)
+        pages = page_tools.PageImporter(args.data_dir, storage)
+        try:
+            with open(args.input, encoding="utf-8") as source:
+                counts = import_(storage, source, pages.add)
+        finally:
+            pages.close()
+            storage.stop()
     print(f"imported {counts} into {args.data_dir}")
     return 0
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    for kind in ("bindings", "messages"):
-        settings = journal_settings(args.data_dir, kind, {})
-        result = compact_offline(settings.directory, dataclasses.replace(settings))
-        print(f"{kind}: {result}")
+    try:
+        with offline(args.data_dir):
+            for kind in ("bindings", "messages"):
+                settings = journal_settings(args.data_dir, kind, {})
+                result = compact_offline(settings.directory, dataclasses.replace(settings))
+                print(f"{kind}: {result}")
+    except DataDirLocked as exc:
+        print(f"scow: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

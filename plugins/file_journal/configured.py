@@ -8,12 +8,13 @@ store`), whichever plugin provides them, so `scow data export` from a broker on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from scow.core import app
 from scow.core.config import Config
+from scow.core.data_lock import offline
 from scow.core.export import export, import_
 from scow.core.interfaces import PageStore
 from scow.core.plugins import PluginError, PluginManager
@@ -21,8 +22,12 @@ from scow.core.storage import Recovered, StorageManager
 from scow.plugins.paging import tools as page_tools
 
 
-@contextmanager
-def _opened(args: argparse.Namespace) -> Iterator[tuple[PluginManager, Config, StorageManager]]:
+@contextlib.contextmanager
+def _opened(
+    args: argparse.Namespace, *, writing: bool = False
+) -> Iterator[tuple[PluginManager, Config, StorageManager]]:
+    """The storage the config selects; `writing` holds the data dir's lock meanwhile (a
+    running broker refuses the command)."""
     overrides: dict[str, dict[str, object]] = {"broker": {}}
     if args.data_dir is not None:
         overrides["broker"]["data-dir"] = str(args.data_dir)
@@ -31,11 +36,12 @@ def _opened(args: argparse.Namespace) -> Iterator[tuple[PluginManager, Config, S
         journals = plugins.unique("scow_register_journals", "journal backend")
     except PluginError as exc:
         raise app.StartupError(str(exc)) from exc
-    storage = app.open_storage(journals, config)
-    try:
-        yield plugins, config, storage
-    finally:
-        storage.stop()
+    with offline(_data_dir(config)) if writing else contextlib.nullcontext():
+        storage = app.open_storage(journals, config)
+        try:
+            yield plugins, config, storage
+        finally:
+            storage.stop()
 
 
 def _page_stores(plugins: PluginManager, config: Config) -> Iterator[PageStore] | None:
@@ -103,7 +109,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    with _opened(args) as (_plugins, _config, storage), open(args.input, encoding="utf-8") as f:
+    with (
+        _opened(args, writing=True) as (_plugins, _config, storage),
+        open(args.input, encoding="utf-8") as f,
+    ):
         # paged messages go to the journal: the broker pages them again if needed
         counts = import_(storage, f)
     print(f"imported {counts}")

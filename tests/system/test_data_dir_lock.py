@@ -62,3 +62,26 @@ def test_a_sigkilled_brokers_data_dir_is_free_at_once(tmp_path):
         assert [m.body for m in consume_all(second.url, "orders")] == ["survives"]
     finally:
         assert second.stop() == 0
+
+
+def test_import_and_compact_refuse_a_data_dir_a_broker_runs_on(tmp_path):
+    data = tmp_path / "data"
+    first = _broker(tmp_path, "first", data).start()
+    try:
+        with amqp_client(first) as conn:
+            conn.create_sender("orders").send(Message(body="kept", durable=True))
+        backup = tmp_path / "backup.jsonl"
+        backup.write_text("")
+        for command in (
+            ["data", "compact", "--data-dir", str(data)],
+            ["data", "import", "--data-dir", str(data), "--input", str(backup)],
+            ["data", "import", "--config", str(first.config_path), "--input", str(backup)],
+        ):
+            result = subprocess.run(
+                [scow_command(), *command], capture_output=True, text=True, timeout=60
+            )
+            assert result.returncode == 2, (command, result.stdout, result.stderr)
+            assert f"pid {first.proc.pid}" in result.stderr, (command, result.stderr)
+        assert [m.body for m in consume_all(first.url, "orders")] == ["kept"]
+    finally:
+        first.stop()
