@@ -170,12 +170,16 @@ class AddressPager:
             self.prepare_store()
 
     def close(self) -> None:
+        """The address is deleted, its queues first: what its pages still hold (the head
+        page, kept while the address paged) is no one's any more."""
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
             self._no_room(None)
         if self.manager.pagers.get(self.address.name) is self:
             del self.manager.pagers[self.address.name]
+        for page in list(self.pages):
+            self.manager.delete_page(self, page, self.pages.pop(page))
         if self._store is not None:
             store, self._store = self._store, None
             self.manager.writer.close(store)  # after the writes and deletes queued for it
@@ -468,6 +472,7 @@ class AddressPager:
         if all(c.caught_up(page, offset) for c in list(self.cursors.values())):
             self.paging = False
             log.info("address stopped paging", address=self.address.name)
+            self._maybe_delete(page)  # kept while paging, though it may be all acknowledged
             for page in list(self.pages):
                 self._maybe_delete(page)
 

@@ -299,6 +299,47 @@ def test_a_high_priority_message_paged_behind_low_ones_is_delivered_first(scow_b
     assert rest == list(range(1, 300))
 
 
+def stored_pages(broker, address: str) -> list[int]:
+    """The pages the page store holds for `address`, whether or not it still exists."""
+
+    def pages() -> list[int]:
+        store = broker.broker.page_manager.open_store(address)
+        try:
+            return store.page_numbers()
+        finally:
+            store.close()
+
+    return broker.call(pages)
+
+
+def test_an_auto_deleted_paging_address_leaves_no_page_behind(scow_broker):
+    """Found by the chaos schedules (benchmark seed 30): an address paging because the
+    broker as a whole was full had its auto-created queue, then itself, deleted; its head
+    page stayed on disk for good."""
+    broker = scow_broker(
+        sections={"broker": {"global-max-size": 20_000}},
+        address_settings={"#": {"page-size-bytes": 8_000, "auto-delete-addresses": True}},
+    )
+    bulk_send(broker.url, "full", 40, numbered)  # fills the broker: every address pages
+    bulk_send(broker.url, "gone", 5, numbered)
+    assert broker.queue_stats("gone")["messages-paged"] == 5
+    with connected(broker.url) as conn:
+        assert ns(receive(conn.create_receiver("gone"), 5)) == list(range(5))
+    wait_for(lambda: broker.call(lambda: "gone" not in broker.broker.addresses), what="deleted")
+    wait_for(lambda: stored_pages(broker, "gone") == [], what="its pages deleted")
+
+
+def test_the_head_page_goes_once_paging_ends_whatever_the_order(scow_broker):
+    """The last acknowledgement of the head page may come before the address leaves page
+    mode: the page must go then, not wait for paging to start again."""
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "q", 40, numbered)
+    with connected(broker.url) as conn:
+        assert ns(receive(conn.create_receiver("q", credit=10), 40)) == list(range(40))
+    wait_for(lambda: not address_stats(broker, "q")["paging"], what="paging ended")
+    wait_for(lambda: stored_pages(broker, "q") == [], what="every page deleted")
+
+
 def test_a_released_value_superseded_in_pages_meanwhile_is_dropped(scow_broker):
     broker = typed_paging_broker(
         scow_broker,
