@@ -4,7 +4,9 @@ Enable it with `[plugins] enable = [..., "database-store"]`, then choose it with
 `[broker] journal = "database"` and/or `[paging] store = "database"`; `[database]` says
 where (SQLite file `scow.db` under the data dir by default, PostgreSQL for production).
 `scow database print|export|import` read and fill a broker's database like `scow data`
-does its files, so export and import move a broker between files and a database.
+does its files, so export and import move a broker between files and a database. With
+`[ha]`, a primary and a backup share one database: its lock row says which one serves
+(`ha.DatabaseStoreLock`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from scow.plugins.database_store.settings import SECTION, resolve
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
+    from scow.core.ha import StoreLock
     from scow.core.interfaces import PageStore, Service
     from scow.plugins.database_store import database
     from scow.plugins.database_store.journal import DatabaseJournal
@@ -40,6 +43,14 @@ def _journal(data_dir: Path, kind: str, settings: Mapping[str, Any]) -> Database
     from scow.plugins.database_store.journal import DatabaseJournal
 
     return DatabaseJournal(resolved, kind)
+
+
+def _store_lock(data_dir: Path, settings: Mapping[str, Any]) -> StoreLock:
+    """HA's lock: the lock row; once taken, the journals share its open database."""
+    resolved = resolve(settings, data_dir)
+    from scow.plugins.database_store.ha import DatabaseStoreLock
+
+    return DatabaseStoreLock(resolved)
 
 
 def _open_store(directory: Path, address: str, settings: Mapping[str, Any]) -> PageStore:
@@ -116,6 +127,7 @@ def scow_register_journals() -> list[JournalBackend]:
             _journal,
             "bindings and messages as rows of SQL tables, group commit per transaction",
             config_section=SECTION.name,
+            store_lock=_store_lock,
         )
     ]
 

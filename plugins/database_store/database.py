@@ -7,7 +7,9 @@ creates the tables on first use, refuses a schema newer than `SCHEMA_VERSION`, a
 the lock row: a second broker on the same tables is refused, naming the holder. A holder
 that stopped renewing for `jdbc-lock-expiration`, or whose process is gone from this host,
 counts as dead. A renewal thread keeps the lock; every journal batch checks it too
-(`fence`), so a broker that lost its lock never writes again.
+(`fence`), so a broker that lost its lock never writes again. `trouble()` says when the
+lock can no longer be relied on: lost, or not renewed for so long that it may expire
+before the next renewal (HA steps down then, before another broker may take it).
 
 Work runs through `run`: a transaction that is retried with backoff while the database
 cannot be reached; `listen` callbacks hear when the database is lost and back.
@@ -15,13 +17,15 @@ cannot be reached; `listen` callbacks hear when the database is lost and back.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import re
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -46,6 +50,18 @@ class LockLost(DatabaseError):
     """Another broker holds this broker's lock row: nothing more may be written."""
 
 
+class LockHeld(DatabaseError):
+    """The lock row is held by another live broker: this one may not open the database."""
+
+
+class DatabaseUnreachable(DatabaseError):
+    """The database could not be reached (no server, no answer in time, busy): try again.
+
+    Not for a server that answered and refused this broker (a wrong password, a missing
+    database or role): that needs the configuration changed.
+    """
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -55,6 +71,26 @@ def _retryable(error: BaseException) -> bool:
     if isinstance(error, (exc.OperationalError, exc.InterfaceError)):
         return True
     return isinstance(error, exc.DBAPIError) and bool(error.connection_invalidated)
+
+
+#: Connection errors that are a server's refusal, not an outage (psycopg gives no SQLSTATE
+#: for a failed connection: its words are all there is).
+_REFUSED = re.compile(
+    r"authentication failed|no pg_hba\.conf entry|does not exist|unable to open database file",
+    re.I,
+)
+
+
+def _unreachable(error: BaseException) -> bool:
+    """Not reached, rather than refused: another try later may succeed."""
+    return _retryable(error) and not _REFUSED.search(str(getattr(error, "orig", None) or error))
+
+
+def failure(what: str, error: BaseException) -> DatabaseError:
+    """`what` failed because of `error`: DatabaseUnreachable when the database was not
+    reached (try again later), DatabaseError otherwise; the message ends with the cause."""
+    kind = DatabaseUnreachable if _unreachable(error) else DatabaseError
+    return kind(f"{what}: {_cause(error)}")
 
 
 def _cause(error: BaseException) -> str:
@@ -73,6 +109,13 @@ class Database:
         self.holder_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.refs = 0
         self.lost = False
+        #: The state `close` leaves in the lock row; None leaves the row's state as it is
+        #: (HA writes its own before closing).
+        self.stop_state: str | None = "STOPPED"
+        #: `time.monotonic()` when the last committed renewal began (the lease it wrote
+        #: lasts jdbc-lock-expiration from no earlier than that).
+        self.renewed_at = time.monotonic()
+        self._fenced = threading.local()
         self._listeners: list[OutageListener] = []
         self._outages: dict[str, str] = {}
         self._outage_lock = threading.Lock()
@@ -141,21 +184,49 @@ class Database:
             raise DatabaseError(f"{self.where}: {error}") from None
 
     def open(self) -> None:
-        """Connect, create or check the schema, take the lock row and start renewing it."""
+        """Connect, create or check the schema, take the lock row and start renewing it.
+
+        LockHeld when another live broker holds the row, DatabaseUnreachable when the
+        database cannot be reached, DatabaseError for anything else.
+        """
         try:
+            self.prepare()
+            started = time.monotonic()
             with self.engine.begin() as conn:
-                self.schema.metadata.create_all(conn, checkfirst=True)
                 self._take_lock(conn)
         except DatabaseError:
             self.engine.dispose()
             raise
         except exc.SQLAlchemyError as error:
             self.engine.dispose()
-            raise DatabaseError(f"{self.where}: cannot use the database: {_cause(error)}") from None
+            raise failure(f"{self.where}: cannot use the database", error) from None
+        self.renewed_at = started
         self._renewer = threading.Thread(target=self._renew, name="scow-db-lock", daemon=True)
         self._renewer.start()
 
+    def prepare(self) -> None:
+        """Create the missing tables and the lock row.
+
+        Two brokers doing this at once (an HA pair started together on an empty
+        PostgreSQL database) collide on a duplicate; the loser tries again and finds them.
+        """
+        nm = self.schema.node_manager
+        for attempt in range(3):
+            try:
+                with self.engine.begin() as conn:
+                    self.schema.metadata.create_all(conn, checkfirst=True)
+                    if conn.execute(sa.select(nm.c.id).where(nm.c.id == LOCK_ROW)).first() is None:
+                        conn.execute(
+                            sa.insert(nm).values(id=LOCK_ROW, schema_version=SCHEMA_VERSION)
+                        )
+                return
+            except exc.SQLAlchemyError as error:
+                if _retryable(error) or attempt == 2:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+
     def _take_lock(self, conn: sa.Connection) -> None:
+        """Take the lock row, leaving its state as the last holder wrote it (HA reads it)."""
         nm = self.schema.node_manager
         row = conn.execute(sa.select(nm).where(nm.c.id == LOCK_ROW).with_for_update()).first()
         now = _now_ms()
@@ -168,7 +239,7 @@ class Database:
                 "that wrote it"
             )
         elif row.holder_id and row.holder_expiration_time > now and _alive(row.holder_id):
-            raise DatabaseError(
+            raise LockHeld(
                 f"{self.where}: the database is in use by another broker: holder "
                 f"{row.holder_id} (host:pid:tag, data dir {row.node_id}) holds the lock row "
                 f"of table {nm.name} until {_when(row.holder_expiration_time)} unless it "
@@ -181,14 +252,18 @@ class Database:
                 holder_id=self.holder_id,
                 holder_expiration_time=now + self.settings.lock_expiration_ms,
                 node_id=str(self.settings.data_dir),
-                state="LIVE",
             )
         )
 
     # ------------------------------------------------------------------ the lock
 
     def fence(self, conn: sa.Connection) -> None:
-        """Renew the lock inside a write transaction; LockLost if another broker took it."""
+        """Renew the lock inside a write transaction; LockLost if another broker took it.
+
+        Inside `run` (and the renewal thread) the renewal counts for `renewed_at` once its
+        transaction commits: a renewal rolled back renewed nothing.
+        """
+        started = time.monotonic()
         nm = self.schema.node_manager
         result = conn.execute(
             sa.update(nm)
@@ -197,6 +272,37 @@ class Database:
         )
         if result.rowcount != 1:
             self._lose_lock()
+        self._fenced.at = started
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[sa.Connection]:
+        """A write transaction; a `fence` in it moves `renewed_at` once it committed."""
+        self._fenced.at = None
+        with self.engine.begin() as conn:
+            yield conn
+        fenced = self._fenced.at
+        if fenced is not None:
+            self.renewed_at = max(self.renewed_at, fenced)
+
+    def trouble(self) -> str | None:
+        """Why the lock can no longer be relied on, or None.
+
+        Lost to another broker, or not renewed for longer than jdbc-lock-expiration less
+        two renewal periods (at least half the expiration): the lease may run out before
+        the next renewal lands, and a broker that stops now stops before another may take
+        the row. Needs no database: it answers at once while a renewal hangs.
+        """
+        if self.lost:
+            return "lock row taken by another broker"
+        expiration = self.settings.lock_expiration_ms
+        limit = max(expiration - 2 * self.settings.lock_renew_ms, expiration / 2) / 1000
+        since = time.monotonic() - self.renewed_at
+        if since <= limit:
+            return None
+        return (
+            f"lock row not renewed for {since:.1f} s (jdbc-lock-expiration "
+            f"{expiration / 1000:g} s): stepping down before another broker may take it"
+        )
 
     def _lose_lock(self) -> None:
         self.lost = True
@@ -212,7 +318,7 @@ class Database:
         period = self.settings.lock_renew_ms / 1000
         while not self._closing.wait(period):
             try:
-                with self.engine.begin() as conn:
+                with self._writing() as conn:
                     self.fence(conn)
                 self._set_outage("lock renewal", None)
             except LockLost:
@@ -248,7 +354,7 @@ class Database:
                         with conn.begin():
                             result = work(conn)
                 else:
-                    with self.engine.begin() as conn:
+                    with self._writing() as conn:
                         result = work(conn)
             except exc.SQLAlchemyError as error:
                 if not _retryable(error) or (give_up is not None and give_up()):
@@ -309,18 +415,22 @@ class Database:
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Stop renewing, give the lock row back (best effort) and close connections."""
+        """Stop renewing, give the lock row back (best effort, leaving `stop_state` in it
+        unless that is None) and close connections."""
         self._closing.set()
         if self._renewer is not None:
             self._renewer.join(self.settings.network_timeout_ms / 1000 + 1)
         if not self.lost:
             nm = self.schema.node_manager
+            values: dict[str, Any] = {"holder_id": None, "holder_expiration_time": None}
+            if self.stop_state is not None:
+                values["state"] = self.stop_state
             try:
                 with self.engine.begin() as conn:
                     conn.execute(
                         sa.update(nm)
                         .where(nm.c.id == LOCK_ROW, nm.c.holder_id == self.holder_id)
-                        .values(holder_id=None, holder_expiration_time=None, state="STOPPED")
+                        .values(**values)
                     )
             except exc.SQLAlchemyError as error:  # it expires on its own
                 log.warning(
