@@ -57,6 +57,10 @@ SERVING = "serving"
 STALE_AFTER = 5
 
 
+class StoreUnreachable(Exception):
+    """The store cannot be reached now (a database that is down); trying later may work."""
+
+
 @dataclass
 class Member:
     """One member of an HA pair as it announced itself in the store."""
@@ -245,26 +249,37 @@ class HaMember:
         return any(m.role == PRIMARY and m.updated >= fresh for m in self.peers)
 
     async def wait_for_store(self, stop: asyncio.Event) -> bool:
-        """Hold the store's lock, as a member that may serve; False if `stop` came first."""
+        """Hold the store's lock, as a member that may serve; False if `stop` came first.
+
+        A store that cannot be reached now (the database is down) is tried again at the
+        next poll; only a lock that cannot ever be taken (a bad configuration) raises."""
         lock = self.lock
         log.info("ha: waiting for the store", role=self.role, store=lock.where)
         asked = told = False
+        unreachable: str | None = None
         while not stop.is_set():
-            await self._announce()
-            if await self._run(lock.try_acquire):
-                refused = may_take(
-                    self.role, await self._run(lock.read_state), self._primary_alive()
-                )
-                if refused is None:
-                    return True
+            try:
+                await self._announce()
+                if await self._run(lock.try_acquire):
+                    state = await self._run(lock.read_state)
+                    refused = may_take(self.role, state, self._primary_alive())
+                    if refused is None:
+                        return True
+                    await self._run(lock.release)
+                    if not told:
+                        log.info("ha: the store is free but not ours to take", reason=refused)
+                        told = True
+                elif self.role == PRIMARY and self.allow_failback and not asked:
+                    await self._run(lock.write_state, FAILBACK)
+                    asked = True
+                    log.info(
+                        "ha: asking the serving broker for the store back", holder=lock.holder()
+                    )
+            except (StoreUnreachable, OSError) as exc:  # unreachable now: try again
                 await self._run(lock.release)
-                if not told:
-                    log.info("ha: the store is free but not ours to take", reason=refused)
-                    told = True
-            elif self.role == PRIMARY and self.allow_failback and not asked:
-                await self._run(lock.write_state, FAILBACK)
-                asked = True
-                log.info("ha: asking the serving broker for the store back", holder=lock.holder())
+                if str(exc) != unreachable:
+                    unreachable = str(exc)
+                    log.warning("ha: the store cannot be reached; trying again", reason=unreachable)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll)
         return False
@@ -295,8 +310,13 @@ class HaMember:
                     return
 
     async def _check_store(self) -> str | None:
-        """The store's state, and this member's heartbeat (both may wait on the store)."""
-        state = await self._run(self.lock.read_state)
+        """The store's state (None if it cannot be read now: `trouble()` watches the lock
+        meanwhile), and this member's heartbeat (both may wait on the store)."""
+        try:
+            state = await self._run(self.lock.read_state)
+        except Exception as exc:
+            log.warning("ha: the store's state cannot be read", reason=str(exc))
+            return None
         with contextlib.suppress(Exception):  # announcements are for people and peers
             await self._announce()
         return state

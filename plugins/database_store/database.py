@@ -33,6 +33,7 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy import event, exc
 
+from scow.core.ha import StoreUnreachable
 from scow.plugins.database_store.schema import LOCK_ROW, SCHEMA_VERSION, Schema
 from scow.plugins.database_store.settings import DatabaseError, DatabaseSettings
 
@@ -54,7 +55,7 @@ class LockHeld(DatabaseError):
     """The lock row is held by another live broker: this one may not open the database."""
 
 
-class DatabaseUnreachable(DatabaseError):
+class DatabaseUnreachable(DatabaseError, StoreUnreachable):
     """The database could not be reached (no server, no answer in time, busy): try again.
 
     Not for a server that answered and refused this broker (a wrong password, a missing

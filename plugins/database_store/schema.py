@@ -5,7 +5,8 @@ in the order `seq` gives: an add, an update (replaceable or not), or, for a prep
 transaction, its records, its deletes and the prepare itself (`tx_id` set). A committed
 record has no `tx_id`; a delete removes the rows of its id. The page store keeps a
 directory of addresses and one row per page and sync (`start` is the row's byte offset
-in its page). The node manager table has one row: the lock holder and the schema version.
+in its page). The node manager table holds the lock row (the holder, the schema version
+and the HA state) and, from id 1000 on, one row per HA member's announcement.
 """
 
 from __future__ import annotations

@@ -91,7 +91,8 @@ SECTION = ConfigSection(
             "node-manager-store-table-name",
             str,
             "NODE_MANAGER_STORE",
-            "Table holding the lock row (one broker per database) and the schema version.",
+            "Table holding the lock row (one broker per database, its schema version and HA "
+            "state) and the HA members' announcements.",
         ),
     ),
     "The database store (plugin database-store): journal and pages in a SQL database.",

@@ -202,16 +202,26 @@ class Checker:
     ) -> None:
         got = covered.get(queue, set())
         newest: dict[str, float] = {}
+        #: (producer, key) -> the highest seq of a value of that key handed out: one sent
+        #: later by the same producer, even if it never heard it was accepted (in doubt)
+        later: dict[tuple[str, str], int] = {}
         if lane == "lvq":
             for e in accepted.values():
                 newest[e["k"]] = max(newest.get(e["k"], 0.0), e["t"])
+            for e in (e for events in seen.values() for e in events):
+                if _home(e) == queue and "k" in e and e.get("seq") is not None:
+                    slot = (e["producer"], e["k"])
+                    later[slot] = max(later.get(slot, -1), e["seq"])
         lost = []
         for ident, sent in accepted.items():
             if ident in got:
                 continue
             if not sent.get("durable", True) and self.killed_after(sent["t"]):
                 continue  # a non-durable message does not outlive the broker process
-            if lane == "lvq" and sent["t"] < newest[sent["k"]]:
+            if lane == "lvq" and (
+                sent["t"] < newest[sent["k"]]
+                or later.get((ident.rpartition(":")[0], sent["k"]), -1) > sent["seq"]
+            ):
                 continue  # replaced by a later message with its key
             lost.append(ident)
         self.f.lost += len(lost)

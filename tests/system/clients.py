@@ -319,6 +319,8 @@ class Consumer(_Client):
         if r.color:
             fields["color"] = props.get("color")
             fields["selector"] = r.color
+        if "k" in props:
+            fields["k"] = props["k"]  # a last-value key: in-doubt values replace too
         if "sha" in props:
             fields["intact"] = body_digest(message.body) == props["sha"]
         annotations = message.annotations or {}

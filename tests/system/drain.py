@@ -44,6 +44,8 @@ def _record(log: EventLog, queue: dict[str, Any], message: Any) -> None:
     }
     if orig is not None:
         fields["orig_queue"] = str(orig)
+    if "k" in props:
+        fields["k"] = props["k"]
     if queue.get("queue-type") == "stream":
         fields["sequence"] = annotations.get(symbol("x-opt-sequence-number"))
     if "sha" in props:
