@@ -49,23 +49,26 @@ class Filler:
         self.path = path
 
     def fill(self, leave: int = 0, chunk: int = 1 << 20) -> int:
-        """Write zeros until ENOSPC (or only `leave` bytes are free); returns bytes written."""
+        """Write zeros until ENOSPC (or only `leave` bytes are free); returns bytes written.
+
+        Unbuffered: a buffered file would try the refused bytes again as it closes."""
         written = 0
         block = b"\0" * chunk
-        with open(self.path, "ab") as out:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
             while True:
                 free = shutil.disk_usage(self.path.parent).free
                 if free <= leave:
                     break
                 piece = block if free - leave >= chunk else block[: max(free - leave, 4096)]
                 try:
-                    out.write(piece)
-                    out.flush()
+                    written += os.write(fd, piece)
                 except OSError as exc:
                     if exc.errno != errno.ENOSPC:
                         raise
                     break
-                written += len(piece)
+        finally:
+            os.close(fd)
         return written
 
     def release(self) -> None:
