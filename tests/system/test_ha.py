@@ -1,0 +1,268 @@
+"""HA pairs as users run them: a primary and a backup `scow run` over one store (a shared
+data dir, or PostgreSQL), clients in their own processes reconnecting over both URLs, the
+primary SIGKILLed, stopped, brought back, or cut off its database. The checker
+(tests/system/ha.py) holds each history to: every accepted message delivered, no first
+delivery doubled by one broker process, nothing the broker acknowledged delivered again
+(but for an acknowledgement a SIGKILL took with it)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.system.ha import (
+    ASKING,
+    SERVING,
+    STEPPING_DOWN,
+    WAITING,
+    Move,
+    Pair,
+    Traffic,
+    check,
+    ha_status,
+    remote_properties,
+)
+
+#: A backup takes over a SIGKILLed primary's file store within this many seconds.
+FILE_TAKEOVER = 3.0
+
+
+@pytest.fixture
+def pairs(tmp_path: Path) -> Iterator[list[Pair]]:
+    """Pairs a test starts; every member killed at the end, and one that exited on its own
+    (not by the test) fails the test."""
+    made: list[Pair] = []
+    yield made
+    deaths = [death for pair in made for death in pair.close()]
+    assert not deaths, "\n".join(deaths)
+
+
+def _pair(pairs: list[Pair], directory: Path, **kwargs) -> Pair:
+    pair = Pair(directory, **kwargs)
+    pairs.append(pair)
+    return pair.start()
+
+
+def _assert_clean(traffic: Traffic, pair: Pair) -> None:
+    findings = check(traffic.events(), pair.moves)
+    print(findings)  # shown with -s, and with a failure
+    assert findings.ok, str(findings)
+    assert findings.accepted > 0
+
+
+# --------------------------------------------------------------------------- file store
+
+
+def test_file_store_backup_takes_over_a_sigkilled_primary_without_losing_messages(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair")
+    traffic = Traffic(tmp_path / "clients", pair.urls, consume=False)
+    try:
+        traffic.wait_accepted(200)
+        traffic.start_consumer()  # the primary dies while the consumer works off a backlog
+        traffic.wait_acked(20)
+        pair.kill(pair.primary)
+        took = pair.backup.wait_serving(15)
+        assert took <= FILE_TAKEOVER, f"the backup served {took:.1f} s after the SIGKILL"
+        pair.backup.wait_logged(SERVING)
+        traffic.wait_accepted(100)  # both clients found the backup
+        traffic.wait_acked(100)
+        traffic.stop()
+    finally:
+        traffic.kill()
+    traffic.drain(pair.backup.url)
+    _assert_clean(traffic, pair)
+
+
+def _fail_over(pair: Pair, traffic: Traffic) -> None:
+    """Traffic on the primary, the primary SIGKILLed, traffic on the backup."""
+    traffic.wait_accepted(100)
+    traffic.start_consumer()
+    traffic.wait_acked(20)
+    pair.kill(pair.primary)
+    pair.backup.wait_serving(15)
+    traffic.wait_accepted(50)
+    traffic.wait_acked(50)
+
+
+def test_file_store_primary_that_comes_back_takes_the_store_back_from_the_backup(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair")  # allow-failback defaults to true
+    traffic = Traffic(tmp_path / "clients", pair.urls, consume=False)
+    try:
+        _fail_over(pair, traffic)
+        pair.primary.launch()
+        pair.backup.wait_logged(STEPPING_DOWN)
+        pair.moves.append(Move(pair.backup.url, pair.backup.logged_at(STEPPING_DOWN)[0], "stop"))
+        pair.primary.wait_logged(SERVING, count=2)
+        pair.backup.wait_logged(WAITING, count=2)  # the same process, waiting again
+        assert pair.backup.refuses()
+        assert pair.primary.accepts()
+        assert pair.primary.logged(ASKING) == 1
+        # never both serving: the primary served after the backup let the store go
+        assert pair.primary.logged_at(SERVING)[-1] > pair.moves[-1].t
+        traffic.wait_accepted(50)
+        traffic.wait_acked(50)
+        traffic.stop()
+    finally:
+        traffic.kill()
+    traffic.drain(pair.primary.url)
+    _assert_clean(traffic, pair)
+
+
+def test_file_store_without_failback_the_returning_primary_waits_and_the_backup_serves_on(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair", ha={"allow-failback": False})
+    traffic = Traffic(tmp_path / "clients", pair.urls, consume=False)
+    try:
+        _fail_over(pair, traffic)
+        pair.primary.launch().wait_logged(WAITING, count=2)
+        served = traffic.producer.count("accepted")
+
+        def backup_alone() -> bool:
+            return (
+                pair.backup.accepts()
+                and pair.primary.refuses()
+                and pair.primary.logged(SERVING) == 1
+                and pair.primary.logged(ASKING) == 0
+                and pair.backup.logged(STEPPING_DOWN) == 0
+            )
+
+        pair.backup.keeps(backup_alone, 4, "the backup serving alone")
+        assert traffic.producer.count("accepted") > served + 50  # traffic went on there
+        traffic.stop()
+    finally:
+        traffic.kill()
+    traffic.drain(pair.backup.url)
+    _assert_clean(traffic, pair)
+
+
+def test_file_store_clean_stop_of_the_primary_leaves_the_backup_waiting(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair")  # failover-on-shutdown defaults to false
+    assert pair.stop(pair.primary) == 0
+    pair.backup.wait_logged("not ours to take")
+    pair.backup.keeps(
+        lambda: pair.backup.refuses() and pair.backup.logged(SERVING) == 0,
+        2.5,
+        "the backup waiting",
+    )
+    status = json.loads(ha_status(pair.backup.config_path, "--json").stdout)
+    assert status["state"] == "STOPPED"
+
+
+def test_file_store_clean_stop_with_failover_on_shutdown_hands_over_to_the_backup(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair", ha={"failover-on-shutdown": True})
+    traffic = Traffic(tmp_path / "clients", pair.urls)
+    try:
+        traffic.wait_accepted(50)
+        traffic.wait_acked(20)
+        assert pair.stop(pair.primary) == 0
+        pair.backup.wait_serving(15)
+        pair.backup.wait_logged(SERVING)
+        traffic.wait_accepted(50)
+        traffic.wait_acked(50)
+        traffic.stop()
+    finally:
+        traffic.kill()
+    traffic.drain(pair.backup.url)
+    _assert_clean(traffic, pair)  # a clean stop loses no acknowledgement either
+
+
+def _failover_servers(url: str) -> list[tuple[str, int, str]]:
+    servers = remote_properties(url).get("failover-server-list") or []
+    return [(str(s["hostname"]), int(s["port"]), str(s["scheme"])) for s in servers]
+
+
+def test_open_frame_names_the_other_member_in_failover_server_list(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair")
+    backup = ("127.0.0.1", pair.backup.port, "amqp")
+    wait_for_value = [backup]
+    deadline = time.monotonic() + 10
+    while (servers := _failover_servers(pair.primary.url)) != wait_for_value:
+        assert time.monotonic() < deadline, f"failover-server-list: {servers}"
+        time.sleep(0.2)
+    pair.kill(pair.primary)
+    pair.backup.wait_serving(15)
+    assert _failover_servers(pair.backup.url) == [("127.0.0.1", pair.primary.port, "amqp")]
+
+
+def test_ha_status_shows_each_members_role_state_and_url(pairs: list[Pair], tmp_path: Path) -> None:
+    pair = _pair(pairs, tmp_path / "pair")
+    result = ha_status(pair.backup.config_path, "--json")
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["state"] == "LIVE"
+    assert status["store"] == f"data dir {pair.primary.data_dir.resolve()}"
+    members = {m["name"]: (m["role"], m["state"], m["url"]) for m in status["members"]}
+    assert members == {
+        "primary": ("primary", "serving", pair.primary.url),
+        "backup": ("backup", "waiting", pair.backup.url),
+    }
+    text = ha_status(pair.primary.config_path).stdout
+    assert "state: LIVE" in text
+    for name, (role, state, url) in members.items():
+        assert any(line.split()[:4] == [name, role, state, url] for line in text.splitlines())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="plugins/management/api.py get_broker copies only 'flow-to-disk' of the broker's "
+    "stats sections: the 'ha' section core/app.py registers never reaches /api/broker",
+)
+def test_management_api_shows_the_members_role_state_and_peers(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair")
+    time.sleep(1.5)  # the primary reads the backup's announcement within a heartbeat
+    ha = pair.primary.api("/api/broker")["ha"]
+    assert (ha["policy"], ha["state"], ha["url"]) == ("primary", "serving", pair.primary.url)
+    assert [(p["name"], p["state"]) for p in ha["peers"]] == [("backup", "waiting")]
+
+
+def test_checker_flags_lost_doubled_and_reacknowledged_sends() -> None:
+    """The oracle itself: a kill excuses a repeated delivery, nothing else does."""
+    a, b = "amqp://a:1", "amqp://b:2"
+
+    def ev(kind: str, t: float, **fields) -> dict:
+        return {"kind": kind, "t": t, "client": "c", **fields}
+
+    base = [
+        ev("connected", 0, conn=1, url=a),
+        ev("connected", 10, conn=2, url=b),
+        *[ev("accepted", 1, id=f"p-{n}", attempt=1) for n in (1, 2, 3, 4)],
+        ev("delivered", 2, id="p-1", attempt=1, count=0, conn=1, url=a),
+        ev("acked", 2.1, id="p-1", attempt=1, conn=1),
+        ev("delivered", 2, id="p-2", attempt=1, count=0, conn=1, url=a),
+        ev("acked", 2.1, id="p-2", attempt=1, conn=1),
+        ev("delivered", 2, id="p-3", attempt=1, count=0, conn=1, url=a),
+        ev("delivered", 11, id="p-3", attempt=1, count=0, conn=2, url=b),  # never acked
+        ev("delivered", 11, id="p-4", attempt=1, count=0, conn=2, url=b),
+    ]
+    killed = [Move(a, 2.5, "kill")]
+    assert check(base, killed).ok
+    again = [*base, ev("delivered", 12, id="p-1", attempt=1, count=0, conn=2, url=b)]
+    findings = check(again, killed)  # its acknowledgement went with the SIGKILL
+    assert findings.ok and findings.ack_lost_with_kill == 1
+    findings = check(again, [Move(a, 2.5, "stop")])  # a clean stop keeps acknowledgements
+    assert findings.acked_twice and not findings.lost
+    findings = check(again, [Move(a, 9, "kill")])  # acknowledged long before the kill
+    assert findings.acked_twice
+    doubled = [*base, ev("delivered", 12, id="p-4", attempt=1, count=0, conn=2, url=b)]
+    assert check(doubled, killed).doubled == [f"p-4#1 by {b} (its process 1)"]
+    resent = [*doubled[:-1], ev("delivered", 12, id="p-4", attempt=2, count=0, conn=2, url=b)]
+    assert check(resent, killed).ok  # a second attempt is a second send
+    lost = [e for e in base if e.get("id") != "p-4" or e["kind"] == "accepted"]
+    assert check(lost, killed).lost == ["p-4"]
