@@ -187,7 +187,7 @@ class ManagementApi:
                     "paged-messages": sum(a.get("messages-paged", 0) for a in addresses),
                 },
                 "journal": self.broker.storage.stats(),
-                **{k: v for k, v in stats.items() if k == "flow-to-disk"},
+                **{k: v for k, v in stats.items() if k in ("flow-to-disk", "ha")},
             }
         )
 
