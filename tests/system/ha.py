@@ -20,8 +20,9 @@ The checker (`check`) holds a history to three rules:
 - no send is delivered for the first time (delivery count 0) twice by one broker process
   (a failover may repeat a delivery the dead member had not counted);
 - no send the broker acknowledged is delivered again, unless the member that acknowledged
-  it was SIGKILLed within `ACK_GRACE` seconds after (the broker settles an accept before
-  the journal has it on disk; a clean stop or step-down writes it first).
+  it was SIGKILLed within `ACK_GRACE` seconds after, or cut off its store then or later
+  while it still served (the broker settles an accept before the journal has it on disk;
+  a clean stop or step-down writes it first).
 """
 
 from __future__ import annotations
@@ -158,11 +159,21 @@ class Member(SystemBroker):
 
 @dataclass
 class Move:
-    """A member stopped serving at `t`: `kill` (SIGKILL) or `stop` (clean, or a step-down)."""
+    """A member stopped serving at `t`: `kill` (SIGKILL), `lost` (cut off its store since
+    `since`: what it did not write by then is lost, as with a kill) or `stop` (a clean stop
+    or step-down, which writes what it acknowledged)."""
 
     url: str
     t: float
     kind: str
+    since: float | None = None
+
+    def took(self, ack: float) -> bool:
+        """Whether an acknowledgement at `ack` may have been lost with this move."""
+        if self.kind == "stop":
+            return False
+        since = self.t if self.since is None else self.since
+        return since - ACK_GRACE <= ack <= self.t + 1
 
 
 def member_tables(
@@ -287,17 +298,43 @@ def ha_status(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 # --------------------------------------------------------------------------- TCP proxy
 
 
+class _Link:
+    """One proxied connection: whether it flows, and whether its server said last that
+    no transaction is open."""
+
+    def __init__(self) -> None:
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.idle = False
+
+
 class CutProxy:
-    """A TCP proxy to `upstream` on a free local port. `cut()` makes it a black hole, as a
-    network partition does: nothing is forwarded any more on the open connections nor on
-    new ones, and nothing is closed (peers wait on their own timeouts). `restore()` lets
-    the held bytes through."""
+    """A TCP proxy to a PostgreSQL server `upstream`, on a free local port.
+
+    `cut()` makes it a black hole, as a network partition does: nothing more is forwarded,
+    either way, on the open connections nor on new ones, and nothing is closed (not even
+    when a peer closes its end: the other never hears of it). `restore()` lets the held
+    bytes through. Where the cut falls:
+
+    - `cut()`: at once, wherever each connection is (maybe inside a transaction);
+    - `cut(after=b"...")`: right after the client sends a chunk holding those bytes (say
+      the lock row's table name: the cut falls inside the transaction that renews it);
+    - `cut(between_transactions=True)`: each connection is held once no transaction is
+      open on it (its server's last message was ReadyForQuery, status idle), so the cut
+      leaves no row locked behind it.
+    """
+
+    #: A ReadyForQuery message with status idle: the server waits, no transaction open.
+    IDLE = b"Z\x00\x00\x00\x05I"
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
-        self._flowing = threading.Event()
-        self._flowing.set()
+        self._new = threading.Event()  # new connections may be opened
+        self._new.set()
         self._closed = False
+        self._after: bytes | None = None
+        self._between = False
+        self._links: list[_Link] = []
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
@@ -314,7 +351,7 @@ class CutProxy:
             threading.Thread(target=self._open, args=(client,), daemon=True).start()
 
     def _open(self, client: socket.socket) -> None:
-        self._flowing.wait()  # a connection made during a cut goes nowhere
+        self._new.wait()  # a connection made during a cut goes nowhere
         if self._closed:
             return
         try:
@@ -323,29 +360,56 @@ class CutProxy:
             client.close()
             return
         self._sockets.append(server)
-        for src, dst in ((client, server), (server, client)):
-            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+        link = _Link()
+        self._links.append(link)
+        for args in ((client, server, link, True), (server, client, link, False)):
+            threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, link: _Link, upward: bool) -> None:
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
-                self._flowing.wait()
+                if upward:
+                    if self._between and link.idle:
+                        link.flowing.clear()  # at rest: held here, with no row locked
+                    link.idle = False
+                else:  # set before the client can have answered these bytes
+                    link.idle = data.endswith(self.IDLE)
+                link.flowing.wait()
                 if self._closed:
                     return
                 dst.sendall(data)
+                if upward and self._after is not None and self._after in data:
+                    self._hold()
+        link.flowing.wait()  # a peer's close, too, is news that a cut keeps
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
 
-    def cut(self) -> None:
-        self.cut_at = time.time()
-        self._flowing.clear()
+    def _hold(self) -> None:
+        if self.cut_at is None:
+            self.cut_at = time.time()
+        self._new.clear()
+        for link in self._links:
+            link.flowing.clear()
+
+    def cut(self, *, after: bytes | None = None, between_transactions: bool = False) -> None:
+        if after is not None:
+            self._after = after
+        elif between_transactions:
+            self.cut_at = time.time()
+            self._new.clear()
+            self._between = True
+        else:
+            self._hold()
 
     def restore(self) -> None:
-        self._flowing.set()
+        self._after, self._between, self.cut_at = None, False, None
+        self._new.set()
+        for link in self._links:
+            link.flowing.set()
 
     def close(self) -> None:
         self._closed = True
-        self._flowing.set()
+        self.restore()
         self._listener.close()
         for sock in self._sockets:
             with contextlib.suppress(OSError):
@@ -803,7 +867,7 @@ def check(events: Iterable[dict[str, Any]], moves: Sequence[Move]) -> Findings:
             if not again:
                 continue
             end = ended_by(ack)
-            if end is not None and end.kind == "kill" and -1 <= end.t - ack["t"] <= ACK_GRACE:
+            if end is not None and end.took(ack["t"]):
                 f.ack_lost_with_kill += 1
             else:
                 f.acked_twice.append(
