@@ -45,6 +45,8 @@ BACKOFF_START = 0.05
 BACKOFF_CAP = 2.0
 
 OutageListener = Callable[[bool, str], None]
+#: PostgreSQL's SQLSTATE for a row lock NOWAIT could not take.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 class LockLost(DatabaseError):
@@ -160,6 +162,10 @@ class Database:
                     "keepalives_interval": 1,
                     "keepalives_count": 3,
                     "application_name": "scow",
+                    # a session cut off in the middle of a transaction (its fence's UPDATE
+                    # done, the COMMIT never arriving) is ended by the server, so the row
+                    # lock it holds cannot keep a backup out past the lease
+                    "options": f"-c idle_in_transaction_session_timeout={s.lock_expiration_ms}",
                 }
             return sa.create_engine(
                 s.url,
@@ -200,6 +206,12 @@ class Database:
             raise
         except exc.SQLAlchemyError as error:
             self.engine.dispose()
+            if getattr(getattr(error, "orig", None), "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                raise LockHeld(
+                    f"{self.where}: the lock row of table {self.schema.node_manager.name} is "
+                    "locked by another broker's transaction (a holder renewing it, or one cut "
+                    "off mid-renewal, which the server ends after jdbc-lock-expiration)"
+                ) from None
             raise failure(f"{self.where}: cannot use the database", error) from None
         self.renewed_at = started
         self._renewer = threading.Thread(target=self._renew, name="scow-db-lock", daemon=True)
@@ -227,34 +239,46 @@ class Database:
                 time.sleep(0.1 * (attempt + 1))
 
     def _take_lock(self, conn: sa.Connection) -> None:
-        """Take the lock row, leaving its state as the last holder wrote it (HA reads it)."""
+        """Take the lock row, leaving its state as the last holder wrote it (HA reads it).
+
+        A plain read first: a backup trying every poll period must not lock the row its
+        primary fences in every journal write while the holder is plainly alive."""
         nm = self.schema.node_manager
-        row = conn.execute(sa.select(nm).where(nm.c.id == LOCK_ROW).with_for_update()).first()
-        now = _now_ms()
+        select = sa.select(nm).where(nm.c.id == LOCK_ROW)
+        self._check_holder(conn.execute(select).first())
+        row = conn.execute(select.with_for_update(nowait=True)).first()
         if row is None:
             conn.execute(sa.insert(nm).values(id=LOCK_ROW, schema_version=SCHEMA_VERSION))
-        elif row.schema_version > SCHEMA_VERSION:
+        self._check_holder(row)
+        conn.execute(
+            sa.update(nm)
+            .where(nm.c.id == LOCK_ROW)
+            .values(
+                holder_id=self.holder_id,
+                holder_expiration_time=_now_ms() + self.settings.lock_expiration_ms,
+                node_id=str(self.settings.data_dir),
+            )
+        )
+
+    def _check_holder(self, row: Any) -> None:
+        """LockHeld while another live broker holds the lock row; DatabaseError for a
+        schema newer than this broker knows."""
+        if row is None:
+            return
+        nm = self.schema.node_manager
+        if row.schema_version > SCHEMA_VERSION:
             raise DatabaseError(
                 f"{self.where}: table {nm.name} says schema version {row.schema_version}, "
                 f"newer than this broker knows ({SCHEMA_VERSION}); run the scow version "
                 "that wrote it"
             )
-        elif row.holder_id and row.holder_expiration_time > now and _alive(row.holder_id):
+        if row.holder_id and row.holder_expiration_time > _now_ms() and _alive(row.holder_id):
             raise LockHeld(
                 f"{self.where}: the database is in use by another broker: holder "
                 f"{row.holder_id} (host:pid:tag, data dir {row.node_id}) holds the lock row "
                 f"of table {nm.name} until {_when(row.holder_expiration_time)} unless it "
                 "renews it; stop that broker or give this one other table names"
             )
-        conn.execute(
-            sa.update(nm)
-            .where(nm.c.id == LOCK_ROW)
-            .values(
-                holder_id=self.holder_id,
-                holder_expiration_time=now + self.settings.lock_expiration_ms,
-                node_id=str(self.settings.data_dir),
-            )
-        )
 
     # ------------------------------------------------------------------ the lock
 
@@ -461,7 +485,16 @@ def _alive(holder_id: str) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(int(pid_text))
+
+
+def _zombie(pid: int) -> bool:
+    """A process that ended but that its parent has not reaped yet (Linux's /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _sqlite_transactions(engine: sa.Engine) -> None:
