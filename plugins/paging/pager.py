@@ -113,8 +113,24 @@ class AddressPager:
     @property
     def store(self) -> PageStore:
         if self._store is None:
-            self._store = self.manager.open_store(self.address.name)
+            self._store = self._open_store()
         return self._store
+
+    def _open_store(self) -> PageStore:
+        """Open the address's store; a head below pages it already holds moves past them.
+
+        Those are an earlier address's of the same name, deleted with it (their deletion
+        still queued in the writer): a store takes appends only at or past its highest
+        page. Recovery, which reads them, sets the head itself afterwards."""
+        store = self.manager.open_store(self.address.name)
+        stored = store.page_numbers()
+        if not self.pages and stored and stored[-1] >= self.write_page:
+            old, self.write_page = self.write_page, stored[-1] + 1
+            self.first_page = self.write_page
+            for cursor in self.cursors.values():
+                if cursor.page == old and cursor.offset == 0:
+                    cursor.page = self.write_page
+        return store
 
     def prepare_store(self) -> None:
         """Open the store before anything is counted or paged. Raises StorageFull, with
@@ -124,7 +140,7 @@ class AddressPager:
         if self._store is not None:
             return
         try:
-            self._store = self.manager.open_store(self.address.name)
+            self._store = self._open_store()
         except (StorageFull, OSError) as exc:
             if isinstance(exc, OSError) and not is_no_space(exc):
                 raise

@@ -185,9 +185,14 @@ class PageWriter:
             store, page = pending[0][0], pending[0][1]
             try:
                 store.append(page, list(records))
-            except OSError as exc:
-                if not is_no_space(exc):
-                    raise
+            except (OSError, ValueError) as exc:
+                if not (isinstance(exc, OSError) and is_no_space(exc)):
+                    # one store refusing must not stop the writes of every other address:
+                    # these records stay unwritten (their producers get no outcome)
+                    log.exception("page write failed", page=page, records=len(records))
+                    pending.clear()
+                    records.clear()
+                    return
                 self._no_room = str(exc)
                 stalled.setdefault(id(store), set()).add(page)
                 self._held.extend(pending)

@@ -329,6 +329,26 @@ def test_an_auto_deleted_paging_address_leaves_no_page_behind(scow_broker):
     wait_for(lambda: stored_pages(broker, "gone") == [], what="its pages deleted")
 
 
+def test_an_address_deleted_and_created_again_while_the_broker_pages_keeps_paging(scow_broker):
+    """Found by the 30-minute soak: an auto-created address deleted while paging left its
+    pages, the address came back, its new pages started at 1 below them, and the page
+    writer thread died on the refused append: every address stopped paging for good."""
+    broker = scow_broker(
+        sections={"broker": {"global-max-size": 20_000}},
+        address_settings={"#": {"page-size-bytes": 8_000, "auto-delete-addresses": True}},
+    )
+    bulk_send(broker.url, "full", 40, numbered)  # fills the broker: every address pages
+    for round_ in range(3):
+        bulk_send(broker.url, "again", 20, numbered)
+        with connected(broker.url) as conn:
+            assert ns(receive(conn.create_receiver("again"), 20)) == list(range(20)), round_
+        wait_for(lambda: broker.call(lambda: "again" not in broker.broker.addresses))
+    bulk_send(broker.url, "other", 5, numbered)  # the writer still writes for everyone
+    assert broker.queue_stats("other")["messages-paged"] == 5
+    with connected(broker.url) as conn:
+        assert ns(receive(conn.create_receiver("other"), 5)) == list(range(5))
+
+
 def test_the_head_page_goes_once_paging_ends_whatever_the_order(scow_broker):
     """The last acknowledgement of the head page may come before the address leaves page
     mode: the page must go then, not wait for paging to start again."""
