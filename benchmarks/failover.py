@@ -228,6 +228,9 @@ def main() -> int:
     parser.add_argument(
         "--database-url", help="a PostgreSQL SQLAlchemy URL (default: a private server)"
     )
+    parser.add_argument(
+        "--lock-poll-period", type=int, default=200, help="[ha] lock-poll-period, ms"
+    )
     parser.add_argument("--lock-expiration", type=int, default=20_000, help="ms")
     parser.add_argument("--lock-renew-period", type=int, default=2_000, help="ms")
     parser.add_argument("--workdir", type=Path, help="keep logs here (default: a temp dir)")
@@ -236,15 +239,16 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="scow-failover-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(
-        f"{args.messages} durable messages of {args.size} bytes, {args.runs} runs; "
-        f"logs under {workdir}",
+        f"{args.messages} durable messages of {args.size} bytes, {args.runs} runs, "
+        f"lock-poll-period {args.lock_poll_period} ms; logs under {workdir}",
         flush=True,
     )
     server: PostgresServer | None = None
+    ha = {"lock-poll-period": args.lock_poll_period}
     try:
         if "file" in stores:
             runs = [
-                run_once(Pair(workdir / f"file-{i}"), args, timeout=120)
+                run_once(Pair(workdir / f"file-{i}", ha=ha), args, timeout=120)
                 for i in range(1, args.runs + 1)
             ]
             report("file store", runs, GOAL_FILE)
@@ -264,7 +268,9 @@ def main() -> int:
                 run_url = url or server.url(server.create_database())  # type: ignore[union-attr]
                 settings = _database(run_url, args, i, external=url is not None)
                 pair = Pair(
-                    workdir / f"database-{i}", database={"primary": settings, "backup": settings}
+                    workdir / f"database-{i}",
+                    ha=ha,
+                    database={"primary": settings, "backup": settings},
                 )
                 runs.append(run_once(pair, args, timeout=goal + 120))
             print(
