@@ -362,8 +362,11 @@ class DatabaseJournal:
             attempts += 1
             if attempts > 1 and plan.rows and self._written_already(conn, plan.last_seq):
                 return  # the last attempt committed, but its answer was lost
-            self.db.fence(conn)
             plan.execute(conn, table)
+            # last before the commit: the lock row is locked only from here, so a session cut
+            # off in the middle of the write does not hold it (a cut after this leaves it idle
+            # in its transaction, which the server ends after jdbc-lock-expiration)
+            self.db.fence(conn)
 
         self.db.run(f"writing {table.name}", work, give_up=self._giving_up)
         self.batches += 1
