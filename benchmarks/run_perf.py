@@ -178,6 +178,8 @@ def run_client(
     ]
     if args.durable:
         command.append("--durable")
+    if args.duplicate_ids:
+        command.append("--duplicate-ids")
     if args.presettled:
         command.append("--presettled")
     if rate:
@@ -204,7 +206,8 @@ def measure(name: str, url: str, address: str, args: argparse.Namespace) -> dict
     mode = "pre-settled" if args.presettled else "at-least-once"
     print(
         f"== {name}: {url}  ({args.pairs} pair(s), {args.size} B, {mode}"
-        f"{', durable' if args.durable else ''}, {args.count} messages/run, "
+        f"{', durable' if args.durable else ''}"
+        f"{', duplicate ids' if args.duplicate_ids else ''}, {args.count} messages/run, "
         f"{args.warmup} warm-up; load average {os.getloadavg()[0]:.2f})",
         flush=True,
     )
@@ -266,6 +269,9 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=20_000)
     parser.add_argument("--durable", action="store_true")
+    parser.add_argument(
+        "--duplicate-ids", action="store_true", help="an _AMQ_DUPL_ID of its own per message"
+    )
     parser.add_argument("--presettled", action="store_true")
     parser.add_argument("--latency-at", type=float, default=0.8, help="fraction of the median")
     parser.add_argument("--latency-runs", type=int, default=1)

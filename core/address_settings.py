@@ -132,7 +132,7 @@ class _Spec:
     doc: str
     choices: tuple[str, ...] = ()
     minimum: int | None = None
-    nullable: bool = False  # "choice"/"str" settings whose default None means "not set"
+    nullable: bool = False  # settings whose default None means "not set"
 
     @property
     def field(self) -> str:
@@ -236,6 +236,11 @@ _SPECS: tuple[_Spec, ...] = (
           "Message property that makes new queues last-value queues keyed by it; with "
           "default-last-value-queue and no key, the key is _AMQ_LVQ_NAME.",
           nullable=True),
+    # --- duplicate detection
+    _Spec("id-cache-size", "int", None,
+          "_AMQ_DUPL_ID values the address remembers for duplicate detection (the oldest is "
+          "forgotten first); unset takes [broker] id-cache-size; 0 turns detection off.",
+          minimum=0, nullable=True),
 )  # fmt: skip
 
 _SPEC_BY_NAME: dict[str, _Spec] = {s.name: s for s in _SPECS}
@@ -257,6 +262,8 @@ def _normalize(spec: _Spec, value: object) -> object:
     elif kind == "duration":
         result = parse_duration_ms(value, name)
     elif kind == "int":
+        if value is None and spec.nullable:
+            return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise SettingError(
                 f"{name} = {value!r}: expected an integer", setting=name, value=value
@@ -383,6 +390,7 @@ class AddressSettings:
     default_non_destructive: bool = False
     default_last_value_queue: bool = False
     default_last_value_key: str | None = None
+    id_cache_size: int | None = None
 
     @classmethod
     def merge(cls, layers: Sequence[Mapping[str, object]]) -> AddressSettings:

@@ -19,6 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from scow.core.duplicates import (
+    DEFAULT_ID_CACHE_SIZE,
+    DuplicateIdCache,
+    describe_id,
+    duplicate_error,
+    id_key,
+)
 from scow.core.message import (
     MEMORY_OVERHEAD,
     Message,
@@ -49,7 +56,13 @@ if TYPE_CHECKING:
     from scow.core.config import Config
     from scow.core.descriptors import FullPolicyType, PageStoreBackend, QueueType
     from scow.core.interfaces import Completion, Consumer
-    from scow.core.storage import PageRecovery, Recovered, RecoveredMessage, StorageManager
+    from scow.core.storage import (
+        PageRecovery,
+        Recovered,
+        RecoveredDuplicateId,
+        RecoveredMessage,
+        StorageManager,
+    )
 
 log = structlog.get_logger("scow.broker")
 
@@ -135,6 +148,13 @@ class Broker:
         self.messages_unrouted = 0
         self.messages_expired = 0
         self.messages_dead_lettered = 0
+        #: Messages dropped because their address had seen their duplicate id.
+        self.messages_duplicate = 0
+        #: Duplicate detection: every address's cache of the ids it admitted last, by
+        #: address name (an address auto-deleted and created again keeps its ids).
+        self.duplicate_ids: dict[str, DuplicateIdCache] = {}
+        self.id_cache_size = int(broker_cfg.get("id-cache-size", DEFAULT_ID_CACHE_SIZE))
+        self.persist_id_cache = bool(broker_cfg.get("persist-id-cache", True))
         #: Acknowledgements storage had no room for (see `_ack_not_stored`).
         self.acks_not_stored = 0
         #: Dead-letter/expiry moves storage refused, waiting to be tried again.
@@ -269,6 +289,10 @@ class Broker:
             address.settings = self.settings_for(name)
             if name in changed:
                 address.full_policy = self._full_policy_for(address)
+        for name, cache in list(self.duplicate_ids.items()):
+            cache.size = self._id_cache_size(name)  # a smaller cache shrinks as ids arrive
+            if cache.size <= 0:
+                self._forget_ids(name)
         self.resume_producers()  # a raised limit lets blocked producers go on
         if persist:
             self._persist_settings(pattern, changes)
@@ -311,7 +335,10 @@ class Broker:
             },
         )
 
-    def delete_address(self, name: str) -> None:
+    def delete_address(self, name: str, *, forget_ids: bool = False) -> None:
+        """Delete an address and its queues. Its duplicate-id cache stays (an address
+        auto-deleted once its consumers left still knows what producers sent) unless
+        `forget_ids` (an operator's delete) or the address was temporary."""
         address = self.addresses.pop(name, None)
         if address is None:
             return
@@ -321,6 +348,8 @@ class Broker:
             address.pager.close()
         if address.record_id is not None:
             self.storage.delete_binding(address.record_id)
+        if (forget_ids or address.temporary) and name in self.duplicate_ids:
+            self._forget_ids(name)
 
     def address_for(
         self, name: str, routing_type: RoutingType | None, authorize: Authorize | None = None
@@ -488,16 +517,24 @@ class Broker:
         routing_type: RoutingType | None = None,
         on_stored: Completion | None = None,
         tx: Transaction | None = None,
+        *,
+        check_duplicates: bool = True,
     ) -> RouteStatus:
         """Route one message. `on_stored` runs once it is durable, if it must be.
 
-        Returns PENDING when `on_stored` will be called, otherwise the final status.
-        Within a transaction the message is only checked now and routed at commit.
+        Returns PENDING when `on_stored` will be called, otherwise the final status
+        (DUPLICATE: its duplicate id was seen, so it was dropped). Within a transaction
+        the message is only checked now and routed at commit. `check_duplicates=False`
+        routes a message whatever its duplicate id (a message moved back, not resent).
         """
         address = self.address_for(address_name, routing_type)
         if tx is not None:
             tx.sends.append((data, address_name, fmt, routing_type))
             return RouteStatus.ROUTED
+        if check_duplicates:
+            duplicate_id = fmt.duplicate_id(data)
+            if duplicate_id is not None:
+                return self._send_once(data, address, fmt, routing_type, on_stored, duplicate_id)
         routed = self._route(data, address, fmt, routing_type)
         if isinstance(routed, RouteStatus):
             return routed
@@ -507,6 +544,126 @@ class Broker:
         except StorageFull:
             self.messages_routed -= 1  # refused before anything was enqueued or counted
             raise
+
+    def _send_once(
+        self,
+        data: bytes,
+        address: AddressInfo,
+        fmt: MessageFormat,
+        routing_type: RoutingType | None,
+        on_stored: Completion | None,
+        duplicate_id: object,
+    ) -> RouteStatus:
+        """Send a message that carries a duplicate id: dropped (but accepted) when its
+        address's cache holds the id, else routed as a transaction of its own, so that
+        the message and its id are journaled together: both durable, or neither."""
+        cache = self._id_cache(address.name)
+        if cache is None:  # detection is off for this address
+            return self.send(data, address.name, fmt, routing_type, on_stored, None,
+                             check_duplicates=False)  # fmt: skip
+        key = id_key(duplicate_id, address.name)
+        if key in cache:
+            self.messages_duplicate += 1
+            log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
+            waiting = cache.pending.get(key)
+            if waiting is not None and on_stored is not None:
+                # what it repeats is not durable yet: it is confirmed when that is
+                waiting.append(on_stored)
+                return RouteStatus.PENDING
+            return RouteStatus.DUPLICATE
+        routed = self._route(data, address, fmt, routing_type)
+        if isinstance(routed, RouteStatus):  # it goes nowhere, but its id counts (Artemis)
+            self._admit_alone(cache, address.name, key)
+            return routed
+        message, queues, full = routed
+        pager = address.pager
+        paging = pager is not None and (full or pager.paging)
+        if not (
+            self.persistent
+            and self.persist_id_cache
+            and message.kind.durable
+            and (paging or any(q.durable for q in queues))
+        ):  # no id record to journal with the message: no transaction
+            resends: list[Completion] = []
+            done = False
+
+            def stored_alone() -> None:
+                nonlocal done
+                done = True
+                if cache.pending.get(key) is resends:
+                    del cache.pending[key]
+                on_stored()  # type: ignore[misc]
+                for resent in resends:
+                    resent()
+
+            try:
+                status = self._accept(
+                    message, queues, address, stored_alone if on_stored else None, full
+                )
+            except StorageFull:
+                self.messages_routed -= 1
+                raise
+            self._admit_alone(cache, address.name, key)
+            if status is RouteStatus.PENDING and not done:
+                cache.pending[key] = resends  # resends wait until it is stored
+            return status
+        # journaled: the message and its id in one journal transaction
+        kept: list[tuple[Message, list[Any], AddressInfo]] = []
+        paged: list[tuple[Message, list[Any], Any]] = []
+        _place(routed, address, kept, paged)
+        returned = False
+
+        def stored() -> None:
+            if returned and on_stored is not None:  # not when commit runs it at once
+                on_stored()
+
+        tx = Transaction(self.next_id())
+        status = self._commit_routed(tx, stored, [(cache, address.name, key)], kept, paged)
+        returned = True
+        if status is RouteStatus.PENDING and on_stored is not None:
+            return RouteStatus.PENDING
+        return RouteStatus.ROUTED
+
+    def _admit_alone(self, cache: DuplicateIdCache, address_name: str, key: bytes) -> None:
+        """Admit the id of a message that is not journaled: its record (with
+        persist-id-cache) is written on its own, unsynced, and nothing waits for it."""
+        record_id = 0
+        if self.persistent and self.persist_id_cache:
+            try:
+                for pushed_out in cache.pushed_out(1):
+                    self.storage.delete_record(pushed_out)
+                record_id = self.next_id()
+                self.storage.store_duplicate_id(record_id, address_name, key)
+            except StorageFull:  # the message is accepted: its id is kept in memory only
+                record_id = 0
+        cache.add(key, record_id)
+
+    def _id_cache_size(self, address_name: str) -> int:
+        size = self.settings_for(address_name).id_cache_size
+        return self.id_cache_size if size is None else size
+
+    def _id_cache(self, address_name: str) -> DuplicateIdCache | None:
+        """The duplicate-id cache of an address; None when its id-cache-size is 0."""
+        cache = self.duplicate_ids.get(address_name)
+        if cache is None:
+            size = self._id_cache_size(address_name)
+            if size <= 0:
+                return None
+            cache = self.duplicate_ids[address_name] = DuplicateIdCache(size)
+        elif cache.size <= 0:
+            return None
+        return cache
+
+    def _forget_ids(self, address_name: str) -> None:
+        """Drop an address's duplicate-id cache and its records."""
+        cache = self.duplicate_ids.pop(address_name, None)
+        if cache is None or not self.persistent:
+            return
+        try:
+            for record_id in cache.clear():
+                self.storage.delete_record(record_id)
+        except StorageFull:  # the rest come back at the next start
+            log.warning("duplicate ids not deleted: storage full", address=address_name)
 
     def _accept(
         self,
@@ -654,21 +811,30 @@ class Broker:
 
         The durable part is one journal transaction; messages become visible and
         acknowledgements take effect once it is on disk, then `on_done` runs. Raises
-        BrokerError (and changes nothing) if a message can no longer be routed.
+        BrokerError (and changes nothing) if a message can no longer be routed, and
+        DuplicateMessage if one carries a duplicate id its address has admitted (or
+        another message of the transaction carries too): Artemis's rule.
         """
+        ids = self._ids_of(tx)  # first: a duplicate refuses the commit before anything
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
         paged: list[tuple[Message, list[Any], Any]] = []
         for data, address_name, fmt, routing_type in tx.sends:
             address = self.address_for(address_name, routing_type)
             result = self._route(data, address, fmt, routing_type)
-            if isinstance(result, RouteStatus):
-                continue
-            message, queues, full = result
-            pager = address.pager
-            if pager is not None and (full or pager.paging):
-                paged.append((message, queues, pager))
-            else:
-                kept.append((message, queues, address))
+            if not isinstance(result, RouteStatus):
+                _place(result, address, kept, paged)
+        return self._commit_routed(tx, on_done, ids, kept, paged)
+
+    def _commit_routed(
+        self,
+        tx: Transaction,
+        on_done: Completion,
+        ids: list[tuple[DuplicateIdCache, str, bytes]],
+        kept: list[tuple[Message, list[Any], AddressInfo]],
+        paged: list[tuple[Message, list[Any], Any]],
+    ) -> RouteStatus:
+        """`commit` once its messages are routed: those for queues' memory (`kept`) and
+        those for pages, and the duplicate ids they carry (checked)."""
         # The journal first: it may refuse (StorageFull) while nothing is visible yet.
         visible: list[tuple[Message, list[Any]]] = []
         stored_sizes: list[tuple[int, AddressInfo]] = []
@@ -693,9 +859,12 @@ class Broker:
                 if self._journal_ack(ref, tx.id):
                     journaled = True
                     journaled_acks.append(ref)
+            admitted = self._journal_ids(tx, ids) if ids else []
+            journaled |= any(rid for _, records in admitted for _, rid in records)
         except StorageFull:
             self._abandon_commit(tx, stored_sizes, journaled_acks, len(kept) + len(paged))
             raise
+        waiting = self._admit_ids(admitted) if ids else []
         barrier = _Barrier()
         pagers: list[Any] = []
         for message, queues, pager in paged:
@@ -713,12 +882,78 @@ class Broker:
             for ref in acks:
                 self._settle_ack(ref)
             on_done()
+            for cache, key, resends in waiting:  # resends of its messages are confirmed
+                if cache.pending.get(key) is resends:
+                    del cache.pending[key]
+                for resent in resends:
+                    resent()
 
         if journaled:
             self.storage.commit(tx.id, barrier.add())
         if barrier.arm(finish):
             return RouteStatus.ROUTED
         return RouteStatus.PENDING
+
+    def _ids_of(self, tx: Transaction) -> list[tuple[DuplicateIdCache, str, bytes]]:
+        """(cache, address, key) of each duplicate id the transaction's messages carry;
+        DuplicateMessage when one was already admitted or two messages carry it."""
+        ids: list[tuple[DuplicateIdCache, str, bytes]] = []
+        seen: set[tuple[str, bytes]] = set()
+        for data, address_name, fmt, _routing_type in tx.sends:
+            value = fmt.duplicate_id(data)
+            if value is None:
+                continue
+            cache = self._id_cache(address_name)
+            if cache is None:
+                continue
+            key = id_key(value, address_name)
+            if key in cache or (address_name, key) in seen:
+                raise duplicate_error(key, address_name)
+            seen.add((address_name, key))
+            ids.append((cache, address_name, key))
+        return ids
+
+    def _journal_ids(
+        self, tx: Transaction, ids: list[tuple[DuplicateIdCache, str, bytes]]
+    ) -> list[tuple[DuplicateIdCache, list[tuple[bytes, int]]]]:
+        """Journal, within `tx`, the ids its commit admits and the deletion of those they
+        push out of their caches (with persist-id-cache); the caches are unchanged.
+        Returns, per cache, the (key, record id) it is to take (record id 0: not
+        journaled)."""
+        by_cache: dict[int, tuple[DuplicateIdCache, str, list[bytes]]] = {}
+        for cache, address_name, key in ids:
+            by_cache.setdefault(id(cache), (cache, address_name, []))[2].append(key)
+        persist = self.persistent and self.persist_id_cache
+        admitted = []
+        for cache, address_name, keys in by_cache.values():
+            kept = cache.kept(keys)
+            records = []
+            if persist:
+                for record_id in cache.pushed_out(len(kept)):
+                    self.storage.delete_record(record_id, tx_id=tx.id)
+            for key in kept:
+                record_id = 0
+                if persist:
+                    record_id = self.next_id()
+                    self.storage.store_duplicate_id(record_id, address_name, key, tx_id=tx.id)
+                records.append((key, record_id))
+            admitted.append((cache, records))
+        return admitted
+
+    @staticmethod
+    def _admit_ids(
+        admitted: list[tuple[DuplicateIdCache, list[tuple[bytes, int]]]],
+    ) -> list[tuple[DuplicateIdCache, bytes, list[Completion]]]:
+        """Put a commit's ids in their caches; each is pending (resends of it wait for
+        its commit to be durable) until the returned lists are run."""
+        waiting = []
+        for cache, records in admitted:
+            for key, record_id in records:
+                cache.add(key, record_id)
+                resends: list[Completion] = []
+                cache.pending[key] = resends
+                waiting.append((cache, key, resends))
+        return waiting
 
     def _abandon_commit(
         self,
@@ -1160,6 +1395,7 @@ class Broker:
         for description in recovered.queues:
             queue = self.create_queue(_queue_spec(description), record_id=description["id"])
             by_id[queue.id] = queue
+        self._recover_ids(recovered.duplicate_ids)
         restored = 0
         for rec in recovered.messages:
             refs = self._restore(rec, by_id, fmt)
@@ -1181,6 +1417,29 @@ class Broker:
                 transactions=sorted(self.prepared),
             )
         return restored
+
+    def _recover_ids(self, found: list[RecoveredDuplicateId]) -> None:
+        """Rebuild the duplicate-id caches, oldest id first; records beyond an address's
+        id-cache-size (it was lowered), or all with persist-id-cache false, are deleted."""
+        stale: list[int] = []
+        for rec in found:
+            cache = self._id_cache(rec.address) if self.persist_id_cache else None
+            if cache is None:
+                stale.append(rec.record_id)
+            else:
+                stale += cache.add(rec.key, rec.record_id)
+        try:
+            for record_id in stale:
+                self.storage.delete_record(record_id)
+        except StorageFull:
+            log.warning("stale duplicate ids not deleted: storage full (deleted at a restart)")
+        if found:
+            log.info(
+                "duplicate ids recovered",
+                ids=len(found) - len(stale),
+                addresses=len(self.duplicate_ids),
+                dropped=len(stale),
+            )
 
     def _restore(
         self, rec: RecoveredMessage, by_id: dict[int, Any], fmt: MessageFormat
@@ -1244,6 +1503,7 @@ class Broker:
             "messages-unrouted": self.messages_unrouted,
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
+            "messages-duplicate": self.messages_duplicate,
         }
 
     def address_stats(self, address: AddressInfo) -> dict[str, Any]:
@@ -1258,9 +1518,26 @@ class Broker:
             "blocked": policy is not None and policy.blocks_producers(),
             "paging": False,
         }
+        cache = self.duplicate_ids.get(address.name)
+        out["duplicate-ids"] = len(cache) if cache is not None else 0
         if address.pager is not None:
             out.update(address.pager.stats())
         return out
+
+
+def _place(
+    routed: tuple[Message, list[Any], bool],
+    address: AddressInfo,
+    kept: list[tuple[Message, list[Any], AddressInfo]],
+    paged: list[tuple[Message, list[Any], Any]],
+) -> None:
+    """Sort a routed message of a transaction: for its address's pages, or for memory."""
+    message, queues, full = routed
+    pager = address.pager
+    if pager is not None and (full or pager.paging):
+        paged.append((message, queues, pager))
+    else:
+        kept.append((message, queues, address))
 
 
 class _Barrier:

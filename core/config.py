@@ -29,6 +29,7 @@ from scow.core.address_settings import (
     parse_size,
     validate_settings,
 )
+from scow.core.duplicates import DEFAULT_ID_CACHE_SIZE
 
 __all__ = [
     "ADDRESS_SETTINGS_SECTION",
@@ -282,6 +283,21 @@ BROKER_SECTION = ConfigSection(
             str,
             "",
             "Journal backend by name (file, memory, ...); empty: the one enabled journal plugin.",
+        ),
+        Setting(
+            "id-cache-size",
+            int,
+            DEFAULT_ID_CACHE_SIZE,
+            "Duplicate detection: _AMQ_DUPL_ID values each address remembers (the oldest is "
+            "forgotten first) unless its address settings say; 0 turns detection off.",
+            minimum=0,
+        ),
+        Setting(
+            "persist-id-cache",
+            bool,
+            True,
+            "Journal the duplicate-id caches with the messages they admit, so that they "
+            "survive a restart or a crash; false keeps them in memory only.",
         ),
         Setting(
             "message-expiry-scan-period",

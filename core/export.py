@@ -12,11 +12,17 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
    "priority": int, "queues": {"<queue name>": <delivery count>, ...},
    "data": "<base64 of the encoded message, exactly as the producer sent it>",
    "paged": true (only for messages that were in their address's pages)}
-  {"type": "end", "addresses": n, "queues": n, "messages": n}
+  {"type": "duplicate-id", "address": str, "id": "<base64 of the id's key: a tag byte,
+   1 string (UTF-8) or 2 binary, then the id>"}
+  {"type": "end", "addresses": n, "queues": n, "messages": n, "duplicate-ids": n}
 
 Addresses come before queues, queues before messages: the journal's in journal order,
 then the paged ones in page order. An import puts paged messages back into pages when
 the importer can (the paging plugin's tools), otherwise into the journal.
+The duplicate-id caches come last, each address's oldest id first, so that producers
+resending to the imported broker are still deduplicated (an import keeps them whatever
+its persist-id-cache; a broker with it false drops them at its start). A file without
+them (written before they were exported) imports as one with empty caches.
 Ids are not portable: an import gives everything new ids. The trailing "end" line lets an
 import tell a complete file from a truncated one. Prepared (undecided) transactions are
 not exported.
@@ -69,11 +75,18 @@ def export_lines(
         if message.paged:
             line["paged"] = True
         yield line
+    for duplicate in recovered.duplicate_ids:
+        yield {
+            "type": "duplicate-id",
+            "address": duplicate.address,
+            "id": base64.b64encode(duplicate.key).decode("ascii"),
+        }
     yield {
         "type": "end",
         "addresses": len(recovered.addresses),
         "queues": len(recovered.queues),
         "messages": exported,
+        "duplicate-ids": len(recovered.duplicate_ids),
     }
 
 
@@ -102,7 +115,7 @@ def import_(
     journal like the others.
     """
     existing = storage.load()
-    if existing.queues or existing.addresses or existing.messages:
+    if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
         raise ExportError("the target data dir is not empty: import needs a fresh one")
     header = _parse(source.readline(), 1)
     if header.get("format") != FORMAT or header.get("version") != VERSION:
@@ -111,7 +124,7 @@ def import_(
             f"version={header.get('version')!r})"
         )
     queue_ids: dict[str, int] = {}
-    counts = {"addresses": 0, "queues": 0, "messages": 0}
+    counts = {"addresses": 0, "queues": 0, "messages": 0, "duplicate-ids": 0}
     complete = False
     for number, text in enumerate(source, start=2):
         line = _parse(text, number)
@@ -126,7 +139,11 @@ def import_(
         elif kind == "message":
             _import_message(storage, line, queue_ids, number, paged)
             counts["messages"] += 1
+        elif kind == "duplicate-id":
+            _import_duplicate_id(storage, line, number)
+            counts["duplicate-ids"] += 1
         elif kind == "end":
+            line.setdefault("duplicate-ids", 0)  # a file from before they were exported
             complete = line == counts
             if not complete:
                 raise ExportError(f"line {number}: the file says {line} but holds {counts}")
@@ -168,6 +185,16 @@ def _import_message(
     for qid, count in qids.items():
         if count:
             storage.update_delivery_count(message_id, qid, count)
+
+
+def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: int) -> None:
+    try:
+        address, key = line["address"], base64.b64decode(line["id"], validate=True)
+    except (KeyError, ValueError) as exc:
+        raise ExportError(f"line {number}: bad duplicate-id line ({exc})") from None
+    if not isinstance(address, str) or not key:
+        raise ExportError(f"line {number}: a duplicate-id needs an address and an id")
+    storage.store_duplicate_id(storage.next_id(), address, key)
 
 
 def _parse(text: str, number: int) -> dict[str, Any]:

@@ -176,7 +176,7 @@ class Management:
                 f"address '{name}' has queues ({', '.join(sorted(address.queues))}); "
                 "force the delete to remove them with it"
             )
-        self.broker.delete_address(name)
+        self.broker.delete_address(name, forget_ids=True)
         self._audit("delete address", address=name, force=force)
 
     def list_addresses(self) -> list[dict[str, Any]]:
@@ -257,7 +257,9 @@ class Management:
         for index, ref in enumerate(refs):
             message = ref.message
             try:
-                self.broker.send(message.data, targets[message.id], message.format)
+                self.broker.send(
+                    message.data, targets[message.id], message.format, check_duplicates=False
+                )
             except BrokerError:
                 for rest in refs[index:]:  # the target refused: the others stay where they were
                     queue.release(rest, delivered=False)

@@ -26,6 +26,7 @@ class RouteStatus(enum.Enum):
     NO_ROUTE = "no-route"  # address exists but no queue took it: accepted and discarded
     DROPPED = "dropped"  # the address is full and its policy drops
     REFUSED = "refused"  # the address is full and its policy fails the send
+    DUPLICATE = "duplicate"  # its duplicate id was seen: accepted and discarded
 
 
 class BrokerError(Exception):

@@ -16,6 +16,9 @@ Message journal records:
   CURSOR_COUNT   update  (offset, delivery count) of a paged message
   PAGE_TX        add     id = a transaction id: its page records are committed; written
                          in the transaction, deleted once its pages are gone
+  DUPLICATE_ID   add     an id in an address's duplicate-id cache: (address, id key);
+                         written in the journal transaction of the message it admits,
+                         deleted in the one of the message that pushes it out
 A journal refuses a record it has no room for with `StorageFull` (changing nothing), so
 every method here either stores what it was asked to or raises without effect.
 
@@ -42,6 +45,7 @@ CURSOR_PAGE = 20
 CURSOR_ACK = 21
 CURSOR_COUNT = 22
 PAGE_TX = 23
+DUPLICATE_ID = 24
 ADDRESS = 1
 QUEUE = 2
 ID_BLOCK = 3
@@ -56,6 +60,7 @@ _MSG_HEAD = struct.Struct(">QBHH")
 _QID = struct.Struct(">Q")
 _COUNT = struct.Struct(">QI")
 _CURSOR_PAGE = struct.Struct(">QQ")
+_ADDRESS_LEN = struct.Struct(">H")
 
 
 def encode_message_record(
@@ -90,6 +95,31 @@ def decode_message_record(
     else:
         queues = dict.fromkeys(struct.unpack_from(f">{qcount}Q", record, pos), 0)
     return RecoveredMessage(0, address, expiration, priority, record[pos + 8 * qcount :], queues)
+
+
+def encode_duplicate_id(address: str, key: bytes) -> bytes:
+    return _address_prefix(address) + key
+
+
+def _address_prefix(address: str) -> bytes:
+    addr = address.encode()
+    return _ADDRESS_LEN.pack(len(addr)) + addr
+
+
+def decode_duplicate_id(record: bytes) -> tuple[str, bytes]:
+    """(address, id key) of a DUPLICATE_ID record."""
+    (alen,) = _ADDRESS_LEN.unpack_from(record)
+    end = _ADDRESS_LEN.size + alen
+    return record[_ADDRESS_LEN.size : end].decode(), record[end:]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredDuplicateId:
+    """An id of an address's duplicate-id cache, as journaled."""
+
+    record_id: int
+    address: str
+    key: bytes
 
 
 @dataclass(slots=True)
@@ -143,6 +173,8 @@ class Recovered:
     messages: list[RecoveredMessage] = field(default_factory=list)
     prepared: list[RecoveredPrepared] = field(default_factory=list)
     pages: PageRecovery = field(default_factory=PageRecovery)
+    #: Every address's duplicate-id cache, oldest id first (record ids grow with time).
+    duplicate_ids: list[RecoveredDuplicateId] = field(default_factory=list)
     next_id: int = 1
 
 
@@ -170,7 +202,7 @@ class StorageManager:
         # records are what frees space, so they keep the room that is left.
         hold_back = getattr(messages, "hold_back", None)
         if hold_back is not None:
-            hold_back({MESSAGE, PAGE_TX})
+            hold_back({MESSAGE, PAGE_TX, DUPLICATE_ID})
         # The two journals sync apart: a message must not be confirmed before the bindings
         # records it relies on (its auto-created queue, the id block covering its id) are
         # durable too, or a crash right after the confirmation loses it. Records appended
@@ -179,6 +211,8 @@ class StorageManager:
         self._bindings_durable = 0
         self._held: list[tuple[int, Completion]] = []
         self._held_lock = threading.Lock()
+        #: Encoded address names, the start of every DUPLICATE_ID record of theirs.
+        self._id_prefixes: dict[str, bytes] = {}
 
     def stats(self) -> dict[str, Any]:
         """Each journal's own figures, when its backend reports some."""
@@ -372,9 +406,31 @@ class StorageManager:
         """Within `tx_id`: its records in pages count as committed once it commits."""
         self.messages.append_add_tx(tx_id, tx_id, PAGE_TX, b"")
 
-    def delete_record(self, record_id: int) -> None:
-        """Drop a cursor-page or page-tx record whose pages are gone."""
-        self.messages.append_delete(record_id, sync=False)
+    def delete_record(self, record_id: int, *, tx_id: int | None = None) -> None:
+        """Drop a cursor-page or page-tx record whose pages are gone, or a duplicate id
+        pushed out of its cache (within `tx_id`: when it commits)."""
+        if tx_id is not None:
+            self.messages.append_delete_tx(tx_id, record_id)
+        else:
+            self.messages.append_delete(record_id, sync=False)
+
+    # ------------------------------------------------------------------ duplicate ids
+
+    def store_duplicate_id(
+        self, record_id: int, address: str, key: bytes, *, tx_id: int | None = None
+    ) -> None:
+        """Journal an id of `address`'s duplicate-id cache: within `tx_id`, the
+        transaction of the message it admits (so both are durable, or neither)."""
+        prefix = self._id_prefixes.get(address)
+        if prefix is None:
+            if len(self._id_prefixes) >= 4096:  # addresses may come and go without end
+                self._id_prefixes.clear()
+            prefix = self._id_prefixes[address] = _address_prefix(address)
+        data = prefix + key
+        if tx_id is not None:
+            self.messages.append_add_tx(tx_id, record_id, DUPLICATE_ID, data)
+        else:
+            self.messages.append_add(record_id, DUPLICATE_ID, data, sync=False)
 
     # ------------------------------------------------------------------ recovery
 
@@ -397,6 +453,7 @@ class StorageManager:
         messages = self.messages.load()
         out.messages = _messages_from(messages)
         out.pages = _pages_from(messages)
+        out.duplicate_ids = _duplicate_ids_from(messages)
         out.prepared = [_prepared_from(tx) for tx in messages.prepared]
         self._next_id = max(id_limit, bindings.max_id, messages.max_id, ID_BLOCK_RECORD) + 1
         self._id_limit = 0
@@ -451,6 +508,18 @@ def _pages_from(result: LoadResult) -> PageRecovery:
         elif rec.type == PAGE_TX:
             out.page_txs.add(rec.id)
     return out
+
+
+def _duplicate_ids_from(result: LoadResult) -> list[RecoveredDuplicateId]:
+    found = []
+    for rec in result.records:
+        if rec.type == DUPLICATE_ID and not rec.is_update:
+            address, key = decode_duplicate_id(rec.data)
+            found.append(RecoveredDuplicateId(rec.id, address, key))
+    # ids are handed out in increasing order, so this is the order they were admitted in,
+    # whatever compaction did to the order of records
+    found.sort(key=lambda d: d.record_id)
+    return found
 
 
 def _prepared_from(tx: PreparedTransaction) -> RecoveredPrepared:

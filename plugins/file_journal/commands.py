@@ -19,6 +19,7 @@ from scow.core.storage import (
     CURSOR_COUNT,
     CURSOR_PAGE,
     DELIVERY_COUNT,
+    DUPLICATE_ID,
     ID_BLOCK,
     MESSAGE,
     PAGE_TX,
@@ -44,6 +45,7 @@ RECORD_TYPES = {
     CURSOR_ACK: "CURSOR_ACK",
     CURSOR_COUNT: "CURSOR_COUNT",
     PAGE_TX: "PAGE_TX",
+    DUPLICATE_ID: "DUPLICATE_ID",
 }
 
 
@@ -99,6 +101,8 @@ def cmd_print(args: argparse.Namespace) -> int:
     finally:
         storage.stop()
     for line in page_tools.describe(args.data_dir, recovered):
+        print(line)
+    for line in configured.describe_duplicate_ids(recovered):
         print(line)
     if args.bodies:
         print("# live messages")

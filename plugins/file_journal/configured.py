@@ -15,6 +15,7 @@ from pathlib import Path
 from scow.core import app
 from scow.core.config import Config
 from scow.core.data_lock import offline
+from scow.core.duplicates import describe_id
 from scow.core.export import export, import_
 from scow.core.interfaces import PageStore
 from scow.core.plugins import PluginError, PluginManager
@@ -84,14 +85,28 @@ def cmd_print(args: argparse.Namespace) -> int:
             _data_dir(config), recovered, _page_stores(plugins, config)
         ):
             print(line)
+        for line in describe_duplicate_ids(recovered):
+            print(line)
     return 0
+
+
+def describe_duplicate_ids(recovered: Recovered) -> Iterator[str]:
+    """How many duplicate ids each address's cache holds, and the newest."""
+    by_address: dict[str, list[bytes]] = {}
+    for rec in recovered.duplicate_ids:
+        by_address.setdefault(rec.address, []).append(rec.key)
+    if by_address:
+        yield "# duplicate-id caches"
+    for address, keys in by_address.items():
+        yield f"address {address!r}: {len(keys)} ids, newest {describe_id(keys[-1])}"
 
 
 def _counts(recovered: Recovered) -> str:
     return (
         f"{len(recovered.addresses)} addresses, {len(recovered.queues)} queues, "
         f"{len(recovered.messages)} messages in the journal, "
-        f"{len(recovered.prepared)} prepared transactions"
+        f"{len(recovered.prepared)} prepared transactions, "
+        f"{len(recovered.duplicate_ids)} duplicate ids"
     )
 
 

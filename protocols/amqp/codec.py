@@ -809,6 +809,56 @@ def _section_code(buf: Any, start: int) -> tuple[int, int]:
     return code, voff
 
 
+def application_property(data: Buffer, name: str) -> Any:
+    """The value of application property `name`, or None when the message has none.
+
+    Narrower than `MessageInfo.application_properties`: it reads the section headers up
+    to the application-properties (never the body) and, in that map, decodes the keys
+    and only the value asked for. Raises DecodeError on malformed data it reads.
+    """
+    n = len(data)
+    off = 0
+    while off < n:
+        if data[off] == 0x00 and off + 3 <= n and data[off + 1] == 0x53:
+            code, voff = data[off + 2], off + 3
+        else:
+            code, voff = _section_code(data, off)
+        if code == APPLICATION_PROPERTIES:
+            break
+        if code > APPLICATION_PROPERTIES:  # the body: there are none
+            return None
+        off = _skip(data, voff)
+    else:
+        return None
+    try:
+        constructor = data[voff]
+        if constructor == 0xC1:
+            start, end = _span8(data, voff + 1)
+            count, p = data[start], start + 1
+        elif constructor == 0xD1:
+            start, end = _span32(data, voff + 1)
+            count, p = _U32(data, start)[0], start + 4
+        else:
+            raise DecodeError("application-properties section must hold a map", voff, constructor)
+        if count & 1:
+            raise DecodeError(f"map has an odd number of elements ({count})", voff, constructor)
+        for _ in range(count // 2):
+            key, p = _DECODERS[data[p]](data, p + 1)
+            if p < end and key == name:
+                value, p = _DECODERS[data[p]](data, p + 1)
+            else:
+                value, p = None, _skip(data, p)
+            if p > end:
+                raise DecodeError("a map entry ends past the map's size", voff, constructor)
+            if key == name:
+                return value
+    except (IndexError, struct.error):
+        raise DecodeError("truncated: application-properties end early", voff) from None
+    except RecursionError:
+        raise DecodeError("map values are nested too deeply", voff, data[voff]) from None
+    return None
+
+
 class Sections:
     """Where each section of one message lies, as ``(start, end)`` byte ranges (end exclusive).
 

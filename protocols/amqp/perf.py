@@ -37,6 +37,10 @@ from scow.protocols.amqp.codec import encode_message
 
 _STAMP = struct.Struct("<q")
 _TAG = struct.Struct("<Q")
+#: --duplicate-ids: each message's `_AMQ_DUPL_ID`, a binary of the producer's own prefix
+#: and its sequence number, written over this placeholder.
+_ID = struct.Struct("<QQ")
+_ID_PLACEHOLDER = b"\xa5" * _ID.size
 _DATA_SECTION = b"\x00Su"  # described type 0x75: an AMQP data section
 _IO_SIZE = 1 << 18
 _MAX_FRAME = 1 << 17
@@ -53,16 +57,23 @@ class PerfError(Exception):
 # --------------------------------------------------------------------------- messages
 
 
-def make_message(size: int, *, durable: bool) -> tuple[bytes, int]:
-    """The encoded message with a `size`-byte data body, and the offset of its stamp."""
+def make_message(size: int, *, durable: bool, duplicate_id: bool = False) -> tuple[bytes, int]:
+    """The encoded message with a `size`-byte data body, and the offset of its stamp;
+    `duplicate_id`: with an `_AMQ_DUPL_ID` to overwrite (at `id_offset`)."""
     if size < _STAMP.size:
         raise PerfError(f"--size {size}: a body needs at least {_STAMP.size} bytes for its stamp")
     body = bytes(range(1, 256)) * (size // 255 + 1)  # no zero bytes: no false section match
-    data = encode_message(body[:size], durable=durable)
+    properties = {"_AMQ_DUPL_ID": _ID_PLACEHOLDER} if duplicate_id else None
+    data = encode_message(body[:size], durable=durable, application_properties=properties)
     offset = stamp_offset(data)
     if offset is None:
         raise PerfError("encoded message has no data section")
     return data, offset
+
+
+def id_offset(data: bytes) -> int:
+    """Where the `_AMQ_DUPL_ID` placeholder of a `make_message(duplicate_id=True)` is."""
+    return data.index(_ID_PLACEHOLDER)
 
 
 def stamp_offset(data: bytes) -> int | None:
@@ -240,7 +251,13 @@ class _Producer:
         self.presettled = options["presettled"]
         self.rate = options["rate"]
         self.max_pending = options["max_pending"] or self.total
-        message, self.offset = make_message(options["size"], durable=options["durable"])
+        ids = options.get("duplicate_ids", False)
+        message, self.offset = make_message(
+            options["size"], durable=options["durable"], duplicate_id=ids
+        )
+        #: Where each message's duplicate id goes (-1: none), and its producer's prefix.
+        self.id_offset = id_offset(message) if ids else -1
+        self.id_prefix = (os.getpid() << 16 | index) << 24 | (time.time_ns() >> 30) & 0xFFFFFF
         self.size = len(message)
         self.msg_buf, self.msg_view = engine.new_buffer(self.size)
         self.msg_view[:] = message
@@ -330,9 +347,12 @@ class _Producer:
         pack_tag, pack_stamp, clock = _TAG.pack_into, _STAMP.pack_into, time.monotonic_ns
         keep = engine.delivery_settle if self.presettled else self.unsettled.append
         sent, warmup = self.sent, self.warmup
+        id_at, pack_id, id_prefix = self.id_offset, _ID.pack_into, self.id_prefix
         for _ in range(room):
             sent += 1
             pack_tag(tag_view, 0, sent)
+            if id_at >= 0:
+                pack_id(msg_view, id_at, id_prefix, sent)
             stamp = clock()
             pack_stamp(msg_view, offset, stamp)
             delivery = new_delivery(link, tag)
@@ -1116,6 +1136,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         "size": args.size,
         "pairs": args.pairs,
         "durable": args.durable,
+        "duplicate_ids": args.duplicate_ids,
         "presettled": args.presettled,
         "rate": args.rate or 0.0,
         "warmup": args.warmup,
@@ -1202,6 +1223,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         help="producer/consumer pairs (with --mode send or receive: producers or consumers)",
     )
     client.add_argument("--durable", action="store_true", help="send durable messages")
+    client.add_argument(
+        "--duplicate-ids",
+        action="store_true",
+        help="give each message an _AMQ_DUPL_ID of its own (duplicate detection's cost)",
+    )
     client.add_argument(
         "--presettled",
         action="store_true",

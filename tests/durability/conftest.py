@@ -11,10 +11,12 @@ from scow.core.testing import BrokerProcess, broker_processes
 from tests.database.backends import on_database
 
 #: The modules whose brokers are parametrized over the journal backends.
-PARAMETRIZED = ("test_crash", "test_restart")
+PARAMETRIZED = ("test_crash", "test_restart", "test_duplicate_ids")
 #: Tests of what only journal files have (their directory, their settings, `scow data`).
 FILE_ONLY = (
     "test_export_then_import_round_trip",
+    "test_export_and_import_carry_the_ids",
+    "test_compaction_keeps_the_cached_ids_and_nothing_else",
     "test_journal_section_settings_reach_the_journal",
 )
 JOURNALS = [

@@ -747,6 +747,7 @@ def exercise_everything(data: bytes) -> None:
         lambda: MessageInfo(data).header,
         lambda: MessageInfo(data).properties,
         lambda: MessageInfo(data).application_properties,
+        lambda: codec.application_property(data, "a"),
         lambda: MessageInfo(data).message_annotations,
         lambda: with_delivery_count(data, 3),
         lambda: with_annotations(data, {"x-opt-a": 1}),
@@ -905,3 +906,19 @@ def test_header_reads_do_not_scan_the_message() -> None:
     info = MessageInfo(data)
     assert (info.durable, info.priority, info.ttl) == (True, 4, 5)
     assert info._sections is None
+
+
+@FAST
+@given(any_message)
+def test_application_property_reads_what_the_whole_map_holds(data: bytes) -> None:
+    properties = MessageInfo(data).application_properties
+    for name in [*properties, "_AMQ_DUPL_ID", "absent"]:
+        assert codec.application_property(data, name) == properties.get(name)
+
+
+def test_application_property_never_reads_the_body() -> None:
+    data = encode_message(b"\x00" * 100, application_properties={"k": "v"})
+    # a body that is not AMQP at all: its bytes are never looked at
+    assert codec.application_property(data + b"\xff\xff", "k") == "v"
+    no_properties = encode_message(b"k", properties={"subject": "k"})
+    assert codec.application_property(no_properties, "k") is None

@@ -281,3 +281,14 @@ def _options(**changes: object) -> dict[str, object]:
         "mode": "pairs",
     }  # fmt: skip
     return options | changes
+
+
+def test_duplicate_ids_are_each_message_s_own(scow_broker):
+    broker = scow_broker(address_settings=KEEP_QUEUES)
+    url = f"{broker.url}/identified"
+    extra = ("--mode", "send", "--count", "300", "--pairs", "2", "--duplicate-ids", "--json")
+    sent = summary(run_client(url, *extra))
+    assert sent["outcomes"] == {"accepted": 600}
+    assert broker.queue_stats("identified")["message-count"] == 600  # no id repeated
+    ids = broker.call(lambda: broker.broker.address_stats(broker.broker.addresses["identified"]))
+    assert ids["duplicate-ids"] == 600

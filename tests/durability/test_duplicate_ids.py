@@ -1,0 +1,223 @@
+"""Duplicate-id caches across restarts and crashes (persist-id-cache), on every journal.
+
+A producer that lost its connection resends what it is unsure of with the same
+`_AMQ_DUPL_ID`; whatever the broker went through meanwhile, each message is kept once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from proton import Delivery, Message
+from proton.utils import BlockingConnection
+
+from scow.core.testing import wait_for
+from tests.wire.helpers import consume_all
+
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
+PAGING = [*PLUGINS, "paging"]
+FAST_JOURNAL = {"journal": {"journal-file-size": "1MiB", "journal-buffer-timeout": 500000}}
+DUPL = "_AMQ_DUPL_ID"
+SCOW = [sys.executable, "-m", "scow.core.cli"]
+
+
+def dupl(body: str, key: Any) -> Message:
+    return Message(body=body, durable=True, properties={DUPL: key})
+
+
+def send(url: str, address: str, *messages: Message) -> None:
+    conn = BlockingConnection(url, timeout=10)
+    try:
+        sender = conn.create_sender(address)
+        for message in messages:
+            assert sender.send(message).remote_state == Delivery.ACCEPTED
+    finally:
+        conn.close()
+
+
+def bodies(url: str, address: str) -> list[str]:
+    return [m.body for m in consume_all(url, address)]
+
+
+def _broker(start, port: int | None = None, broker: dict | None = None, **kwargs: Any):
+    sections = {**FAST_JOURNAL, "broker": broker or {}}
+    kwargs.setdefault("plugins", PLUGINS)
+    return start(sections=sections, port=port, **kwargs)
+
+
+def test_ids_survive_a_clean_restart(scow_broker_process):
+    broker = _broker(scow_broker_process)
+    send(broker.url, "kept", dupl("a", "k-1"), dupl("b", b"k-2"))
+    assert broker.stop() == 0
+    restarted = _broker(scow_broker_process, broker.port)
+    send(restarted.url, "kept", dupl("a again", "k-1"), dupl("b again", b"k-2"), dupl("c", "k-3"))
+    assert bodies(restarted.url, "kept") == ["a", "b", "c"]
+
+
+def test_ids_survive_sigkill(scow_broker_process):
+    broker = _broker(scow_broker_process)
+    send(broker.url, "killed", dupl("a", "s-1"))
+    broker.kill()  # right after the outcome: the id was synced with the message
+    restarted = _broker(scow_broker_process, broker.port)
+    send(restarted.url, "killed", dupl("a again", "s-1"))
+    assert bodies(restarted.url, "killed") == ["a"]
+
+
+def test_without_persist_id_cache_ids_do_not_outlive_the_process(scow_broker_process):
+    memory_only = {"persist-id-cache": False}
+    broker = _broker(scow_broker_process, broker=memory_only)
+    send(broker.url, "volatile", dupl("a", "v-1"), dupl("a again", "v-1"))  # detected...
+    broker.kill()
+    restarted = _broker(scow_broker_process, broker.port, broker=memory_only)
+    send(restarted.url, "volatile", dupl("a after restart", "v-1"))  # ...but not kept
+    assert bodies(restarted.url, "volatile") == ["a", "a after restart"]
+
+
+def test_journaled_ids_are_dropped_when_persist_id_cache_is_turned_off(scow_broker_process):
+    broker = _broker(scow_broker_process)
+    send(broker.url, "switched", dupl("a", "w-1"))
+    assert broker.stop() == 0
+    off = _broker(scow_broker_process, broker.port, broker={"persist-id-cache": False})
+    assert off.stop() == 0
+    on = _broker(scow_broker_process, broker.port)
+    send(on.url, "switched", dupl("a again", "w-1"), dupl("a once more", "w-1"))
+    assert bodies(on.url, "switched") == ["a", "a again"]
+
+
+def test_a_paged_message_s_id_survives_a_crash(scow_broker_process):
+    paging = {"paged": {"max-size-bytes": 10_000, "page-size-bytes": 8_000}}
+    broker = _broker(scow_broker_process, plugins=PAGING, address_settings=paging)
+    send(broker.url, "paged", *(Message(body=f"{i}:" + "x" * 500, durable=True) for i in range(40)))
+    send(broker.url, "paged", dupl("p", "p-1"))
+    broker.kill()
+    restarted = _broker(scow_broker_process, broker.port, plugins=PAGING, address_settings=paging)
+    send(restarted.url, "paged", dupl("p again", "p-1"))
+    got = bodies(restarted.url, "paged")
+    assert len(got) == 41 and got[-1] == "p"
+
+
+def _duplicate_ids_in_store(config: Path) -> int:
+    """How many duplicate-id records the store holds (`scow data print --config`)."""
+    out = subprocess.run(
+        [*SCOW, "data", "print", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    # "# <journal>: ..., N duplicate ids" (after the journals' log lines)
+    head = next(line for line in out.splitlines() if line.endswith(" duplicate ids"))
+    return int(head.rsplit(",", 1)[1].split()[0])
+
+
+def test_ids_pushed_out_of_the_cache_leave_the_journal(scow_broker_process, tmp_path):
+    small = {"ids": {"id-cache-size": 3}}
+    broker = _broker(scow_broker_process, address_settings=small)
+    send(broker.url, "ids", *(dupl(f"m{i}", f"i-{i}") for i in range(30)))
+    assert broker.stop() == 0
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 3
+    restarted = _broker(scow_broker_process, broker.port, address_settings=small)
+    send(restarted.url, "ids", dupl("old", "i-0"), dupl("recent", "i-29"))
+    got = bodies(restarted.url, "ids")
+    assert got == [f"m{i}" for i in range(30)] + ["old"]
+
+
+def test_a_lowered_id_cache_size_forgets_the_oldest_ids_at_start(scow_broker_process, tmp_path):
+    broker = _broker(scow_broker_process)
+    send(broker.url, "shrunk", *(dupl(f"m{i}", f"r-{i}") for i in range(5)))
+    assert broker.stop() == 0
+    lowered = _broker(scow_broker_process, broker.port, broker={"id-cache-size": 2})
+    assert lowered.stop() == 0
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 2
+    again = _broker(scow_broker_process, broker.port)
+    send(again.url, "shrunk", *(dupl(f"m{i} again", f"r-{i}") for i in range(5)))
+    assert bodies(again.url, "shrunk") == [f"m{i}" for i in range(5)] + [
+        f"m{i} again" for i in range(3)
+    ]
+
+
+def _producer(url: str, start: int, confirmed: list[int], stop: threading.Event) -> None:
+    """Send numbered messages, each with its number as id, until stopped or killed."""
+    try:
+        conn = BlockingConnection(url, timeout=10)
+        sender = conn.create_sender("exactly")
+        n = start
+        while not stop.is_set():
+            sender.send(dupl(str(n), f"n-{n}"))
+            confirmed.append(n)
+            n += 1
+    except Exception:
+        return  # the broker was killed under us: message n is in doubt
+
+
+def test_resending_after_a_sigkill_loses_nothing_and_doubles_nothing(scow_broker_process):
+    broker = _broker(scow_broker_process)
+    stop = threading.Event()
+    confirmed: list[list[int]] = [[], [], []]
+    threads = [
+        threading.Thread(target=_producer, args=(broker.url, i * 10**6, confirmed[i], stop))
+        for i in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: all(len(c) > 20 for c in confirmed), timeout=30, what="traffic")
+    time.sleep(0.5)  # the crash point, mid-traffic
+    broker.kill()
+    stop.set()
+    for thread in threads:
+        thread.join(20)
+    restarted = _broker(scow_broker_process, broker.port)
+    # each producer resends what it is unsure of (the send killed under it) and, being
+    # careful, its last 20 confirmed ones too
+    resent = []
+    for part, numbers in enumerate(confirmed):
+        last = numbers[-1] if numbers else part * 10**6 - 1
+        resent += [*numbers[-20:], last + 1]
+    send(restarted.url, "exactly", *(dupl(str(n), f"n-{n}") for n in resent))
+    got = [int(body) for body in bodies(restarted.url, "exactly")]
+    assert len(got) == len(set(got)), "a message was kept twice"
+    everything = {n for part in confirmed for n in part} | set(resent)
+    assert set(got) == everything
+
+
+def test_export_and_import_carry_the_ids(scow_broker_process, tmp_path):
+    broker = _broker(scow_broker_process)
+    send(broker.url, "moved", dupl("a", "e-1"), dupl("b", b"\x00e-2"))
+    assert bodies(broker.url, "moved") == ["a", "b"]
+    assert broker.stop() == 0
+    data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
+    for command in (
+        ["export", "--data-dir", str(data), "--output", str(export)],
+        ["import", "--data-dir", str(fresh), "--input", str(export)],
+    ):
+        run = subprocess.run([*SCOW, "data", *command], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+    assert "'duplicate-ids': 2" in run.stdout
+    data.rename(tmp_path / "old")
+    fresh.rename(data)
+    restarted = _broker(scow_broker_process, broker.port)
+    send(restarted.url, "moved", dupl("a again", "e-1"), dupl("b again", b"\x00e-2"))
+    assert bodies(restarted.url, "moved") == []
+
+
+def test_compaction_keeps_the_cached_ids_and_nothing_else(scow_broker_process, tmp_path):
+    small = {"compacted": {"id-cache-size": 3}}
+    broker = scow_broker_process(plugins=PLUGINS, address_settings=small)
+    for batch in range(4):
+        send(broker.url, "compacted", *(dupl("m", f"c-{batch}-{i}") for i in range(50)))
+        assert len(bodies(broker.url, "compacted")) == 50
+    assert broker.stop() == 0
+    run = subprocess.run(
+        [*SCOW, "data", "compact", "--data-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 3
+    restarted = scow_broker_process(plugins=PLUGINS, address_settings=small, port=broker.port)
+    send(restarted.url, "compacted", dupl("old", "c-3-46"), dupl("newest", "c-3-49"))
+    assert bodies(restarted.url, "compacted") == ["old"]

@@ -1,0 +1,280 @@
+"""Duplicate detection over the wire: `_AMQ_DUPL_ID` resends are accepted and dropped,
+inside a transaction they fail the commit, and each address keeps its last
+id-cache-size ids (restarts and crashes: tests/durability/test_duplicate_ids.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from proton import Delivery, Message
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import Container
+from proton.utils import SendException
+
+from scow.core.model import RouteStatus
+from scow.core.testing import wait_for
+from scow.protocols.amqp.codec import encode_message
+from scow.protocols.amqp.format import AMQP_FORMAT
+
+from .helpers import Capabilities, bulk_send, connected, consume_all
+
+DUPL = "_AMQ_DUPL_ID"
+
+
+def dupl(body: str, key: Any, **kw: Any) -> Message:
+    return Message(body=body, durable=True, properties={DUPL: key}, **kw)
+
+
+def send_outcomes(url: str, address: str, *messages: Message) -> list[int]:
+    """Send each message and return the outcome the broker settled it with."""
+    with connected(url) as conn:
+        sender = conn.create_sender(address)
+        return [sender.send(m).remote_state for m in messages]
+
+
+def count(broker: Any, queue: str) -> int:
+    stats = broker.queue_stats(queue)
+    return stats["message-count"] if stats is not None else 0
+
+
+def address_stats(broker: Any, name: str) -> dict[str, Any]:
+    return broker.call(lambda: broker.broker.address_stats(broker.broker.addresses[name]))
+
+
+def test_a_resent_id_is_accepted_and_not_routed(scow_broker):
+    broker = scow_broker()
+    outcomes = send_outcomes(
+        broker.url, "orders", dupl("first", "order-1"), dupl("resent", "order-1")
+    )
+    assert outcomes == [Delivery.ACCEPTED, Delivery.ACCEPTED]
+    assert count(broker, "orders") == 1
+    stats = broker.call(broker.broker.stats)
+    assert stats["messages-duplicate"] == 1
+    assert stats["address-stats"]["orders"]["duplicate-ids"] == 1
+    # messages without an id are never deduplicated
+    send_outcomes(broker.url, "orders", Message(body="plain"), Message(body="plain"))
+    assert [m.body for m in consume_all(broker.url, "orders")] == ["first", "plain", "plain"]
+
+
+def test_binary_and_string_ids_are_both_detected_and_never_equal(scow_broker):
+    broker = scow_broker()
+    send_outcomes(
+        broker.url,
+        "bin",
+        dupl("b1", b"\x00\x01\xff"),
+        dupl("b1 again", b"\x00\x01\xff"),
+        dupl("s1", "x"),
+        dupl("s1 again", "x"),
+        dupl("binary x", b"x"),  # another type: another id
+    )
+    assert [m.body for m in consume_all(broker.url, "bin")] == ["b1", "s1", "binary x"]
+
+
+def test_non_durable_messages_are_deduplicated_too(scow_broker):
+    broker = scow_broker()
+    once = Message(body="n", durable=False, properties={DUPL: "nd-1"})
+    send_outcomes(broker.url, "transient", once, once, Message(body="other", properties={}))
+    assert [m.body for m in consume_all(broker.url, "transient")] == ["n", "other"]
+
+
+def test_each_address_has_its_own_cache(scow_broker):
+    broker = scow_broker()
+    send_outcomes(broker.url, "left", dupl("l", "same"))
+    send_outcomes(broker.url, "right", dupl("r", "same"), dupl("r again", "same"))
+    assert count(broker, "left") == 1 and count(broker, "right") == 1
+
+
+def test_the_oldest_id_is_forgotten_past_id_cache_size(scow_broker):
+    broker = scow_broker(address_settings={"small": {"id-cache-size": 3}})
+    send_outcomes(broker.url, "small", *(dupl(f"m{i}", f"id{i}") for i in range(1, 4)))
+    send_outcomes(broker.url, "small", dupl("dup", "id1"))  # still cached
+    assert count(broker, "small") == 3
+    send_outcomes(broker.url, "small", dupl("m4", "id4"))  # pushes id1 out
+    assert address_stats(broker, "small")["duplicate-ids"] == 3
+    send_outcomes(broker.url, "small", dupl("m1 again", "id1"), dupl("dup", "id3"))
+    assert [m.body for m in consume_all(broker.url, "small")] == [
+        "m1",
+        "m2",
+        "m3",
+        "m4",
+        "m1 again",
+    ]
+
+
+def test_the_broker_wide_id_cache_size_applies_where_addresses_do_not_say(scow_broker):
+    broker = scow_broker(sections={"broker": {"id-cache-size": 1}})
+    send_outcomes(
+        broker.url, "one", dupl("a", "a"), dupl("dup", "a"), dupl("b", "b"), dupl("a again", "a")
+    )
+    assert [m.body for m in consume_all(broker.url, "one")] == ["a", "b", "a again"]
+
+
+def test_id_cache_size_zero_turns_detection_off(scow_broker):
+    broker = scow_broker(address_settings={"off": {"id-cache-size": 0}})
+    send_outcomes(broker.url, "off", dupl("a", "a"), dupl("a again", "a"), dupl("n", 3))
+    send_outcomes(broker.url, "on", dupl("a", "a"), dupl("a again", "a"))
+    assert count(broker, "off") == 3 and count(broker, "on") == 1
+
+
+def test_an_id_neither_string_nor_binary_is_refused_naming_the_property(scow_broker):
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("typed")
+        try:
+            sender.send(dupl("n", 17))
+        except SendException as exc:
+            assert exc.state == Delivery.REJECTED
+        else:
+            raise AssertionError("a numeric _AMQ_DUPL_ID was accepted")
+        assert sender.send(dupl("s", "17")).remote_state == Delivery.ACCEPTED
+    assert [m.body for m in consume_all(broker.url, "typed")] == ["s"]
+
+
+def test_ids_outlive_an_auto_deleted_address(scow_broker):
+    broker = scow_broker()
+    send_outcomes(broker.url, "passing", dupl("once", "p-1"))
+    assert [m.body for m in consume_all(broker.url, "passing")] == ["once"]
+    wait_for(lambda: broker.call(lambda: "passing" not in broker.broker.addresses))
+    send_outcomes(broker.url, "passing", dupl("resent", "p-1"))
+    assert consume_all(broker.url, "passing", quiet=0.5) == []
+
+
+def test_a_multicast_message_is_admitted_once_for_all_its_subscriptions(scow_broker):
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        a = conn.create_receiver("news", name="a", options=Capabilities("topic"))
+        b = conn.create_receiver("news", name="b", options=Capabilities("topic"))
+        send_outcomes(broker.url, "news", dupl("n1", "n-1"), dupl("n1 again", "n-1"))
+        assert a.receive(timeout=10).body == "n1" and b.receive(timeout=10).body == "n1"
+        a.accept()
+        b.accept()
+        wait_for(lambda: broker.call(lambda: broker.broker.stats()["messages-duplicate"]) == 1)
+
+
+# --------------------------------------------------------------------------- paging
+
+
+def test_a_paged_message_s_id_is_cached(scow_broker):
+    broker = scow_broker(
+        address_settings={"paged": {"max-size-bytes": 10_000, "page-size-bytes": 8_000}}
+    )
+    bulk_send(broker.url, "paged", 50, lambda i: Message(body=f"{i}:" + "x" * 500))
+    assert address_stats(broker, "paged")["paging"]
+    send_outcomes(broker.url, "paged", dupl("p", "paged-1"), dupl("p again", "paged-1"))
+    assert broker.queue_stats("paged")["messages-paged"] > 0
+    got = consume_all(broker.url, "paged")
+    assert len(got) == 51 and got[-1].body == "p"
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+class IdTx(MessagingHandler, TransactionHandler):
+    """Sends `messages` in one transaction and commits; `outcome` and `condition` say
+    what the broker answered."""
+
+    def __init__(self, url: str, address: str, messages: list[Message]) -> None:
+        super().__init__(prefetch=0, auto_accept=False)
+        self.url, self.address, self.messages = url, address, messages
+        self.outcome: str | None = None
+        self.condition: Any = None
+
+    def on_start(self, event: Any) -> None:
+        self.conn = event.container.connect(self.url)
+        self.sender = event.container.create_sender(self.conn, self.address)
+        event.container.declare_transaction(self.conn, handler=self)
+
+    def on_transaction_declared(self, event: Any) -> None:
+        for message in self.messages:
+            event.transaction.send(self.sender, message)
+        event.transaction.commit()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self._finish("committed")
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self.condition = event.delivery.remote.condition
+        self._finish("failed")
+
+    def _finish(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.conn.close()
+
+
+def commit(url: str, address: str, *messages: Message) -> IdTx:
+    client = IdTx(url, address, list(messages))
+    Container(client).run()
+    return client
+
+
+def test_a_duplicate_in_a_transaction_fails_the_commit_and_nothing_of_it_is_routed(
+    scow_broker,
+):
+    broker = scow_broker()
+    send_outcomes(broker.url, "txd", dupl("before", "t-1"))
+    failed = commit(broker.url, "txd", dupl("new", "t-2"), Message(body="plain"), dupl("x", "t-1"))
+    assert failed.outcome == "failed"
+    assert failed.condition.name == "amqp:transaction:rollback"
+    assert "'t-1'" in failed.condition.description and "'txd'" in failed.condition.description
+    assert count(broker, "txd") == 1
+    # the failed transaction admitted nothing: its new id is still new
+    send_outcomes(broker.url, "txd", dupl("new", "t-2"))
+    assert [m.body for m in consume_all(broker.url, "txd")] == ["before", "new"]
+
+
+def test_a_committed_transaction_s_ids_are_cached(scow_broker):
+    broker = scow_broker()
+    done = commit(broker.url, "txc", dupl("a", "c-1"), dupl("b", "c-2"))
+    assert done.outcome == "committed"
+    send_outcomes(broker.url, "txc", dupl("a again", "c-1"), dupl("b again", "c-2"))
+    assert commit(broker.url, "txc", dupl("b in a tx", "c-2")).outcome == "failed"
+    assert [m.body for m in consume_all(broker.url, "txc")] == ["a", "b"]
+
+
+def test_two_messages_of_one_transaction_with_one_id_fail_its_commit(scow_broker):
+    broker = scow_broker()
+    failed = commit(broker.url, "txt", dupl("a", "same"), dupl("b", "same"))
+    assert failed.outcome == "failed" and "'same'" in failed.condition.description
+    assert count(broker, "txt") == 0
+
+
+# --------------------------------------------------------------------------- confirmation
+
+
+@pytest.mark.parametrize("persist", [True, False], ids=["persist-id-cache", "ids-in-memory"])
+def test_a_resend_is_confirmed_only_once_what_it_repeats_is_durable(scow_broker, persist):
+    # its journal confirms on the loop's next turn, as a disk would a little later
+    broker = scow_broker(sections={"broker": {"persist-id-cache": persist}})
+    data = encode_message(b"x", durable=True, application_properties={DUPL: "late"})
+    confirmed: list[str] = []
+
+    def send_twice() -> tuple[RouteStatus, RouteStatus, list[str]]:
+        first = broker.broker.send(data, "late", AMQP_FORMAT, None, lambda: confirmed.append("1"))
+        again = broker.broker.send(data, "late", AMQP_FORMAT, None, lambda: confirmed.append("2"))
+        return first, again, list(confirmed)
+
+    first, again, at_once = broker.call(send_twice)
+    assert (first, again, at_once) == (RouteStatus.PENDING, RouteStatus.PENDING, [])
+    wait_for(lambda: confirmed == ["1", "2"])
+    # once durable, a resend is confirmed at once
+    resent = broker.call(lambda: broker.broker.send(data, "late", AMQP_FORMAT, None, lambda: None))
+    assert resent is RouteStatus.DUPLICATE
+    assert count(broker, "late") == 1
+
+
+def test_a_transaction_s_ids_fill_a_small_cache_oldest_out_first(scow_broker):
+    broker = scow_broker(address_settings={"txs": {"id-cache-size": 3}})
+    assert commit(broker.url, "txs", dupl("a", "a"), dupl("b", "b")).outcome == "committed"
+    assert commit(broker.url, "txs", dupl("a", "a")).outcome == "failed"
+    assert commit(broker.url, "txs", dupl("b", "b")).outcome == "failed"
+    five = [dupl(f"m{i}", f"m{i}") for i in range(5)]
+    assert commit(broker.url, "txs", *five).outcome == "committed"  # keeps m2, m3, m4
+    send_outcomes(broker.url, "txs", dupl("m4 again", "m4"), dupl("m1 again", "m1"))
+    assert address_stats(broker, "txs")["duplicate-ids"] == 3
+    assert [m.body for m in consume_all(broker.url, "txs")] == [
+        "a",
+        "b",
+        *(f"m{i}" for i in range(5)),
+        "m1 again",
+    ]
