@@ -5,8 +5,9 @@ the `stream-staging` type behind exactly-once writes, and the `$management` oper
 on streams (READ, SEEK, CURSOR-READ/MOVE/DELETE) and sinks (STAGE, COMMIT, ABORT, READ).
 
 Spark side: `scow.plugins.spark.source` (imports pyspark and pyarrow, so it is imported
-only by Spark users) registers the `scow` data source:
-`spark.dataSource.register(ScowDataSource)`.
+only by Spark users) holds the `scow` data source, which Spark finds by itself through the
+top-level `pyspark_scow` package, or which `spark.dataSource.register(ScowDataSource)`
+registers.
 """
 
 from __future__ import annotations

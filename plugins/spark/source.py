@@ -1,10 +1,9 @@
 """The `scow` PySpark data source: batch and streaming reads of stream queues, batch and
 exactly-once streaming writes.
 
-Register it once per session, then use the format name::
+Installed, it needs no setup: Spark finds it as `pyspark_scow.DefaultSource` (see
+`pyspark_scow`); `spark.dataSource.register(ScowDataSource)` registers it explicitly::
 
-    from scow.plugins.spark.source import ScowDataSource
-    spark.dataSource.register(ScowDataSource)
     df = spark.read.format("scow").option("url", "amqp://host:5672").option("queues", "q").load()
 
 Offsets are sequence numbers per stream queue (`{"orders": 1200}`: the next message to
