@@ -19,7 +19,6 @@ objects Spark ships hold only the parsed options.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -78,7 +77,7 @@ OPTIONS = {
     "failOnDataLoss": "true (default): fail when retention removed messages not yet read",
     "cursor": "the broker cursor a streaming query moves on commit (default spark)",
     "address": "where written messages go when a row has no 'to'",
-    "sinkId": "the sink's name for exactly-once writes (default: from the address)",
+    "sinkId": "the sink's name for exactly-once writes (default: from the streaming query)",
     "batchId": "batch writes (e.g. in foreachBatch): commit as this batch of sinkId, once",
 }
 _BY_LOWER = {name.lower(): name for name in OPTIONS}
@@ -483,59 +482,89 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 @dataclass
 class ScowCommit(WriterCommitMessage):
-    """What a task staged: its partition and attempt."""
+    """What a task staged: its partition and attempt, under which sink, for which query."""
 
     partition: int
     attempt: int
+    sink: str = ""
+    query: str | None = None
 
 
-def _task() -> tuple[int, int, int | None]:
+@dataclass(frozen=True)
+class Task:
+    partition: int
+    attempt: int
+    batch: int | None
+    #: Spark's id of the streaming query: kept in its checkpoint, so the same across
+    #: restarts from that checkpoint and new with a new one
+    query: str | None
+
+
+def _task() -> Task:
     from pyspark import TaskContext
 
     context = TaskContext.get()
     if context is None:
-        return 0, 0, None
+        return Task(0, 0, None, None)
     batch = context.getLocalProperty("streaming.sql.batchId")
-    return context.partitionId(), context.attemptNumber(), int(batch) if batch else None
+    query = context.getLocalProperty("sql.streaming.queryId") or None
+    number = int(batch) if batch else None
+    return Task(context.partitionId(), context.attemptNumber(), number, query)
 
 
-def _sink_of(options: Options) -> str:
+def sink_of(options: Options, query: str | None) -> str:
+    """A streaming sink's name: `sinkId`, else the query's (its checkpoint's) id.
+
+    Never the address alone: two queries writing to one address, or one query restarted on
+    a new checkpoint, number their batches independently, and sharing a sink would make
+    one's batches look like replays of the other's.
+    """
     if options.sink_id:
         return options.sink_id
-    digest = hashlib.sha256((options.address or "").encode()).hexdigest()[:16]
-    return f"sink-{digest}"
+    if not query:
+        raise RuntimeError("scow: a streaming write task does not know its query's id")
+    return f"query-{query}"
 
 
-def stage(options: Options, sink: str, batch: int, rows: Iterator[pa.RecordBatch]) -> ScowCommit:
+def stage(
+    options: Options,
+    sink: str,
+    batch: int,
+    rows: Iterator[pa.RecordBatch],
+    query: str | None = None,
+) -> ScowCommit:
     """Publish a task's rows into its staging area (runs on an executor)."""
-    partition, attempt, _ = _task()
+    task = _task()
+    properties: dict[str, Any] = {
+        "batch": batch,
+        "partition": task.partition,
+        "attempt": task.attempt,
+        "to": options.address or "",
+    }
+    if query:
+        properties["query"] = query
     client = pooled(options)
     try:
-        answer = client.call(
-            "stream-sink",
-            sink,
-            "STAGE",
-            {
-                "batch": batch,
-                "partition": partition,
-                "attempt": attempt,
-                "to": options.address or "",
-            },
-        )
+        answer = client.call("stream-sink", sink, "STAGE", properties)
         address = answer["address"]
         client.send(address, (m for record_batch in rows for m in messages_of(record_batch)))
     except ClientError:
         _drop(client)
         raise
-    return ScowCommit(partition, attempt)
+    return ScowCommit(task.partition, task.attempt, sink, query)
 
 
-def commit(options: Options, sink: str, batch: int, messages: list[Any]) -> None:
+def commit(
+    options: Options, sink: str, batch: int, messages: list[Any], query: str | None = None
+) -> None:
     """Make a batch visible (driver) and wait until the broker has it on disk."""
     parts = [[m.partition, m.attempt] for m in messages if isinstance(m, ScowCommit)]
+    properties: dict[str, Any] = {"batch": batch}
+    if query:
+        properties["query"] = query
     client = Client(options.connect_endpoint())
     try:
-        client.call("stream-sink", sink, "COMMIT", {"batch": batch}, parts)
+        client.call("stream-sink", sink, "COMMIT", properties, parts)
         deadline = time.monotonic() + COMMIT_WAIT
         while client.call("stream-sink", sink, "READ")["committed-batch"] < batch:
             if time.monotonic() > deadline:
@@ -578,23 +607,39 @@ class ScowBatchWriter(DataSourceArrowWriter):
 
 
 class ScowStreamWriter(DataSourceStreamArrowWriter):
-    """Exactly-once streaming writes: staged per batch, committed by batch id."""
+    """Exactly-once streaming writes: staged per batch, committed by batch id.
+
+    The sink is named after the query (see `sink_of`). Only the tasks learn the query's id
+    (Spark hands the driver's commit nothing but the tasks' messages and the batch id), so
+    each task's commit message carries the sink and the query.
+    """
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.sink = _sink_of(options)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ScowCommit:
-        _p, _a, batch = _task()
-        if batch is None:
+        task = _task()
+        if task.batch is None:
             raise RuntimeError("scow: a streaming write task does not know its batch id")
-        return stage(self.options, self.sink, batch, iterator)
+        sink = sink_of(self.options, task.query)
+        return stage(self.options, sink, task.batch, iterator, task.query)
+
+    def _sink(self, messages: list[Any]) -> tuple[str | None, str | None]:
+        staged = {(m.sink, m.query) for m in messages if isinstance(m, ScowCommit)}
+        if len(staged) > 1:
+            raise RuntimeError(f"scow: one batch staged under several sinks: {sorted(staged)}")
+        return staged.pop() if staged else (None, None)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
-        commit(self.options, self.sink, batchId, messages)
+        sink, query = self._sink(messages)
+        if sink is None:
+            return  # no task ran: nothing was staged, and a replay of nothing is nothing
+        commit(self.options, sink, batchId, messages, query)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        abort(self.options, self.sink, batchId)
+        sink, _query = self._sink(messages)
+        if sink is not None:  # else the staging TTL drops what failed tasks left
+            abort(self.options, sink, batchId)
 
 
 # --------------------------------------------------------------------------- the source

@@ -11,6 +11,11 @@ recording "sink S committed batch B" replaces the sink's previous marker in the 
 queue `MARKERS`. So after any crash either the whole batch and its marker are there or
 neither is; a COMMIT of a batch at or below the sink's marker changes nothing. ABORT, a
 commit (for the other attempts of its batch) and `staging-ttl` discard orphans.
+
+A streaming query's STAGE and COMMIT name the query (Spark's query id, kept in its
+checkpoint), and the marker records it. A batch at or below the marker from another query
+is refused, not taken for a replay: that query's batch ids are not the ones the marker
+counts (a new checkpoint numbers from 0 again), and ignoring its batches would drop its rows.
 """
 
 from __future__ import annotations
@@ -92,6 +97,9 @@ class Sinks:
         self.broker = broker
         self.ttl_ms = ttl_ms
         self.committed: dict[str, int] = {}
+        #: the query that committed each sink's last batch (None: a batch write, or a marker
+        #: older than queries were recorded)
+        self.owners: dict[str, str | None] = {}
         self.committing: set[tuple[str, int]] = set()
         self._loaded = False
 
@@ -109,8 +117,23 @@ class Sinks:
         for entry in queue.waiting():
             marker = json.loads(MessageInfo(entry.message.data).application_properties["marker"])
             sink, batch = marker["sink"], marker["batch"]
-            self.committed[sink] = max(self.committed.get(sink, -1), batch)
+            if batch >= self.committed.get(sink, -1):
+                self.committed[sink] = batch
+                self.owners[sink] = marker.get("query")
         self._loaded = True
+
+    def _check_query(self, sink: str, batch: int, query: str | None) -> None:
+        """Refuse a batch another query's marker would take for a replay of its own."""
+        committed = self.committed.get(sink, -1)
+        owner = self.owners.get(sink)
+        if query is None or owner is None or owner == query or batch > committed:
+            return
+        raise NotAllowed(
+            f"sink {sink!r} has committed batch {committed} (query {owner}); query {query} "
+            f"writes batch {batch}, which would be dropped as already written: a query on a "
+            "new checkpoint needs a new sinkId (or none: the sink is then named after the "
+            "query), or restart it on its old checkpoint"
+        )
 
     # ------------------------------------------------------------------ operations
 
@@ -121,6 +144,7 @@ class Sinks:
         partition = _int("partition", properties.get("partition"))
         attempt = _int("attempt", properties.get("attempt", 0))
         to = str(properties.get("to") or "")
+        self._check_query(sink, batch, _query(properties))
         name = staging_name(sink, batch, partition, attempt)
         if name not in self.broker.queues:
             self.broker.declare_queue(
@@ -135,6 +159,7 @@ class Sinks:
         return {
             "sink": sink,
             "committed-batch": self.committed.get(sink, -1),
+            "query": self.owners.get(sink),
             "committing": sorted(b for s, b in self.committing if s == sink),
         }
 
@@ -144,6 +169,8 @@ class Sinks:
         self.load()
         sink = _sink_name(sink)
         batch = _int("batch", properties.get("batch"))
+        query = _query(properties)
+        self._check_query(sink, batch, query)
         if batch <= self.committed.get(sink, -1):
             self._discard(sink, batch)
             return 200, "OK", {"committed-batch": self.committed[sink], "replayed": True}
@@ -186,20 +213,24 @@ class Sinks:
             marker = encode_message(
                 b"",
                 durable=True,
-                application_properties={"marker": json.dumps({"sink": sink, "batch": batch})},
+                application_properties={
+                    "marker": json.dumps({"sink": sink, "batch": batch, "query": query})
+                },
             )
             tx.sends.append((marker, MARKERS, broker.message_format, RoutingType.ANYCAST))
             self.committing.add((sink, batch))
-            broker.commit(tx, lambda: self._committed(sink, batch))
+            broker.commit(tx, lambda: self._committed(sink, batch, query))
         except BrokerError:
             self.committing.discard((sink, batch))
             broker.rollback(tx)  # what was taken (staged messages, the marker) goes back
             raise
         return 202, "Accepted", {"batch": batch}
 
-    def _committed(self, sink: str, batch: int) -> None:
+    def _committed(self, sink: str, batch: int, query: str | None) -> None:
         self.committing.discard((sink, batch))
-        self.committed[sink] = max(self.committed.get(sink, -1), batch)
+        if batch > self.committed.get(sink, -1):
+            self.committed[sink] = batch
+            self.owners[sink] = query
         self._discard(sink, batch)
 
     def abort(self, sink: str, properties: Mapping[str, Any]) -> int:
@@ -228,6 +259,11 @@ class Sinks:
         for name in names:
             self.broker.delete_queue(name)
         return len(names)
+
+
+def _query(properties: Mapping[str, Any]) -> str | None:
+    query = properties.get("query")
+    return str(query) if query else None
 
 
 def _marker_sink(entry: Any) -> str | None:

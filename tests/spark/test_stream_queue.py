@@ -244,6 +244,34 @@ def test_staged_messages_are_invisible_until_commit_and_a_replayed_commit_is_ign
     assert broker.queue_stats("out")["next-sequence"] == 2
 
 
+def test_a_batch_another_query_committed_past_is_refused_also_after_a_restart(streams):
+    broker = streams.start({"out": stream()})
+    c = client(broker.url)
+    old = {"batch": 4, "partition": 0, "to": "out", "query": "q-old"}
+    c.send(c.call("stream-sink", "job", "STAGE", old)["address"], _encoded(["x"]))
+    c.call("stream-sink", "job", "COMMIT", {"batch": 4, "query": "q-old"}, [[0, 0]])
+    wait_for(lambda: c.call("stream-sink", "job", "READ")["committed-batch"] == 4)
+    c.close()
+    broker.stop()
+    broker = streams.start({"out": stream()})  # the marker keeps the query
+    c = client(broker.url)
+    assert c.call("stream-sink", "job", "READ")["query"] == "q-old"
+    new = {"batch": 0, "partition": 0, "to": "out", "query": "q-new"}
+    status, text, _ = c.request("stream-sink", "job", "STAGE", new)
+    assert status >= 400
+    assert "sink 'job' has committed batch 4 (query q-old); query q-new writes batch 0" in text
+    status, text, _ = c.request("stream-sink", "job", "COMMIT", new, [[0, 0]])
+    assert status >= 400 and "committed batch 4" in text
+    replay = c.request("stream-sink", "job", "COMMIT", {"batch": 3, "query": "q-old"}, [])
+    assert replay[0] == 200 and replay[2]["replayed"]  # its own query's replay: ignored
+    later = {"batch": 5, "partition": 0, "to": "out", "query": "q-new"}
+    c.send(c.call("stream-sink", "job", "STAGE", later)["address"], _encoded(["y"]))
+    c.call("stream-sink", "job", "COMMIT", {"batch": 5, "query": "q-new"}, [[0, 0]])
+    wait_for(lambda: c.call("stream-sink", "job", "READ")["query"] == "q-new")
+    c.close()
+    wait_stream(broker, "out", 2)
+
+
 def test_abort_discards_what_was_staged(streams):
     broker = streams.start({"out": stream()})
     c = client(broker.url)
