@@ -311,7 +311,11 @@ class StreamQueue:
         if written.new_segments:
             self.segments = [*self.segments, *written.new_segments]
         if written.index or written.sizes:
-            by_first = {s.first: s for s in (*self.segments[-2:], *written.new_segments)}
+            # the segment the batch began in and every one it rolled: a batch that rolled
+            # two or more left its first segment further back than the last two, and that
+            # one's final size unapplied hid its last records from positioned reads
+            touched = self.segments[-(len(written.new_segments) + 1) :]
+            by_first = {s.first: s for s in touched}
             for first, entry in written.index:
                 segment = by_first.get(first)
                 if segment is not None and segment.index is not None:

@@ -65,6 +65,22 @@ def test_positioned_reads_start_and_end(streams):
         assert receiver.receive(timeout=5).id == "new"
 
 
+def test_a_write_that_rolls_several_segments_leaves_every_record_readable(streams):
+    pytest.importorskip("pyarrow")
+    from scow.plugins.spark.schema import to_batch
+
+    # 7 records a segment: one publish is written in batches that roll two or more
+    broker = streams.start({"s": stream(**{"segment-bytes": 2000})})
+    publish(broker.url, "s", [f"m{i:04d}" + "x" * 100 for i in range(100)])
+    wait_stream(broker, "s", 100)
+    for start in range(0, 100, 3):
+        c = client(broker.url)
+        read = [m for batch in c.read("s", start, 100, address="s") for m in batch]
+        c.close()
+        sequences = to_batch("s", read).column("sequence").to_pylist()
+        assert sequences == list(range(start, 100)), f"read from {start}"
+
+
 def test_selectors_apply_and_leave_gaps(streams):
     broker = streams.start({"s": stream()})
     publish(broker.url, "s", [f"m{i}" for i in range(6)], app=lambda b: {"odd": int(b[1:]) % 2})
