@@ -75,7 +75,7 @@ OPTIONS = {
     "maxMessagesPerTrigger": "messages per micro-batch at most",
     "maxBytesPerTrigger": "bytes per micro-batch at most (estimated from the stream's mean)",
     "failOnDataLoss": "true (default): fail when retention removed messages not yet read",
-    "cursor": "the broker cursor a streaming query moves on commit (default spark)",
+    "cursor": "the broker cursor a streaming query moves (default: the query's own)",
     "address": "where written messages go when a row has no 'to'",
     "sinkId": "the sink's name for exactly-once writes (default: from the streaming query)",
     "batchId": "batch writes (e.g. in foreachBatch): commit as this batch of sinkId, once",
@@ -140,7 +140,7 @@ class Options:
     max_messages_per_trigger: int | None
     max_bytes_per_trigger: int | None
     fail_on_data_loss: bool
-    cursor: str
+    cursor: str | None
     address: str | None
     sink_id: str | None
     batch_id: int | None
@@ -192,7 +192,7 @@ class Options:
                 "maxBytesPerTrigger", given.get("maxBytesPerTrigger"), None
             ),
             fail_on_data_loss=_flag("failOnDataLoss", given.get("failOnDataLoss"), True),
-            cursor=given.get("cursor") or "spark",
+            cursor=given.get("cursor") or None,
             address=given.get("address"),
             sink_id=given.get("sinkId"),
             batch_id=_batch_id(given.get("batchId"), given.get("sinkId")),
@@ -245,14 +245,22 @@ def _drop(client: Client) -> None:
 
 
 class ScowPartition(InputPartition):
-    """Messages `start` to `end` (exclusive) of one stream queue."""
+    """Messages `start` to `end` (exclusive) of one stream queue.
 
-    def __init__(self, queue: str, address: str, start: int, end: int) -> None:
+    `committed`: set on the first partition of each queue in a micro-batch, the position
+    the query has committed up to (the batch's start); its task moves the query's own
+    cursor there.
+    """
+
+    def __init__(
+        self, queue: str, address: str, start: int, end: int, committed: int | None = None
+    ) -> None:
         super().__init__((queue, start, end))
         self.queue = queue
         self.address = address
         self.start = start
         self.end = end
+        self.committed = committed
 
 
 def _stream_state(client: Client, queue: str) -> dict[str, Any]:
@@ -299,6 +307,12 @@ def _resolve(
         elif spec == "latest" or explicit:
             out[queue] = int(state["next-sequence"])
         elif spec == "cursor":
+            if options.cursor is None:
+                raise ScowOptionError(
+                    f"option {option} = cursor needs the cursor option (the broker cursor to "
+                    "start from; a streaming query's own cursor is named after its query id, "
+                    "which a source cannot see when it starts)"
+                )
             status, _text, answer = client.request(
                 "stream", queue, "CURSOR-READ", {"cursor": options.cursor}
             )
@@ -327,11 +341,37 @@ def _check_loss(options: Options, queue: str, expected: int, first: int) -> int:
     return first
 
 
+def query_cursor(query: str) -> str:
+    """The broker cursor a streaming query has when the `cursor` option names none."""
+    return f"query-{query}"
+
+
+def _move_query_cursor(client: Client, options: Options, partition: ScowPartition) -> None:
+    """Move the query's own cursor to what it has committed (from a task: only tasks learn
+    the query's id, which its checkpoint keeps; the driver's reader is given none).
+
+    Spark plans micro-batch N+1 after batch N is in the commit log, so the start of N+1 is
+    committed; the cursor trails the query by the batch in flight, and keeps those messages
+    from `retention-cursors` until the next batch.
+    """
+    if partition.committed is None or options.cursor is not None:
+        return
+    query = _task().query
+    if query:
+        client.call(
+            "stream",
+            partition.queue,
+            "CURSOR-MOVE",
+            {"cursor": query_cursor(query), "sequence": partition.committed},
+        )
+
+
 def read_partition(options: Options, partition: ScowPartition) -> Iterator[pa.RecordBatch]:
     """The messages of one partition as record batches (runs on an executor)."""
     client = pooled(options)
     first = True
     try:
+        _move_query_cursor(client, options, partition)
         for messages in client.read(
             partition.queue,
             partition.start,
@@ -454,7 +494,10 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for queue, state in states.items():
             begin = int(start.get(queue, state["first-sequence"]))
             begin = _check_loss(self.options, queue, begin, int(state["first-sequence"]))
-            parts += _split(queue, state["address"], begin, int(end.get(queue, begin)), size)
+            queue_parts = _split(queue, state["address"], begin, int(end.get(queue, begin)), size)
+            if queue_parts:
+                queue_parts[0].committed = begin
+            parts += queue_parts
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -463,6 +506,8 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_partition(self.options, partition)
 
     def commit(self, end: dict[str, int]) -> None:
+        if self.options.cursor is None:
+            return  # the query's own cursor: its read tasks move it (_move_query_cursor)
         client = self._driver()
         for queue, sequence in end.items():
             client.call(
