@@ -32,20 +32,18 @@ def test_kernel_never_imports_a_plugin_or_protocol():
 
 
 def test_every_package_directory_is_listed_in_pyproject():
-    listed = set(
-        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    )
-    mapping = {
-        "core": "scow.core",
-        "plugins": "scow.plugins",
-        "protocols": "scow.protocols",
-        "config": "scow.config",
-    }
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    # a directory mapped to a package of its own (pyspark_scow under plugins/spark) is it
+    mapped = {ROOT / directory: package for package, directory in setuptools["package-dir"].items()}
     found = set()
-    for top, package in mapping.items():
+    for top in ("core", "plugins", "protocols", "config"):
         for init in (ROOT / top).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / top).parts
-            found.add(".".join((package, *rel)))
+            directory = init.parent
+            owner = next(d for d in (directory, *directory.parents) if d in mapped)
+            rel = directory.relative_to(owner).parts
+            found.add(".".join((mapped[owner], *rel)))
+    assert "pyspark_scow" in found
     assert found - listed == set()
 
 
