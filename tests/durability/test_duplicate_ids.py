@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from proton import Delivery, Message
 from proton.utils import BlockingConnection
 
@@ -50,6 +51,7 @@ def _broker(start, port: int | None = None, broker: dict | None = None, **kwargs
     return start(sections=sections, port=port, **kwargs)
 
 
+@pytest.mark.slow  # a variation on the SIGKILL tests, kept out of the default run
 def test_ids_survive_a_clean_restart(scow_broker_process):
     broker = _broker(scow_broker_process)
     send(broker.url, "kept", dupl("a", "k-1"), dupl("b", b"k-2"))
@@ -78,6 +80,7 @@ def test_without_persist_id_cache_ids_do_not_outlive_the_process(scow_broker_pro
     assert bodies(restarted.url, "volatile") == ["a", "a after restart"]
 
 
+@pytest.mark.slow  # a variation on the SIGKILL tests, kept out of the default run
 def test_journaled_ids_are_dropped_when_persist_id_cache_is_turned_off(scow_broker_process):
     broker = _broker(scow_broker_process)
     send(broker.url, "switched", dupl("a", "w-1"))
@@ -114,6 +117,7 @@ def _duplicate_ids_in_store(config: Path) -> int:
     return int(head.rsplit(",", 1)[1].split()[0])
 
 
+@pytest.mark.slow  # a variation on the SIGKILL tests, kept out of the default run
 def test_ids_pushed_out_of_the_cache_leave_the_journal(scow_broker_process, tmp_path):
     small = {"ids": {"id-cache-size": 3}}
     broker = _broker(scow_broker_process, address_settings=small)
@@ -126,6 +130,7 @@ def test_ids_pushed_out_of_the_cache_leave_the_journal(scow_broker_process, tmp_
     assert got == [f"m{i}" for i in range(30)] + ["old"]
 
 
+@pytest.mark.slow  # a variation on the SIGKILL tests, kept out of the default run
 def test_a_lowered_id_cache_size_forgets_the_oldest_ids_at_start(scow_broker_process, tmp_path):
     broker = _broker(scow_broker_process)
     send(broker.url, "shrunk", *(dupl(f"m{i}", f"r-{i}") for i in range(5)))
