@@ -140,7 +140,10 @@ class Server:
         if backend.store_lock is not None:
             section = backend.config_section
             options = self.config.section(section) if section in self.config.section_names else {}
-            lock = backend.store_lock(self.data_lock.data_dir, options)
+            try:
+                lock = backend.store_lock(self.data_lock.data_dir, options)
+            except Exception as exc:  # the backend's settings refused (a bad URL, ...)
+                raise StartupError(f"[ha] policy = {settings['policy']!r}: {exc}") from exc
         elif not backend.persistent:
             raise StartupError(
                 f"[ha] policy = {settings['policy']!r}: [broker] journal = {name!r} keeps "
