@@ -22,6 +22,7 @@ from scow.plugins.spark.plugin import SECTION, Streams
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
+    from scow.core.config import Config
     from scow.core.interfaces import Service
     from scow.core.management import ManagementOperation
 
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 @hookimpl
 def scow_config_sections() -> list[ConfigSection]:
     return [SECTION]
+
+
+@hookimpl
+def scow_configure(config: Config) -> None:
+    staging.configure(config.address_settings)
 
 
 @hookimpl

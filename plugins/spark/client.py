@@ -367,41 +367,76 @@ class Client:
         self._tags += 1
         return engine.send(link, _TAG.pack(self._tags), data)
 
+    def sender(self, address: str) -> Sender:
+        """A link sending to `address` (see `Sender`)."""
+        return Sender(self, address)
+
     def send(self, address: str, messages: Iterable[bytes]) -> int:
         """Send every message and wait until the broker accepted each; how many."""
-        link = self._sender(address)
-        unsettled: list[Any] = []
-        sent = 0
-
-        def settle() -> bool:
-            """Settle what the broker accepted; True once nothing is left unsettled."""
-            keep = []
-            for delivery in unsettled:
-                state = engine.delivery_remote_state(delivery)
-                if state == engine.ACCEPTED:
-                    engine.delivery_settle(delivery)
-                elif state or engine.delivery_settled(delivery):
-                    raise ClientError(f"the broker refused a message sent to {address!r}")
-                else:
-                    keep.append(delivery)
-            unsettled[:] = keep
-            return not unsettled
-
+        sender = self.sender(address)
         try:
-            for data in messages:
-                while engine.link_credit(link) <= 0 or len(unsettled) >= SEND_WINDOW:
-                    self._check_link(link, f"sending to {address!r}")
-                    self._pump(0.05)
-                    settle()
-                unsettled.append(self._send_raw(link, data))
-                sent += 1
-                if sent % 1000 == 0:
-                    self._flush()
-            self.wait(settle, f"outcomes from {address!r}", link)
+            sender.put(messages)
+            sender.finish()
         finally:
-            engine.close_link(link)
-            self._flush()
-        return sent
+            sender.detach()
+        return sender.sent
+
+
+class Sender:
+    """Sends on one link, at most SEND_WINDOW unsettled: messages go out as `put` is given
+    them; `finish` waits for the outcomes of those still unsettled; `detach` ends the link.
+
+    Several senders (one per broker) can be fed in turn: each waits only on its own
+    broker's window.
+    """
+
+    def __init__(self, client: Client, address: str) -> None:
+        self.client = client
+        self.address = address
+        self.link = client._sender(address)
+        self.unsettled: list[Any] = []
+        self.sent = 0
+        self._closed = False
+
+    def _settle(self) -> bool:
+        """Settle what the broker accepted; True once nothing is left unsettled."""
+        keep = []
+        for delivery in self.unsettled:
+            state = engine.delivery_remote_state(delivery)
+            if state == engine.ACCEPTED:
+                engine.delivery_settle(delivery)
+            elif state or engine.delivery_settled(delivery):
+                raise ClientError(f"the broker refused a message sent to {self.address!r}")
+            else:
+                keep.append(delivery)
+        self.unsettled[:] = keep
+        return not keep
+
+    def put(self, messages: Iterable[bytes]) -> None:
+        """Send `messages` (waiting for credit or outcomes when the window is full)."""
+        client, link, unsettled = self.client, self.link, self.unsettled
+        credit, send = engine.link_credit, client._send_raw
+        what = f"sending to {self.address!r}"
+        for data in messages:
+            while credit(link) <= 0 or len(unsettled) >= SEND_WINDOW:
+                client._check_link(link, what)
+                client._pump(0.05)
+                self._settle()
+            unsettled.append(send(link, data))
+            self.sent += 1
+            if self.sent % 1000 == 0:
+                client._flush()
+        client._flush()
+
+    def finish(self) -> None:
+        """Wait until the broker accepted every message sent (ClientError if it refused one)."""
+        self.client.wait(self._settle, f"outcomes from {self.address!r}", self.link)
+
+    def detach(self) -> None:
+        if not self._closed:
+            self._closed = True
+            engine.close_link(self.link)
+            self.client._flush()
 
 
 def body_value(data: bytes) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from scow.core.duplicates import DUPLICATE_ID_PROPERTY
 from scow.plugins.spark import records
 from scow.plugins.spark.records import SEQUENCE_ANNOTATION, TIME_ANNOTATION
 from scow.protocols.amqp import codec
@@ -215,19 +216,30 @@ def _plain_property(name: str, value: Any) -> Any:
     return value
 
 
-def check_write_schema(names: list[str]) -> None:
-    """ValueError naming a column the writer cannot map, or a missing body."""
+def check_write_schema(names: list[str], key_column: str | None = None) -> None:
+    """ValueError naming a column the writer cannot map, or a missing body. `key_column`
+    (the sink's keyColumn) is accepted too: it picks a broker, and is written only when it
+    is one of WRITE_COLUMNS."""
     if "body" not in names:
         raise ValueError(f"writing to scow needs a 'body' column (got: {', '.join(names)})")
-    unknown = [n for n in names if n not in WRITE_COLUMNS]
+    if key_column is not None and key_column not in names:
+        raise ValueError(
+            f"option keyColumn = {key_column!r}: no such column (columns: {', '.join(names)})"
+        )
+    unknown = [n for n in names if n not in WRITE_COLUMNS and n != key_column]
     if unknown:
         accepted = ", ".join(WRITE_COLUMNS)
         raise ValueError(f"column {unknown[0]!r} cannot be written to scow (accepted: {accepted})")
 
 
-def messages_of(batch: pa.RecordBatch) -> Iterator[bytes]:
-    """The AMQP messages of one record batch to write (see the module docstring)."""
-    check_write_schema(batch.schema.names)
+def messages_of(
+    batch: pa.RecordBatch, duplicate_ids: str | None = None, first_row: int = 0
+) -> Iterator[bytes]:
+    """The AMQP messages of one record batch to write (see the module docstring).
+
+    With `duplicate_ids`, row i of the batch carries `_AMQ_DUPL_ID` = that prefix followed
+    by `first_row + i`: the broker keeps a row once however often it is sent.
+    """
     columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
     n = batch.num_rows
     none = [None] * n
@@ -255,6 +267,8 @@ def messages_of(batch: pa.RecordBatch) -> Iterator[bytes]:
         app = application[i]
         if app and not isinstance(app, dict):
             app = dict(app)
+        if duplicate_ids is not None:
+            app = {**(app or {}), DUPLICATE_ID_PROPERTY: f"{duplicate_ids}{first_row + i}"}
         yield codec.encode_message(
             body if body is not None else b"",
             durable=True,

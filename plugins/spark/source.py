@@ -24,7 +24,8 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,14 +48,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from scow.plugins.spark.client import Client, ClientError, Endpoint
+from scow.plugins.spark.client import Client, ClientError, Endpoint, Sender
 from scow.plugins.spark.schema import SCHEMA_DDL, check_write_schema, messages_of, to_batch
 
 NAME = "scow"
 
 #: Every option, with what it means (the error for an unknown one lists them).
 OPTIONS = {
-    "url": "amqp://host:port or amqps://host:port of the broker",
+    "url": "amqp://host:port or amqps://host:port of the broker; comma-separated for several",
     "host": "the broker's host (instead of url)",
     "port": "the broker's port (instead of url)",
     "username": "SASL PLAIN user",
@@ -77,6 +78,7 @@ OPTIONS = {
     "failOnDataLoss": "true (default): fail when retention removed messages not yet read",
     "cursor": "the broker cursor a streaming query moves (default: the query's own)",
     "address": "where written messages go when a row has no 'to'",
+    "keyColumn": "writing to several brokers: rows with equal values in it go to one broker",
     "sinkId": "the sink's name for exactly-once writes (default: from the streaming query)",
     "batchId": "batch writes (e.g. in foreachBatch): commit as this batch of sinkId, once",
 }
@@ -128,7 +130,8 @@ def _count(name: str, value: str | None, default: int | None) -> int | None:
 class Options:
     """The parsed options: plain values only, so Spark can ship them to executors."""
 
-    endpoint: Endpoint
+    #: one per broker of `url`, in its order
+    endpoints: tuple[Endpoint, ...]
     password_file: str | None
     queues: tuple[str, ...]
     starting: str | None
@@ -144,6 +147,7 @@ class Options:
     address: str | None
     sink_id: str | None
     batch_id: int | None
+    key_column: str | None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -159,22 +163,33 @@ class Options:
             given[name] = value
         port = _count("port", given.get("port"), None)
         timeout = _count("timeout", given.get("timeout"), 30)
-        endpoint = Endpoint.parse(
-            given.get("url"),
-            host=given.get("host"),
-            port=port,
-            username=given.get("username"),
-            password=given.get("password"),
-            tls=_flag("tls", given.get("tls"), False) or None,
-            ca_file=given.get("caFile"),
-            cert_file=given.get("certFile"),
-            key_file=given.get("keyFile"),
-            timeout=float(timeout or 30),
+        shared = {
+            "username": given.get("username"),
+            "password": given.get("password"),
+            "tls": _flag("tls", given.get("tls"), False) or None,
+            "ca_file": given.get("caFile"),
+            "cert_file": given.get("certFile"),
+            "key_file": given.get("keyFile"),
+            "timeout": float(timeout or 30),
+        }
+        urls = [u.strip() for u in (given.get("url") or "").split(",") if u.strip()]
+        if len(urls) > 1 and (given.get("host") or port):
+            raise ScowOptionError(
+                "options host and port name one broker: with several in url, give each as "
+                "amqp://host:port there"
+            )
+        endpoints = tuple(
+            Endpoint.parse(url, host=given.get("host"), port=port, **shared)
+            for url in urls or [None]
         )
+        labels = [broker_label(e) for e in endpoints]
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        if twice:
+            raise ScowOptionError(f"option url names broker {twice[0]} twice")
         queues = tuple(q.strip() for q in given.get("queues", "").split(",") if q.strip())
         stamp = given.get("startingTimestamp")
         return cls(
-            endpoint=endpoint,
+            endpoints=endpoints,
             password_file=given.get("passwordFile"),
             queues=queues,
             starting=given.get("startingOffsets"),
@@ -196,6 +211,7 @@ class Options:
             address=given.get("address"),
             sink_id=given.get("sinkId"),
             batch_id=_batch_id(given.get("batchId"), given.get("sinkId")),
+            key_column=given.get("keyColumn") or None,
         )
 
     def need_queues(self) -> tuple[str, ...]:
@@ -205,13 +221,32 @@ class Options:
             )
         return self.queues
 
-    def connect_endpoint(self) -> Endpoint:
-        """The endpoint with the password file read (where the connection is made)."""
-        if self.password_file and self.endpoint.password is None:
+    def connect_endpoint(self, broker: int = 0) -> Endpoint:
+        """Broker `broker`'s endpoint with the password file read (where the connection is
+        made)."""
+        endpoint = self.endpoints[broker]
+        if self.password_file and endpoint.password is None:
             with open(self.password_file) as f:
                 password = f.read().strip()
-            return Endpoint(**{**self.endpoint.__dict__, "password": password})
-        return self.endpoint
+            return Endpoint(**{**endpoint.__dict__, "password": password})
+        return endpoint
+
+    def offset_key(self, broker: int, queue: str) -> str:
+        """The offset key of a (broker, stream queue) pair: the queue's name with one broker
+        (as before several were possible, so old checkpoints go on), `host:port/queue`
+        with several."""
+        if len(self.endpoints) == 1:
+            return queue
+        return f"{broker_label(self.endpoints[broker])}/{queue}"
+
+    def streams(self) -> dict[str, tuple[int, str]]:
+        """Every (broker, queue) pair to read, by offset key."""
+        queues = self.need_queues()
+        return {self.offset_key(b, q): (b, q) for b in range(len(self.endpoints)) for q in queues}
+
+
+def broker_label(endpoint: Endpoint) -> str:
+    return f"{endpoint.host}:{endpoint.port}"
 
 
 # --------------------------------------------------------------------------- connections
@@ -220,13 +255,13 @@ _POOL: dict[Endpoint, Client] = {}
 _POOL_PID = os.getpid()
 
 
-def pooled(options: Options) -> Client:
-    """This worker's connection to the broker, opened on first use."""
+def pooled(options: Options, broker: int = 0) -> Client:
+    """This worker's connection to broker `broker` of `url`, opened on first use."""
     global _POOL_PID
     if os.getpid() != _POOL_PID:  # a forked worker: the parent's sockets are not ours
         _POOL.clear()
         _POOL_PID = os.getpid()
-    endpoint = options.connect_endpoint()
+    endpoint = options.connect_endpoint(broker)
     client = _POOL.get(endpoint)
     if client is None or client.closed:
         client = _POOL[endpoint] = Client(endpoint)
@@ -245,17 +280,25 @@ def _drop(client: Client) -> None:
 
 
 class ScowPartition(InputPartition):
-    """Messages `start` to `end` (exclusive) of one stream queue.
+    """Messages `start` to `end` (exclusive) of one stream queue of broker `broker` (its
+    place in `url`).
 
-    `committed`: set on the first partition of each queue in a micro-batch, the position
-    the query has committed up to (the batch's start); its task moves the query's own
-    cursor there.
+    `committed`: set on the first partition of each (broker, queue) in a micro-batch, the
+    position the query has committed up to (the batch's start); its task moves the query's
+    own cursor there.
     """
 
     def __init__(
-        self, queue: str, address: str, start: int, end: int, committed: int | None = None
+        self,
+        broker: int,
+        queue: str,
+        address: str,
+        start: int,
+        end: int,
+        committed: int | None = None,
     ) -> None:
-        super().__init__((queue, start, end))
+        super().__init__((broker, queue, start, end))
+        self.broker = broker
         self.queue = queue
         self.address = address
         self.start = start
@@ -267,7 +310,7 @@ def _stream_state(client: Client, queue: str) -> dict[str, Any]:
     return dict(client.call("stream", queue, "READ"))
 
 
-def _offsets(option: str, value: str, queues: tuple[str, ...]) -> dict[str, int]:
+def _offsets(option: str, value: str, keys: Iterable[str]) -> dict[str, int]:
     try:
         parsed = json.loads(value)
     except ValueError:
@@ -276,36 +319,43 @@ def _offsets(option: str, value: str, queues: tuple[str, ...]) -> dict[str, int]
         raise ScowOptionError(
             f'option {option} = {value!r}: expected earliest, latest or JSON {{"queue": sequence}}'
         )
-    unknown = sorted(set(parsed) - set(queues))
+    known = list(keys)
+    unknown = sorted(set(parsed) - set(known))
     if unknown:
-        raise ScowOptionError(f"option {option}: queue {unknown[0]!r} is not in queues")
+        raise ScowOptionError(
+            f"option {option}: {unknown[0]!r} is not a stream read (keys: {', '.join(known)})"
+        )
     return parsed
 
 
 def _resolve(
     options: Options,
-    client: Client,
+    clients: Sequence[Client],
     states: dict[str, dict[str, Any]],
     spec: str | None,
     default: str,
     option: str,
 ) -> dict[str, int]:
-    """Sequence numbers per queue for an offsets option (earliest, latest, cursor, JSON)."""
+    """Sequence numbers per offset key for an offsets option (earliest, latest, cursor,
+    JSON)."""
+    streams = options.streams()
     out: dict[str, int] = {}
     if option == "startingOffsets" and spec is None and options.starting_timestamp is not None:
-        for queue in states:
+        for key in states:
+            broker, queue = streams[key]
             props = {"timestamp": options.starting_timestamp}
-            out[queue] = int(client.call("stream", queue, "SEEK", props)["sequence"])
+            out[key] = int(clients[broker].call("stream", queue, "SEEK", props)["sequence"])
         return out
     spec = spec or default
-    explicit = _offsets(option, spec, tuple(states)) if spec.strip().startswith("{") else {}
-    for queue, state in states.items():
-        if queue in explicit:
-            out[queue] = explicit[queue]
+    explicit = _offsets(option, spec, states) if spec.strip().startswith("{") else {}
+    for key, state in states.items():
+        broker, queue = streams[key]
+        if key in explicit:
+            out[key] = explicit[key]
         elif spec == "earliest" or (explicit and option == "startingOffsets"):
-            out[queue] = int(state["first-sequence"])
+            out[key] = int(state["first-sequence"])
         elif spec == "latest" or explicit:
-            out[queue] = int(state["next-sequence"])
+            out[key] = int(state["next-sequence"])
         elif spec == "cursor":
             if options.cursor is None:
                 raise ScowOptionError(
@@ -313,10 +363,10 @@ def _resolve(
                     "start from; a streaming query's own cursor is named after its query id, "
                     "which a source cannot see when it starts)"
                 )
-            status, _text, answer = client.request(
+            status, _text, answer = clients[broker].request(
                 "stream", queue, "CURSOR-READ", {"cursor": options.cursor}
             )
-            out[queue] = int(answer["sequence"]) if status == 200 else int(state["first-sequence"])
+            out[key] = int(answer["sequence"]) if status == 200 else int(state["first-sequence"])
         else:
             raise ScowOptionError(
                 f"option {option} = {spec!r}: expected earliest, latest, cursor or JSON "
@@ -325,17 +375,22 @@ def _resolve(
     return out
 
 
-def _split(queue: str, address: str, start: int, end: int, size: int) -> list[ScowPartition]:
-    return [ScowPartition(queue, address, s, min(s + size, end)) for s in range(start, end, size)]
+def _split(
+    broker: int, queue: str, address: str, start: int, end: int, size: int
+) -> list[ScowPartition]:
+    return [
+        ScowPartition(broker, queue, address, s, min(s + size, end))
+        for s in range(start, end, size)
+    ]
 
 
-def _check_loss(options: Options, queue: str, expected: int, first: int) -> int:
+def _check_loss(options: Options, key: str, expected: int, first: int) -> int:
     """Where to read from, given that the stream keeps messages from `first` on."""
     if first <= expected:
         return expected
     if options.fail_on_data_loss:
         raise RuntimeError(
-            f"scow: messages {expected} to {first - 1} of queue '{queue}' are gone (retention "
+            f"scow: messages {expected} to {first - 1} of queue '{key}' are gone (retention "
             "removed them before they were read); set failOnDataLoss=false to skip them"
         )
     return first
@@ -368,7 +423,7 @@ def _move_query_cursor(client: Client, options: Options, partition: ScowPartitio
 
 def read_partition(options: Options, partition: ScowPartition) -> Iterator[pa.RecordBatch]:
     """The messages of one partition as record batches (runs on an executor)."""
-    client = pooled(options)
+    client = pooled(options, partition.broker)
     first = True
     try:
         _move_query_cursor(client, options, partition)
@@ -381,12 +436,26 @@ def read_partition(options: Options, partition: ScowPartition) -> Iterator[pa.Re
         ):
             batch = to_batch(partition.queue, messages)
             if first and options.selector is None:
-                _check_loss(options, partition.queue, partition.start, batch.column(3)[0].as_py())
+                key = options.offset_key(partition.broker, partition.queue)
+                _check_loss(options, key, partition.start, batch.column(3)[0].as_py())
             first = False
             yield batch
     except ClientError:
         _drop(client)
         raise
+
+
+def _connect_all(options: Options) -> list[Client]:
+    """A connection to each broker of `url` (all closed again if one fails)."""
+    clients: list[Client] = []
+    try:
+        for broker in range(len(options.endpoints)):
+            clients.append(Client(options.connect_endpoint(broker)))
+    except ClientError:
+        for client in clients:
+            client.close()
+        raise
+    return clients
 
 
 class ScowBatchReader(DataSourceReader):
@@ -395,24 +464,27 @@ class ScowBatchReader(DataSourceReader):
 
     def partitions(self) -> list[ScowPartition]:
         options = self.options
-        client = Client(options.connect_endpoint())
+        streams = options.streams()
+        clients = _connect_all(options)
         try:
-            states = {q: _stream_state(client, q) for q in options.need_queues()}
+            states = {k: _stream_state(clients[b], q) for k, (b, q) in streams.items()}
             starts = _resolve(
-                options, client, states, options.starting, "earliest", "startingOffsets"
+                options, clients, states, options.starting, "earliest", "startingOffsets"
             )
-            ends = _resolve(options, client, states, options.ending, "latest", "endingOffsets")
+            ends = _resolve(options, clients, states, options.ending, "latest", "endingOffsets")
         finally:
-            client.close()
+            for client in clients:
+                client.close()
         parts: list[ScowPartition] = []
-        total = sum(max(ends[q] - starts[q], 0) for q in states)
+        total = sum(max(ends[k] - starts[k], 0) for k in states)
         size = options.partition_size or DEFAULT_PARTITION_SIZE
         if options.min_partitions:
             size = min(size, max(math.ceil(total / options.min_partitions), 1))
-        for queue, state in states.items():
-            start = _check_loss(options, queue, starts[queue], int(state["first-sequence"]))
-            parts += _split(queue, state["address"], start, ends[queue], size)
-        return parts or [ScowPartition(options.queues[0], options.queues[0], 0, 0)]
+        for key, state in states.items():
+            broker, queue = streams[key]
+            start = _check_loss(options, key, starts[key], int(state["first-sequence"]))
+            parts += _split(broker, queue, state["address"], start, ends[key], size)
+        return parts or [ScowPartition(0, options.queues[0], options.queues[0], 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ScowPartition)
@@ -421,38 +493,41 @@ class ScowBatchReader(DataSourceReader):
 
 
 class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches by sequence number; the driver keeps one connection for the query."""
+    """Micro-batches by sequence number, offsets keyed by (broker, queue) (see
+    `Options.offset_key`); the driver keeps one connection per broker for the query."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        options.need_queues()
-        self._client: Client | None = None
+        self.streams = options.streams()
+        self._clients: dict[int, Client] = {}
         self._target: dict[str, int] | None = None
-        self._addresses: dict[str, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        """Ship the options, never the driver's connection."""
-        return {**self.__dict__, "_client": None}
+        """Ship the options, never the driver's connections."""
+        return {**self.__dict__, "_clients": {}}
 
-    def _driver(self) -> Client:
-        if self._client is None or self._client.closed:
-            self._client = Client(self.options.connect_endpoint())
-        return self._client
+    def _driver(self, broker: int) -> Client:
+        client = self._clients.get(broker)
+        if client is None or client.closed:
+            client = self._clients[broker] = Client(self.options.connect_endpoint(broker))
+        return client
 
     def _states(self) -> dict[str, dict[str, Any]]:
-        client = self._driver()
-        try:
-            states = {q: _stream_state(client, q) for q in self.options.queues}
-        except ClientError:
-            client.close()  # the next call connects again (the broker may have restarted)
-            raise
-        self._addresses.update({q: s["address"] for q, s in states.items()})
+        states = {}
+        for key, (broker, queue) in self.streams.items():
+            client = self._driver(broker)
+            try:
+                states[key] = _stream_state(client, queue)
+            except ClientError:
+                client.close()  # the next call connects again (the broker may have restarted)
+                raise
         return states
 
     def initialOffset(self) -> dict[str, int]:
         states = self._states()
+        clients = [self._driver(b) for b in range(len(self.options.endpoints))]
         return _resolve(
-            self.options, self._driver(), states, self.options.starting, "latest", "startingOffsets"
+            self.options, clients, states, self.options.starting, "latest", "startingOffsets"
         )
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -463,14 +538,14 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {q: int(s["next-sequence"]) for q, s in self._states().items()}
+        self._target = {k: int(s["next-sequence"]) for k, s in self._states().items()}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         states = self._states()
-        latest = {q: int(s["next-sequence"]) for q, s in states.items()}
+        latest = {k: int(s["next-sequence"]) for k, s in states.items()}
         if self._target is not None:
-            latest = {q: min(latest[q], self._target.get(q, latest[q])) for q in latest}
-        begin = {q: max(int(start.get(q, 0)), int(states[q]["first-sequence"])) for q in latest}
+            latest = {k: min(latest[k], self._target.get(k, latest[k])) for k in latest}
+        begin = {k: max(int(start.get(k, 0)), int(states[k]["first-sequence"])) for k in latest}
         budget: int | None = None
         if isinstance(limit, ReadMaxRows):
             budget = limit.max_rows
@@ -480,24 +555,27 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             budget = max(int(limit.max_bytes // max(per, 1)), 1)
         if budget is None:
-            return {q: max(latest[q], int(start.get(q, 0))) for q in latest}
+            return {k: max(latest[k], int(start.get(k, 0))) for k in latest}
         out = {}
         share = max(budget // len(latest), 1)
-        for queue in latest:
-            out[queue] = max(min(latest[queue], begin[queue] + share), int(start.get(queue, 0)))
+        for key in latest:
+            out[key] = max(min(latest[key], begin[key] + share), int(start.get(key, 0)))
         return out
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ScowPartition]:
         states = self._states()
         size = self.options.partition_size or DEFAULT_PARTITION_SIZE
         parts: list[ScowPartition] = []
-        for queue, state in states.items():
-            begin = int(start.get(queue, state["first-sequence"]))
-            begin = _check_loss(self.options, queue, begin, int(state["first-sequence"]))
-            queue_parts = _split(queue, state["address"], begin, int(end.get(queue, begin)), size)
-            if queue_parts:
-                queue_parts[0].committed = begin
-            parts += queue_parts
+        for key, state in states.items():
+            broker, queue = self.streams[key]
+            first = int(state["first-sequence"])
+            begin = _check_loss(self.options, key, int(start.get(key, first)), first)
+            stream_parts = _split(
+                broker, queue, state["address"], begin, int(end.get(key, begin)), size
+            )
+            if stream_parts:
+                stream_parts[0].committed = begin
+            parts += stream_parts
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -508,9 +586,11 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, int]) -> None:
         if self.options.cursor is None:
             return  # the query's own cursor: its read tasks move it (_move_query_cursor)
-        client = self._driver()
-        for queue, sequence in end.items():
-            client.call(
+        for key, sequence in end.items():
+            if key not in self.streams:
+                continue  # a stream this query no longer reads
+            broker, queue = self.streams[key]
+            self._driver(broker).call(
                 "stream",
                 queue,
                 "CURSOR-MOVE",
@@ -518,8 +598,8 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        for client in self._clients.values():
+            client.close()
 
 
 # --------------------------------------------------------------------------- writing
@@ -533,6 +613,8 @@ class ScowCommit(WriterCommitMessage):
     attempt: int
     sink: str = ""
     query: str | None = None
+    #: the brokers (places in `url`) it staged rows on
+    brokers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -571,14 +653,81 @@ def sink_of(options: Options, query: str | None) -> str:
     return f"query-{query}"
 
 
+def duplicate_ids(sink: str, batch: int, partition: int) -> str:
+    """The prefix of the `_AMQ_DUPL_ID` of a task's rows (the row's number follows): the
+    same in every attempt and every replay of the batch, so a broker keeps each row once
+    even when a replay gets past the sink's marker."""
+    return f"{sink}:{batch}:{partition}:"
+
+
+def _by_key(column: pa.Array, brokers: int) -> list[int]:
+    """The broker of each row from its key (crc32: the same in every process)."""
+    out = []
+    for value in column.to_pylist():
+        if value is None:
+            out.append(0)
+            continue
+        data = value if isinstance(value, bytes) else str(value).encode()
+        out.append(zlib.crc32(data) % brokers)
+    return out
+
+
+class _Staging:
+    """A task's staging areas, one per broker it writes to, each opened at its first row."""
+
+    def __init__(self, options: Options, sink: str, batch: int, properties: dict[str, Any]):
+        self.options = options
+        self.sink = sink
+        self.batch = batch
+        self.properties = properties
+        #: broker -> its sender, or None where the batch is committed already (a replay)
+        self.senders: dict[int, Sender | None] = {}
+        self.clients: list[Client] = []
+
+    def put(self, broker: int, messages: Iterable[bytes]) -> None:
+        if broker not in self.senders:
+            client = pooled(self.options, broker)
+            self.clients.append(client)
+            answer = client.call("stream-sink", self.sink, "STAGE", self.properties)
+            replay = answer["committed-batch"] >= self.batch
+            self.senders[broker] = None if replay else client.sender(answer["address"])
+        sender = self.senders[broker]
+        if sender is not None:
+            sender.put(messages)
+
+    def finish(self) -> tuple[int, ...]:
+        """Wait until every broker has every row; the brokers staged on."""
+        for sender in self.senders.values():
+            if sender is not None:
+                sender.finish()
+        return tuple(b for b, s in self.senders.items() if s is not None)
+
+    def detach(self, failed: bool) -> None:
+        if failed:  # the task's retry connects afresh
+            for client in self.clients:
+                _drop(client)
+            return
+        for sender in self.senders.values():
+            if sender is not None:
+                sender.detach()
+
+
 def stage(
     options: Options,
     sink: str,
     batch: int,
     rows: Iterator[pa.RecordBatch],
     query: str | None = None,
+    *,
+    identified: bool = True,
 ) -> ScowCommit:
-    """Publish a task's rows into its staging area (runs on an executor)."""
+    """Publish a task's rows into its staging areas (runs on an executor).
+
+    With one broker every row goes to it; with several, a row goes to the broker its
+    `keyColumn` value hashes to, or, without a key column, every row of the task to one
+    broker, taking turns by partition and batch. `identified`: the write has an identity
+    a replay shares (a streaming query's batch, a `batchId`), so rows carry duplicate ids.
+    """
     task = _task()
     properties: dict[str, Any] = {
         "batch": batch,
@@ -588,45 +737,80 @@ def stage(
     }
     if query:
         properties["query"] = query
-    client = pooled(options)
+    brokers = len(options.endpoints)
+    key = options.key_column if brokers > 1 else None
+    ids = duplicate_ids(sink, batch, task.partition) if identified else None
+    staging = _Staging(options, sink, batch, properties)
+    failed = True
     try:
-        answer = client.call("stream-sink", sink, "STAGE", properties)
-        address = answer["address"]
-        client.send(address, (m for record_batch in rows for m in messages_of(record_batch)))
-    except ClientError:
-        _drop(client)
-        raise
-    return ScowCommit(task.partition, task.attempt, sink, query)
+        row = 0
+        for record_batch in rows:
+            messages = messages_of(record_batch, ids, row)
+            if key is None:
+                staging.put((task.partition + batch) % brokers, messages)
+            else:
+                targets = _by_key(record_batch.column(key), brokers)
+                listed = list(messages)
+                for broker in sorted(set(targets)):
+                    chosen = [m for m, t in zip(listed, targets, strict=True) if t == broker]
+                    staging.put(broker, chosen)
+            row += record_batch.num_rows
+        staged = staging.finish()
+        failed = False
+    finally:
+        staging.detach(failed)
+    return ScowCommit(task.partition, task.attempt, sink, query, staged)
 
 
 def commit(
-    options: Options, sink: str, batch: int, messages: list[Any], query: str | None = None
+    options: Options,
+    sink: str,
+    batch: int,
+    messages: list[Any],
+    query: str | None = None,
+    *,
+    every_broker: bool = True,
 ) -> None:
-    """Make a batch visible (driver) and wait until the broker has it on disk."""
-    parts = [[m.partition, m.attempt] for m in messages if isinstance(m, ScowCommit)]
+    """Make a batch visible (driver) and wait until each broker has it on disk.
+
+    Each broker commits the parts staged on it, atomically with its own marker; with
+    `every_broker` also brokers nothing was staged on, so that every broker's marker
+    counts the batch (a replay finds it committed everywhere).
+    """
+    staged = [m for m in messages if isinstance(m, ScowCommit)]
     properties: dict[str, Any] = {"batch": batch}
     if query:
         properties["query"] = query
-    client = Client(options.connect_endpoint())
+    committing = []
     try:
-        client.call("stream-sink", sink, "COMMIT", properties, parts)
+        for broker in range(len(options.endpoints)):
+            parts = [[m.partition, m.attempt] for m in staged if broker in m.brokers]
+            if parts or every_broker:
+                client = Client(options.connect_endpoint(broker))
+                committing.append(client)
+                client.call("stream-sink", sink, "COMMIT", properties, parts)
         deadline = time.monotonic() + COMMIT_WAIT
-        while client.call("stream-sink", sink, "READ")["committed-batch"] < batch:
-            if time.monotonic() > deadline:
-                raise ClientError(
-                    f"sink {sink!r}: batch {batch} not committed after {COMMIT_WAIT} s"
-                )
-            time.sleep(0.01)
+        for client in committing:
+            while client.call("stream-sink", sink, "READ")["committed-batch"] < batch:
+                if time.monotonic() > deadline:
+                    raise ClientError(
+                        f"sink {sink!r}: batch {batch} not committed after {COMMIT_WAIT} s "
+                        f"on {broker_label(client.endpoint)}"
+                    )
+                time.sleep(0.01)
     finally:
-        client.close()
+        for client in committing:
+            client.close()
 
 
 def abort(options: Options, sink: str, batch: int) -> None:
-    client = Client(options.connect_endpoint())
-    try:
-        client.call("stream-sink", sink, "ABORT", {"batch": batch})
-    finally:
-        client.close()
+    """Discard what was staged for the batch, on every broker."""
+    for broker in range(len(options.endpoints)):
+        client = Client(options.connect_endpoint(broker))
+        try:
+            client.call("stream-sink", sink, "ABORT", {"batch": batch})
+        finally:
+            client.close()
 
 
 class ScowBatchWriter(DataSourceArrowWriter):
@@ -638,14 +822,16 @@ class ScowBatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options: Options) -> None:
         self.options = options
-        self.sink = options.sink_id if options.batch_id is not None else f"batch-{uuid.uuid4().hex}"
+        self.identified = options.batch_id is not None
+        self.sink = options.sink_id if self.identified else f"batch-{uuid.uuid4().hex}"
         self.batch = options.batch_id or 0
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ScowCommit:
-        return stage(self.options, str(self.sink), self.batch, iterator)
+        return stage(self.options, str(self.sink), self.batch, iterator, identified=self.identified)
 
     def commit(self, messages: list[Any]) -> None:
-        commit(self.options, str(self.sink), self.batch, messages)
+        # a write of its own (no batchId) has nothing to replay: no marker where no row went
+        commit(self.options, str(self.sink), self.batch, messages, every_broker=self.identified)
 
     def abort(self, messages: list[Any]) -> None:
         abort(self.options, str(self.sink), self.batch)
@@ -712,9 +898,9 @@ class ScowDataSource(DataSource):
         return ScowStreamReader(self.parsed)
 
     def writer(self, schema: StructType, overwrite: bool) -> ScowBatchWriter:
-        check_write_schema(schema.fieldNames())
+        check_write_schema(schema.fieldNames(), self.parsed.key_column)
         return ScowBatchWriter(self.parsed)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ScowStreamWriter:
-        check_write_schema(schema.fieldNames())
+        check_write_schema(schema.fieldNames(), self.parsed.key_column)
         return ScowStreamWriter(self.parsed)

@@ -38,6 +38,7 @@ from scow.plugins.queues.standard import StandardQueue
 from scow.protocols.amqp.codec import MessageInfo, encode_message
 
 if TYPE_CHECKING:
+    from scow.core.address_settings import AddressSettingsRepository
     from scow.core.broker import Broker
     from scow.core.interfaces import Consumer
 
@@ -46,6 +47,9 @@ STAGING_PREFIX = "$scow.staging."
 MARKERS = "$scow.sinks"
 #: Staged messages of a batch nobody committed or aborted are dropped after this (ms).
 DEFAULT_STAGING_TTL = 3600 * 1000
+
+#: The address settings pattern of every staging address.
+STAGING_ADDRESSES = f"{STAGING_PREFIX}#"
 
 STAGING_ARGUMENTS = {
     "to": "The address staged messages go to at commit when they name none themselves.",
@@ -68,6 +72,17 @@ class StagingQueue(StandardQueue):
             self.messages_acknowledged += 1
             return
         super().acknowledge(ref)
+
+
+def configure(settings: AddressSettingsRepository) -> None:
+    """Staging addresses keep no duplicate ids (unless the config sets them a cache).
+
+    Staged rows carry the `_AMQ_DUPL_ID` of the address a commit sends them to, where it
+    counts. A staging address is new for every task attempt, so its own cache would only
+    journal ids nobody resends there, and keep them after the address has gone.
+    """
+    if settings.explicit(STAGING_ADDRESSES) is None:
+        settings.add(STAGING_ADDRESSES, {"id-cache-size": 0})
 
 
 def staging_name(sink: str, batch: int, partition: int, attempt: int) -> str:
@@ -146,12 +161,17 @@ class Sinks:
         to = str(properties.get("to") or "")
         self._check_query(sink, batch, _query(properties))
         name = staging_name(sink, batch, partition, attempt)
-        if name not in self.broker.queues:
-            self.broker.declare_queue(
-                name,
-                routing_type="ANYCAST",
-                arguments={"x-queue-type": STAGING_TYPE, "to": to},
-            )
+        if (sink, batch) in self.committing:
+            raise NotAllowed(f"sink {sink!r}: batch {batch} is being committed")
+        # Staged before: by a task of a driver that died (a restarted query runs its batch
+        # again with the same partition and attempt numbers). What it left is not part of
+        # this attempt, so it goes rather than being committed beside this one's rows.
+        self.broker.delete_queue(name)
+        self.broker.declare_queue(
+            name,
+            routing_type="ANYCAST",
+            arguments={"x-queue-type": STAGING_TYPE, "to": to},
+        )
         return {"address": name, "committed-batch": self.committed.get(sink, -1)}
 
     def read(self, sink: str) -> dict[str, Any]:

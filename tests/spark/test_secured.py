@@ -67,7 +67,7 @@ def test_data_source_options_carry_login_and_tls_files_to_the_client(secured_bro
             "queues": "s",
         }
     )
-    assert options.endpoint.password is None  # read where the connection is made
+    assert options.endpoints[0].password is None  # read where the connection is made
     client = pooled(options)
     assert pooled(options) is client  # one connection per worker
     assert client.call("stream", "s", "READ")["first-sequence"] == 0

@@ -343,9 +343,9 @@ def test_a_stream_reader_ships_to_executors_without_its_driver_connection(spark,
     wait_stream(broker, "s", 5)
     reader = ScowDataSource({"url": broker.url, "queues": "s"}).streamReader(None)
     assert reader.initialOffset() == {"s": 5}  # opens the driver's connection
-    connection = reader._client
-    assert connection is not None and not connection.closed
+    connection = reader._clients[0]
+    assert not connection.closed
     shipped = pickle.loads(pickle.dumps(reader))  # a live socket would not pickle
-    assert shipped._client is None and shipped.options == reader.options
+    assert shipped._clients == {} and shipped.options == reader.options
     assert reader.initialOffset() == {"s": 5}
-    assert reader._client is connection and not connection.closed  # one connection, kept
+    assert reader._clients[0] is connection and not connection.closed  # one connection, kept
