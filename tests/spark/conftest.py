@@ -37,16 +37,20 @@ class Streams:
         port: int = 0,
         spark: dict[str, Any] | None = None,
         address_settings: dict[str, dict[str, Any]] | None = None,
+        name: str = "",
     ) -> Path:
+        """The config file of broker `name` (each name its own data dir)."""
+        root = self.tmp_path / name
+        root.mkdir(parents=True, exist_ok=True)
         sections = {"queues": streams, "broker": {"log-level": "warning"}, "spark": spark or {}}
         tables = broker_config(
-            self.tmp_path / "data",
+            root / "data",
             plugins=PLUGINS,
             sections=sections,
             port=port,
             address_settings=address_settings,
         )
-        return write_config(self.tmp_path / "scow.toml", tables)
+        return write_config(root / "scow.toml", tables)
 
     def start(
         self,
@@ -55,9 +59,12 @@ class Streams:
         port: int = 0,
         spark: dict[str, Any] | None = None,
         address_settings: dict[str, dict[str, Any]] | None = None,
+        name: str = "",
     ) -> BrokerThread:
-        """A broker declaring `streams`, with the `[spark]` and address settings given."""
-        broker = BrokerThread(self.config(streams, port, spark, address_settings)).start()
+        """A broker declaring `streams`, with the `[spark]` and address settings given;
+        brokers of different `name`s run side by side."""
+        config = self.config(streams, port, spark, address_settings, name)
+        broker = BrokerThread(config).start()
         self.started.append(broker)
         return broker
 
