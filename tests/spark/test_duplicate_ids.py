@@ -72,5 +72,5 @@ def test_a_replayed_batch_sent_past_the_staging_commit_writes_nothing_twice(
     finally:
         sent.close()
     wait_stream(broker, "out", 21)
-    assert [bytes(r.body).decode() for r in out_rows(spark, broker.url)] == bodies(20) + ["new"]
+    assert [bytes(r.body).decode() for r in out_rows(spark, broker.url)] == [*bodies(20), "new"]
     assert broker.queue_stats("out")["next-sequence"] == 21

@@ -155,7 +155,7 @@ def test_several_urls_are_checked(spark, two):
     from scow.plugins.spark.source import Options, ScowOptionError
 
     a, _b = two
-    with pytest.raises(ScowOptionError, match="names broker 127.0.0.1:.* twice"):
+    with pytest.raises(ScowOptionError, match=r"names broker 127\.0\.0\.1:\d+ twice"):
         Options.parse({"url": f"{a.url},{a.url}", "queues": "s"})
     with pytest.raises(ScowOptionError, match="host and port name one broker"):
         Options.parse({"url": f"{a.url},amqp://127.0.0.1:1", "port": "5672"})
