@@ -1,18 +1,26 @@
-"""Spark connector figures: reading a stream queue through the `scow` data source.
+"""Spark connector figures: reading and writing stream queues through the `scow` source.
 
-Starts `scow run` (file journal, spark plugin, a stream queue `bench` and a standard queue
-`base`) as a subprocess, fills both with --count non-durable --size messages (`scow perf
-client --mode send`), then measures, on one local[2] SparkSession started beforehand (its
-JVM start is not timed; a 1,000-message read warms it up):
+Starts two `scow run` brokers as subprocesses (file journal, spark plugin, a stream queue
+`bench` and a standard queue `base` on each), fills `bench` on both and `base` on the
+first with --count non-durable --size messages (`scow perf client --mode send`), then
+measures, on one local[2] SparkSession started beforehand (its JVM start is not timed; a
+1,000-message read warms it up):
 
 1. the broker's own rate: `scow perf client --mode receive` draining `base` (baseline);
 2. the connector's client alone (no Spark): one reader over the whole stream;
-3. a Spark batch read of the whole stream (`sum(length(body))`, so every row is built),
-   split into --partitions partitions;
-4. a streaming read, maxMessagesPerTrigger 100k, Trigger.AvailableNow, to a noop sink;
-5. a Spark batch write of --write-count rows of --size bytes to a second stream.
+3. a Spark batch read of the whole stream of one broker (`sum(length(body))`, so every
+   row is built), split into --partitions partitions;
+4. a streaming read of one broker, maxMessagesPerTrigger 100k, Trigger.AvailableNow, to a
+   noop sink;
+5. a Spark batch read of both brokers' streams (`url` listing both: 2 x --count rows),
+   with its ratio to the one-broker read (goal: 1.5 or more);
+6. a Spark batch write of --write-count rows of --size bytes to a stream (staged, then
+   committed);
+7. a streaming write: the first broker's whole stream copied by a streaming query (100k
+   per trigger, AvailableNow) to another stream through the exactly-once sink (the rate
+   counts the read as well).
 
-Prints each rate (median of --runs for 2-4) and its ratio to the baseline.
+Prints each rate (median of --runs for 2-5) and its ratio to the baseline.
 
     .venv/bin/python benchmarks/spark_bench.py               # 1 M x 100 B
     .venv/bin/python benchmarks/spark_bench.py --quick       # 100 k
@@ -26,7 +34,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from paging_bench import Broker, backlog_client
 from run_perf import platform_line
@@ -42,13 +52,17 @@ arguments = { "x-queue-type" = "stream", "segment-bytes" = 67108864 }
 routing-type = "ANYCAST"
 arguments = { "x-queue-type" = "stream" }
 
+[queues."copied"]
+routing-type = "ANYCAST"
+arguments = { "x-queue-type" = "stream" }
+
 [queues."base"]
 routing-type = "ANYCAST"
 durable = false
 """
 
 
-def timed(action) -> float:  # type: ignore[no-untyped-def]
+def timed(action: Callable[[], Any]) -> float:
     begin = time.perf_counter()
     action()
     return time.perf_counter() - begin
@@ -71,7 +85,6 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from scow.plugins.spark.client import Client, Endpoint
-    from scow.plugins.spark.source import ScowDataSource
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -80,56 +93,71 @@ def main() -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(ScowDataSource)
     with tempfile.TemporaryDirectory(prefix="scow-spark-bench-") as tmp:
         root = Path(tmp)
-        broker = Broker(root / "broker", plugins=PLUGINS, extra=QUEUES)
-        broker.start()
+        brokers = [Broker(root / f"broker-{i}", plugins=PLUGINS, extra=QUEUES) for i in (1, 2)]
+        for broker in brokers:
+            broker.start()
+        first = brokers[0]
+        both = ",".join(b.url for b in brokers)
         try:
-            fill = backlog_client(f"{broker.url}/bench", "send", args)
-            backlog_client(f"{broker.url}/base", "send", args)
-            client = Client(Endpoint.parse(broker.url, timeout=600))
-            while client.call("stream", "bench", "READ")["next-sequence"] < args.count:
-                time.sleep(0.1)
-            baseline = backlog_client(f"{broker.url}/base", "receive", args)["receive_rate"]
+            fill = backlog_client(f"{first.url}/bench", "send", args)
+            backlog_client(f"{brokers[1].url}/bench", "send", args)
+            backlog_client(f"{first.url}/base", "send", args)
+            client = Client(Endpoint.parse(first.url, timeout=600))
+            for broker in brokers:
+                counter = Client(Endpoint.parse(broker.url, timeout=600))
+                while counter.call("stream", "bench", "READ")["next-sequence"] < args.count:
+                    time.sleep(0.1)
+                counter.close()
+            baseline = backlog_client(f"{first.url}/base", "receive", args)["receive_rate"]
 
             def read_client() -> None:
                 got = sum(len(b) for b in client.read("bench", 0, args.count))
                 assert got == args.count, got
 
-            def reader(**options: str):  # type: ignore[no-untyped-def]
-                df = spark.read.format("scow").option("url", broker.url).option("queues", "bench")
+            def reader(url: str, **options: str) -> Any:
+                df = spark.read.format("scow").option("url", url).option("queues", "bench")
                 for key, value in options.items():
                     df = df.option(key, value)
                 return df.load()
 
-            reader(endingOffsets='{"bench": 1000}').agg(F.sum(F.length("body"))).collect()
+            reader(first.url, endingOffsets='{"bench": 1000}').agg(
+                F.sum(F.length("body"))
+            ).collect()
 
-            def read_spark() -> None:
-                df = reader(minPartitions=str(args.partitions))
-                rows = df.agg(F.count("*"), F.sum(F.length("body"))).collect()[0]
-                assert rows[0] == args.count, rows
+            def read_spark(url: str, expected: int) -> Callable[[], None]:
+                def run() -> None:
+                    df = reader(url, minPartitions=str(args.partitions))
+                    rows = df.agg(F.count("*"), F.sum(F.length("body"))).collect()[0]
+                    assert rows[0] == expected, rows
 
-            def read_stream() -> None:
-                checkpoint = root / f"checkpoint-{time.monotonic_ns()}"
-                query = (
+                return run
+
+            def stream_to(sink: Callable[[Any], Any], name: str) -> int:
+                """Run a streaming read of the first broker's whole stream into `sink`
+                (AvailableNow); the rows it read."""
+                checkpoint = root / f"checkpoint-{name}-{time.monotonic_ns()}"
+                df = (
                     spark.readStream.format("scow")
-                    .option("url", broker.url)
+                    .option("url", first.url)
                     .option("queues", "bench")
                     .option("startingOffsets", "earliest")
                     .option("maxMessagesPerTrigger", "100000")
                     .load()
-                    .writeStream.format("noop")
-                    .option("checkpointLocation", str(checkpoint))
-                    .trigger(availableNow=True)
-                    .start()
                 )
+                writer = sink(df).option("checkpointLocation", str(checkpoint))
+                query = writer.trigger(availableNow=True).start()
                 query.awaitTermination()
-                rows = sum(p["numInputRows"] for p in query.recentProgress)
+                return int(sum(p["numInputRows"] for p in query.recentProgress))
+
+            def read_stream() -> None:
+                rows = stream_to(lambda df: df.writeStream.format("noop"), "noop")
                 assert rows == args.count, rows
 
             client_s = [timed(read_client) for _ in range(args.runs)]
-            spark_s = [timed(read_spark) for _ in range(args.runs)]
+            spark_s = [timed(read_spark(first.url, args.count)) for _ in range(args.runs)]
+            both_s = [timed(read_spark(both, 2 * args.count)) for _ in range(args.runs)]
             stream_s = [timed(read_stream) for _ in range(args.runs)]
             body = "x" * args.size
             to_write = spark.range(args.write_count).select(
@@ -140,31 +168,52 @@ def main() -> int:
             write_s = timed(
                 lambda: (
                     to_write.write.format("scow")
-                    .option("url", broker.url)
+                    .option("url", first.url)
                     .option("address", "written")
                     .mode("append")
                     .save()
                 )
             )
+            copy_rows = 0
+
+            def copy() -> None:
+                nonlocal copy_rows
+                copy_rows = stream_to(
+                    lambda df: (
+                        df.select("body")
+                        .writeStream.format("scow")
+                        .option("url", first.url)
+                        .option("address", "copied")
+                    ),
+                    "copy",
+                )
+
+            copy_s = timed(copy)
             client.close()
         finally:
-            broker.stop()
+            for broker in brokers:
+                if broker.proc is not None:
+                    broker.proc.terminate()
+                    broker.proc.wait(30)
     spark.stop()
-    rate = lambda seconds: args.count / statistics.median(seconds)  # noqa: E731
+
+    def rate(seconds: list[float], count: int = args.count) -> float:
+        return count / statistics.median(seconds)
+
+    one = rate(spark_s)
     print(f"scow Spark connector, {args.count:,} x {args.size} B, local[2], {platform_line()}")
     print(f"  fill (scow perf client --mode send)    {fill['send_rate']:>10,.0f} msg/s")
     print(f"  baseline: scow perf client receive      {baseline:>10,.0f} msg/s   1.00")
-    for name, seconds in (
-        ("connector client alone (1 reader)", client_s),
-        (f"Spark batch read ({args.partitions} partitions)", spark_s),
-        ("Spark streaming read (100k/trigger)", stream_s),
+    for name, value in (
+        ("connector client alone (1 reader)", rate(client_s)),
+        (f"Spark batch read ({args.partitions} partitions)", one),
+        ("Spark streaming read (100k/trigger)", rate(stream_s)),
+        ("Spark batch read, two brokers", rate(both_s, 2 * args.count)),
+        (f"Spark batch write ({args.write_count:,} rows)", args.write_count / write_s),
+        (f"Spark streaming copy ({copy_rows:,} rows)", copy_rows / copy_s),
     ):
-        print(f"  {name:38} {rate(seconds):>10,.0f} msg/s   {rate(seconds) / baseline:.2f}")
-    write_rate = args.write_count / write_s
-    print(
-        f"  Spark batch write ({args.write_count:,} rows)     {write_rate:>10,.0f} msg/s   "
-        f"{write_rate / baseline:.2f}"
-    )
+        print(f"  {name:38} {value:>10,.0f} msg/s   {value / baseline:.2f}")
+    print(f"  two brokers / one broker (batch read)  {rate(both_s, 2 * args.count) / one:.2f}")
     return 0
 
 

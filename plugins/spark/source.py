@@ -7,10 +7,12 @@ Installed, it needs no setup: Spark finds it as `pyspark_scow.DefaultSource` (se
     df = spark.read.format("scow").option("url", "amqp://host:5672").option("queues", "q").load()
 
 Offsets are sequence numbers per stream queue (`{"orders": 1200}`: the next message to
-read). Reads are positioned, so a micro-batch replayed after a failure reads exactly the
-same messages; `commit` moves the broker cursor named by the `cursor` option. Writes go
-through the broker's staging area (see `scow.plugins.spark.staging`): nothing is visible
-until the driver commits, and a batch id already committed is ignored.
+read), per (broker, queue) when `url` lists several brokers (`{"host:5672/orders": 1200}`).
+Reads are positioned, so a micro-batch replayed after a failure reads exactly the same
+messages; `commit` moves the broker cursor named by the `cursor` option. Writes go through
+each broker's staging area (see `scow.plugins.spark.staging`): nothing is visible until
+the driver commits, a batch id already committed is ignored, and every row carries a
+duplicate id so that a replay past the staging area is kept once too.
 
 Connections are opened lazily where they are used (the driver's one connection is kept
 for the query's life; executors keep one per worker process) and are never pickled: the
