@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from scow.core.duplicates import DUPLICATE_ID_PROPERTY
 from scow.plugins.spark import records
@@ -125,13 +126,94 @@ def _map_array(offsets: list[int], keys: list[str], values: list[str | None]) ->
     )
 
 
+_HEADER_SECTION = b"\x00\x53\x70"
+
+
+def _plain(messages: list[bytes]) -> tuple[list[bytes], list[int], list[int]] | None:
+    """(bodies, sequence numbers, enqueue times in ms) when every message is plain: an optional
+    header, the stream's own annotations and one data section, nothing else (what most
+    producers send); None as soon as one is not."""
+    ours, ours_size = records.STREAM_SECTION_PREFIX, records.STREAM_SECTION_SIZE
+    seq_at, time_at = records.SEQUENCE_OFFSET, records.TIME_OFFSET
+    unpack = records.LONG.unpack_from
+    header, data_section, skip = _HEADER_SECTION, _DATA_SECTION, codec.skip_value
+    bodies: list[bytes] = []
+    sequences: list[int] = []
+    times: list[int] = []
+    for data in messages:
+        at = skip(data, 3) if data.startswith(header) else 0
+        if not data.startswith(ours, at):
+            return None
+        sequences.append(unpack(data, at + seq_at)[0])
+        times.append(unpack(data, at + time_at)[0])
+        at += ours_size
+        if not data.startswith(data_section, at):
+            return None
+        constructor = data[at + 3]
+        if constructor == 0xA0:
+            start, size = at + 5, data[at + 4]
+        elif constructor == 0xB0:
+            start, size = at + 8, int.from_bytes(data[at + 4 : at + 8], "big")
+        else:
+            return None
+        if start + size != len(data):
+            return None
+        bodies.append(data[start:])
+    return bodies, sequences, times
+
+
+def _plain_batch(
+    queue: str, bodies: list[bytes], sequences: list[int], times: list[int]
+) -> pa.RecordBatch:
+    """`to_batch` of plain messages: no properties, no application properties, the two
+    stream annotations; built a column at a time."""
+    n = len(bodies)
+    sequence_column = pa.array(sequences, pa.int64())
+    times_ms = pa.array(times, pa.int64())
+    time_column = pc.multiply(times_ms, 1000).cast(pa.timestamp("us", tz="UTC"))
+    # annotation values as text, interleaved: sequence, time, sequence, time, ...
+    texts = pa.concat_arrays(
+        [pc.cast(sequence_column, pa.string()), pc.cast(times_ms, pa.string())]
+    )
+    order = pa.array([i + half for i in range(n) for half in (0, n)], pa.int64())
+    annotations = pa.MapArray.from_arrays(
+        pa.array(range(0, 2 * n + 1, 2), pa.int32()),
+        pa.array([SEQUENCE_ANNOTATION, TIME_ANNOTATION] * n, pa.string()),
+        texts.take(order),
+    )
+    properties = pa.StructArray.from_arrays(
+        [pa.nulls(n, t) for _name, t in PROPERTY_FIELDS], fields=list(PROPERTIES_TYPE)
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(bodies, pa.binary()),
+            pa.array(["data"] * n, pa.string()),
+            pa.array([queue] * n, pa.string()),
+            sequence_column,
+            time_column,
+            properties,
+            _map_array([0] * (n + 1), [], []),
+            annotations,
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
 def to_batch(queue: str, messages: list[bytes]) -> pa.RecordBatch:
     """One record batch of the fixed schema from stream deliveries.
 
-    Built by column (one Python list per leaf field, no per-row dicts). The stream's own
-    annotations section (see `records`) and a lone data section are sliced rather than
-    decoded: they are what most messages carry.
+    Plain messages (see `_plain`) are sliced, not decoded. Otherwise built by column (one
+    Python list per leaf field, no per-row dicts), the stream's own annotations section
+    (see `records`) and a lone data section still sliced rather than decoded.
     """
+    plain = _plain(messages) if messages else None
+    if plain is not None:
+        return _plain_batch(queue, *plain)
+    return _any_batch(queue, messages)
+
+
+def _any_batch(queue: str, messages: list[bytes]) -> pa.RecordBatch:
+    """`to_batch` of messages of any layout."""
     bodies: list[bytes | None] = []
     kinds: list[str] = []
     sequences: list[int | None] = []
@@ -236,7 +318,6 @@ def check_write_schema(names: list[str], key_column: str | None = None) -> None:
 
 #: A durable message's header section (what encode_message puts before the rest).
 _DURABLE_HEADER = codec.encode_message(b"", durable=True)[: -len(codec.encode_message(b""))]
-_DATA_SECTION_HEAD = b"\x00\x53\x75"
 _APPLICATION_SECTION_HEAD = b"\x00\x53\x74"
 _DUPLICATE_KEY = b"\xa1" + bytes((len(DUPLICATE_ID_PROPERTY),)) + DUPLICATE_ID_PROPERTY.encode()
 _PACK_SIZE = struct.Struct(">I").pack
@@ -272,7 +353,7 @@ def _bodies_only(bodies: list[Any], duplicate_ids: str | None, first_row: int) -
         elif body.__class__ is str:
             body = body.encode("utf-8")
         ids = _duplicate_id_section(f"{duplicate_ids}{first_row + i}") if duplicate_ids else b""
-        yield header + ids + _DATA_SECTION_HEAD + _binary(body)
+        yield header + ids + _DATA_SECTION + _binary(body)
 
 
 def messages_of(

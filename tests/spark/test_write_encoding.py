@@ -1,4 +1,5 @@
-"""The sink's messages: a body-only row is encoded from fixed parts (its fast path), byte
+"""Messages to and from record batches: the fast paths (body-only rows written, plain stream
+records read) give exactly what the general ones give. A body-only row is encoded byte
 for byte as the codec encodes it; its duplicate id counts the rows of the task."""
 
 from __future__ import annotations
@@ -46,3 +47,21 @@ def test_a_string_body_column_is_sent_as_its_utf8_bytes():
         encode_message("héllo".encode(), durable=True),
         encode_message(b"", durable=True),
     ]
+
+
+def test_plain_stream_records_are_read_as_the_general_path_reads_them():
+    from scow.plugins.spark.records import annotate
+    from scow.plugins.spark.schema import _any_batch, _plain, to_batch
+
+    plain = [
+        annotate(encode_message(b"x" * size, durable=durable), seq, 1_700_000_000_000 + seq)
+        for seq, (size, durable) in enumerate(
+            [(0, False), (100, True), (300, False), (70_000, True)]
+        )
+    ]
+    assert _plain(plain) is not None
+    assert to_batch("q", plain).equals(_any_batch("q", plain))
+    # one message with more than a body: the whole batch takes the general path, the same
+    mixed = [*plain, annotate(encode_message(b"y", properties={"subject": "s"}), 9, 9)]
+    assert _plain(mixed) is None
+    assert to_batch("q", mixed).to_pylist()[:4] == to_batch("q", plain).to_pylist()
