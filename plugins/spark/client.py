@@ -399,18 +399,31 @@ class Sender:
         self._closed = False
 
     def _settle(self) -> bool:
-        """Settle what the broker accepted; True once nothing is left unsettled."""
-        keep = []
-        for delivery in self.unsettled:
-            state = engine.delivery_remote_state(delivery)
-            if state == engine.ACCEPTED:
-                engine.delivery_settle(delivery)
+        """Settle what the broker accepted, oldest first, up to the first delivery still
+        without an outcome; True once nothing is left unsettled.
+
+        Outcomes come in the order of the sends (each after its journal sync), so looking
+        past that delivery would only rescan the window at every pump; one accepted out of
+        order is settled once those before it are.
+        """
+        unsettled = self.unsettled
+        state_of, settle, accepted = (
+            engine.delivery_remote_state,
+            engine.delivery_settle,
+            engine.ACCEPTED,
+        )
+        done = 0
+        for delivery in unsettled:
+            state = state_of(delivery)
+            if state == accepted:
+                settle(delivery)
+                done += 1
             elif state or engine.delivery_settled(delivery):
                 raise ClientError(f"the broker refused a message sent to {self.address!r}")
             else:
-                keep.append(delivery)
-        self.unsettled[:] = keep
-        return not keep
+                break
+        del unsettled[:done]
+        return not unsettled
 
     def put(self, messages: Iterable[bytes]) -> None:
         """Send `messages` (waiting for credit or outcomes when the window is full)."""

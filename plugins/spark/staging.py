@@ -12,6 +12,11 @@ queue `MARKERS`. So after any crash either the whole batch and its marker are th
 neither is; a COMMIT of a batch at or below the sink's marker changes nothing. ABORT, a
 commit (for the other attempts of its batch) and `staging-ttl` discard orphans.
 
+A STAGE of a (sink, batch, partition, attempt) staged before starts it afresh: what is
+there came from a task of a driver that died (a restarted query runs its batch again with
+the same numbers), and committing it beside the new rows would write them twice. Staged
+rows carry the `_AMQ_DUPL_ID` the connector gives them (see `configure`).
+
 A streaming query's STAGE and COMMIT name the query (Spark's query id, kept in its
 checkpoint), and the marker records it. A batch at or below the marker from another query
 is refused, not taken for a replay: that query's batch ids are not the ones the marker
