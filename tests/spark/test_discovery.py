@@ -15,9 +15,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyspark_scow
 import pytest
 
-import pyspark_scow
 from tests.spark.conftest import publish, stream, wait_stream
 
 pytestmark = pytest.mark.spark
