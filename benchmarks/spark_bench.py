@@ -85,6 +85,7 @@ def main() -> int:
     from pyspark.sql import functions as F
 
     from scow.plugins.spark.client import Client, Endpoint
+    from scow.plugins.spark.source import ScowDataSource
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -93,6 +94,8 @@ def main() -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    # an editable install's pyspark_scow is not found by Spark's lookup (see the README)
+    spark.dataSource.register(ScowDataSource)
     with tempfile.TemporaryDirectory(prefix="scow-spark-bench-") as tmp:
         root = Path(tmp)
         brokers = [Broker(root / f"broker-{i}", plugins=PLUGINS, extra=QUEUES) for i in (1, 2)]

@@ -181,6 +181,24 @@ class Client:
                 raise ClientError(f"timed out after {self.endpoint.timeout} s: {what}")
             self._pump(0.05)
 
+    def usable(self) -> bool:
+        """Whether the connection is still open; checked before a kept connection is used
+        again (without waiting).
+
+        The client sends nothing while idle, so a connection kept across micro-batches
+        that stays idle past the broker's `idle-timeout` is closed by the broker; so is
+        every connection to a broker that restarted. Either shows as input waiting.
+        """
+        if self.closed:
+            return False
+        try:
+            self._pump(0)
+            self._check_connection()
+        except ClientError:
+            self.close()
+            return False
+        return True
+
     def close(self) -> None:
         if self.closed:
             return

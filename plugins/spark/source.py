@@ -265,7 +265,7 @@ def pooled(options: Options, broker: int = 0) -> Client:
         _POOL_PID = os.getpid()
     endpoint = options.connect_endpoint(broker)
     client = _POOL.get(endpoint)
-    if client is None or client.closed:
+    if client is None or not client.usable():
         client = _POOL[endpoint] = Client(endpoint)
     return client
 
@@ -510,7 +510,7 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _driver(self, broker: int) -> Client:
         client = self._clients.get(broker)
-        if client is None or client.closed:
+        if client is None or not client.usable():
             client = self._clients[broker] = Client(self.options.connect_endpoint(broker))
         return client
 
