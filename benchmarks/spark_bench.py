@@ -22,8 +22,14 @@ measures, on one local[2] SparkSession started beforehand (its JVM start is not 
 
 Prints each rate (median of --runs for 2-5) and its ratio to the baseline.
 
+`--codec` measures instead, with no broker and no Spark, the connector's conversions alone:
+record batches built from --count stream records by the fast path (plain records) and by
+the general one, and messages encoded from body-only rows by the fast path and by the
+general one (a null `subject` column beside the body), alternating, median of --runs.
+
     .venv/bin/python benchmarks/spark_bench.py               # 1 M x 100 B
     .venv/bin/python benchmarks/spark_bench.py --quick       # 100 k
+    .venv/bin/python benchmarks/spark_bench.py --codec --count 100000 --runs 5
 """
 
 from __future__ import annotations
@@ -68,6 +74,34 @@ def timed(action: Callable[[], Any]) -> float:
     return time.perf_counter() - begin
 
 
+def codec_rates(args: argparse.Namespace) -> None:
+    """The conversions alone, fast path against general path, alternating."""
+    import pyarrow as pa
+
+    from scow.plugins.spark import schema
+    from scow.plugins.spark.records import annotate
+    from scow.protocols.amqp.codec import encode_message
+
+    n, body = args.count, b"x" * args.size
+    records = [annotate(encode_message(body), i, 1_700_000_000_000 + i) for i in range(n)]
+    rounds = [records[s : s + 5000] for s in range(0, n, 5000)]
+    rows = pa.RecordBatch.from_arrays([pa.array([body] * n)], ["body"])
+    with_subject = rows.append_column("subject", pa.nulls(n, pa.string()))
+    cases: dict[str, Callable[[], Any]] = {
+        "to_batch, general path": lambda: [schema._any_batch("q", r) for r in rounds],
+        "to_batch, plain records": lambda: [schema.to_batch("q", r) for r in rounds],
+        "messages_of, general path": lambda: list(schema.messages_of(with_subject, "s:1:0:")),
+        "messages_of, body only": lambda: list(schema.messages_of(rows, "s:1:0:")),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.runs):
+        for name, case in cases.items():
+            seconds[name].append(timed(case))
+    print(f"scow Spark connector conversions, {n:,} x {args.size} B, {platform_line()}")
+    for name, taken in seconds.items():
+        print(f"  {name:28} {n / statistics.median(taken):>10,.0f} rows/s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=1_000_000)
@@ -76,7 +110,11 @@ def main() -> int:
     parser.add_argument("--write-count", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="counts / 10")
+    parser.add_argument("--codec", action="store_true", help="the conversions alone")
     args = parser.parse_args()
+    if args.codec:
+        codec_rates(args)
+        return 0
     if args.quick:
         args.count //= 10
         args.write_count //= 10
