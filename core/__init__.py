@@ -21,6 +21,7 @@ from scow.core.descriptors import (
     PageStoreBackend,
     ProtocolType,
     QueueType,
+    StreamStoreBackend,
 )
 from scow.core.hookspecs import HOOK_API_VERSION
 from scow.core.interfaces import (
@@ -37,6 +38,11 @@ from scow.core.interfaces import (
     Queue,
     RecordInfo,
     Service,
+    StreamAppended,
+    StreamContents,
+    StreamRecord,
+    StreamSegment,
+    StreamStore,
 )
 from scow.core.management import ManagementOperation
 from scow.core.message import Entry, Message, MessageFormat, MessageRef
@@ -112,6 +118,12 @@ __all__ = [
     "RoutingType",
     "Service",
     "Setting",
+    "StreamAppended",
+    "StreamContents",
+    "StreamRecord",
+    "StreamSegment",
+    "StreamStore",
+    "StreamStoreBackend",
     "Transaction",
     "Unauthorized",
     "command_group",

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +19,11 @@ from scow.core.config import ConfigSection, Setting
 from scow.core.model import InvalidField, NotFound
 from scow.plugins.spark import staging
 from scow.plugins.spark.cursors import now_ms
-from scow.plugins.spark.stream import StreamQueue
+from scow.plugins.spark.stream import DEFAULT_SEGMENT_BYTES, StreamQueue
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
+    from scow.core.descriptors import StreamStoreBackend
     from scow.core.management import ManagementOperation
     from scow.core.model import QueueSpec
 
@@ -38,6 +40,14 @@ SECTION = ConfigSection(
             minimum=1,
         ),
         Setting(
+            "stream-store",
+            str,
+            "",
+            "Where stream queues keep their records, by stream store name (file, database, "
+            "or a plugin's); empty: the store of [broker] journal (the database journal "
+            "keeps streams in the database), else file.",
+        ),
+        Setting(
             "housekeeping-period",
             int,
             1000,
@@ -50,6 +60,26 @@ SECTION = ConfigSection(
 )
 
 _STREAMS: weakref.WeakKeyDictionary[Any, Streams] = weakref.WeakKeyDictionary()
+#: Threads reading streams for consumers (reads mostly wait on a disk or a database).
+READERS = 4
+
+
+def stream_backend(broker: Broker) -> tuple[str, StreamStoreBackend]:
+    """The stream store `[spark] stream-store` names, by default the one named like the
+    broker's journal (else file); ValueError naming the setting and what is available."""
+    config = broker.config
+    name = config.section("spark")["stream-store"] if "spark" in config.section_names else ""
+    if not name:
+        journal = str(config.section("broker")["journal"])
+        name = journal if journal in broker.stream_stores else "file"
+    backend = broker.stream_stores.get(name)
+    if backend is None:
+        available = ", ".join(sorted(broker.stream_stores)) or "none"
+        raise ValueError(
+            f"[spark] stream-store = {name!r}: no enabled plugin provides it "
+            f"(available: {available})"
+        )
+    return name, backend
 
 
 class Streams:
@@ -63,6 +93,13 @@ class Streams:
         self.period = int(settings.get("housekeeping-period", 1000)) / 1000
         ttl = int(settings.get("staging-ttl", staging.DEFAULT_STAGING_TTL))
         self.sinks = staging.Sinks(broker, ttl)
+        self.store_name, self.backend = stream_backend(broker)
+        section = self.backend.config_section
+        self.store_settings: Mapping[str, Any] = (
+            broker.config.section(section) if section in broker.config.section_names else {}
+        )
+        #: Reads and seeks of every stream run here, off the loop.
+        self.reads = ThreadPoolExecutor(READERS, thread_name_prefix="scow-stream-reader")
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -73,7 +110,10 @@ class Streams:
         return streams
 
     def new_queue(self, spec: QueueSpec) -> StreamQueue:
-        queue = StreamQueue(spec, self.broker, self.data_dir, self._forget)
+        segment_bytes = dict(spec.arguments).get("segment-bytes", DEFAULT_SEGMENT_BYTES)
+        store = self.backend.factory(self.data_dir, spec.name, segment_bytes, self.store_settings)
+        place = self.data_dir / "streams"
+        queue = StreamQueue(spec, self.broker, store, place, self.reads, self._forget)
         self.queues[spec.name] = queue
         return queue
 
@@ -121,6 +161,7 @@ class Streams:
         for queue in list(self.queues.values()):
             await loop.run_in_executor(None, queue.stop)
         await asyncio.sleep(0)  # the writers' last completions run
+        self.reads.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ management
 
