@@ -52,13 +52,7 @@ def scow_register_queue_types() -> list[QueueType]:
 
 @hookimpl
 def scow_register_stream_stores() -> list[StreamStoreBackend]:
-    return [
-        StreamStoreBackend(
-            "file",
-            segments.open_store,
-            "segment files, one folder per stream, under <data-dir>/streams",
-        )
-    ]
+    return [segments.BACKEND]
 
 
 @hookimpl

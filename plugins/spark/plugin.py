@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,9 @@ from scow.plugins.spark.stream import DEFAULT_SEGMENT_BYTES, StreamQueue
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
+    from scow.core.config import Config
     from scow.core.descriptors import StreamStoreBackend
+    from scow.core.interfaces import StreamStore
     from scow.core.management import ManagementOperation
     from scow.core.model import QueueSpec
 
@@ -64,22 +66,38 @@ _STREAMS: weakref.WeakKeyDictionary[Any, Streams] = weakref.WeakKeyDictionary()
 READERS = 4
 
 
-def stream_backend(broker: Broker) -> tuple[str, StreamStoreBackend]:
-    """The stream store `[spark] stream-store` names, by default the one named like the
-    broker's journal (else file); ValueError naming the setting and what is available."""
-    config = broker.config
+def stream_store_opener(
+    stores: Mapping[str, StreamStoreBackend], config: Config
+) -> Callable[[str, Mapping[str, Any]], StreamStore]:
+    """What builds the store of a stream queue (name, arguments) on the stream store
+    `[spark] stream-store` names, by default the one named like `[broker] journal` (else
+    file); ValueError naming the setting and the stores available."""
     name = config.section("spark")["stream-store"] if "spark" in config.section_names else ""
     if not name:
         journal = str(config.section("broker")["journal"])
-        name = journal if journal in broker.stream_stores else "file"
-    backend = broker.stream_stores.get(name)
+        name = journal if journal in stores else "file"
+    backend = stores.get(name)
     if backend is None:
-        available = ", ".join(sorted(broker.stream_stores)) or "none"
+        available = ", ".join(sorted(stores)) or "none"
         raise ValueError(
             f"[spark] stream-store = {name!r}: no enabled plugin provides it "
             f"(available: {available})"
         )
-    return name, backend
+    section = backend.config_section
+    settings = config.section(section) if section in config.section_names else {}
+    return opener(backend, Path(str(config.section("broker")["data-dir"])), settings)
+
+
+def opener(
+    backend: StreamStoreBackend, data_dir: Path, settings: Mapping[str, Any]
+) -> Callable[[str, Mapping[str, Any]], StreamStore]:
+    """What builds the store of a stream queue (name, arguments) on `backend`."""
+
+    def open_stream(queue: str, arguments: Mapping[str, Any]) -> StreamStore:
+        segment_bytes = int(arguments.get("segment-bytes", DEFAULT_SEGMENT_BYTES))
+        return backend.factory(data_dir, queue, segment_bytes, settings)
+
+    return open_stream
 
 
 class Streams:
@@ -93,11 +111,7 @@ class Streams:
         self.period = int(settings.get("housekeeping-period", 1000)) / 1000
         ttl = int(settings.get("staging-ttl", staging.DEFAULT_STAGING_TTL))
         self.sinks = staging.Sinks(broker, ttl)
-        self.store_name, self.backend = stream_backend(broker)
-        section = self.backend.config_section
-        self.store_settings: Mapping[str, Any] = (
-            broker.config.section(section) if section in broker.config.section_names else {}
-        )
+        self.open_store = stream_store_opener(broker.stream_stores, broker.config)
         #: Reads and seeks of every stream run here, off the loop.
         self.reads = ThreadPoolExecutor(READERS, thread_name_prefix="scow-stream-reader")
         self._task: asyncio.Task[None] | None = None
@@ -110,8 +124,7 @@ class Streams:
         return streams
 
     def new_queue(self, spec: QueueSpec) -> StreamQueue:
-        segment_bytes = dict(spec.arguments).get("segment-bytes", DEFAULT_SEGMENT_BYTES)
-        store = self.backend.factory(self.data_dir, spec.name, segment_bytes, self.store_settings)
+        store = self.open_store(spec.name, dict(spec.arguments))
         place = self.data_dir / "streams"
         queue = StreamQueue(spec, self.broker, store, place, self.reads, self._forget)
         self.queues[spec.name] = queue

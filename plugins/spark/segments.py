@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from scow.core import disk_monitor
+from scow.core.descriptors import StreamStoreBackend
 from scow.core.interfaces import StreamAppended, StreamContents, StreamRecord, StreamSegment
 from scow.core.page_frames import HEADER_SIZE, frame_all, iter_frames
 from scow.plugins.spark.records import RECORD
@@ -384,3 +385,8 @@ def open_store(
 ) -> FileStreamStore:
     """The file backend's factory: `<data-dir>/streams/<name, made safe>`."""
     return FileStreamStore(data_dir / "streams" / directory_name(name), name, segment_bytes)
+
+
+BACKEND = StreamStoreBackend(
+    "file", open_store, "segment files, one folder per stream, under <data-dir>/streams"
+)
