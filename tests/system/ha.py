@@ -184,10 +184,14 @@ def member_tables(
     http_port: int,
     ha: Mapping[str, Any],
     database: Mapping[str, Any] | None = None,
+    streams: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
     """The config of one member. With `database` ([database] settings), the journal and
-    the pages live in that database and `data_dir` is the member's own."""
+    the pages (and streams) live in that database and `data_dir` is the member's own.
+    `streams` names stream queues to declare (with the spark plugin)."""
     plugins = [*PLUGINS, "database-store"] if database else list(PLUGINS)
+    if streams:
+        plugins.append("spark")
     tables: dict[str, dict[str, Any]] = {
         "plugins": {"enable": plugins},
         "broker": {"data-dir": str(data_dir), "name": name},
@@ -197,6 +201,11 @@ def member_tables(
         "address-settings": {"#": {"default-address-routing-type": "ANYCAST"}},
         "queues": {ADDRESS: {"address": ADDRESS, "routing-type": "ANYCAST"}},
     }
+    for name in streams:
+        tables["queues"][name] = {
+            "routing-type": "ANYCAST",
+            "arguments": {"x-queue-type": "stream"},
+        }
     if database:
         tables["broker"]["journal"] = "database"
         tables["paging"] = {"store": "database"}
@@ -219,6 +228,7 @@ class Pair:
         primary_ha: Mapping[str, Any] | None = None,
         backup_ha: Mapping[str, Any] | None = None,
         database: Mapping[str, Mapping[str, Any]] | None = None,
+        streams: Sequence[str] = (),
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
@@ -235,6 +245,7 @@ class Pair:
                 http_port,
                 {**(ha or {}), **(own or {})},
                 database[role] if database else None,
+                streams,
             )
             config = write_config(directory / f"{role}.toml", tables)
             members[role] = Member(role, role, config, port, http_port, directory / f"{role}.log")

@@ -10,14 +10,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from proton import Message
 
 from scow.core.testing import wait_for
+from scow.protocols.amqp.codec import MessageInfo
+from tests.spark.conftest import client
 from tests.system.ha import (
     ASKING,
     SERVING,
@@ -31,6 +36,7 @@ from tests.system.ha import (
     ha_status,
     remote_properties,
 )
+from tests.wire.helpers import connected
 
 #: A backup takes over a SIGKILLed primary's file store within this many seconds.
 FILE_TAKEOVER = 3.0
@@ -232,6 +238,69 @@ def test_management_api_shows_the_members_role_state_and_peers(
     assert [(p["name"], p["state"]) for p in ha["peers"]] == [("backup", "waiting")]
 
 
+# --------------------------------------------------------------------------- streams
+
+STREAM = "ha.stream"
+
+
+def _stream_fails_over(pair: Pair, takeover: float) -> None:
+    """A producer on the primary's stream, a cursor moved, the primary SIGKILLed
+    mid-traffic: the backup serves the stream with every acknowledged message once, the
+    cursor where it was, and sequence numbers that go on."""
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:  # each send waits for its acknowledgement
+        try:
+            with connected(pair.primary.url) as conn:
+                sender = conn.create_sender(STREAM)
+                for i in range(100_000):
+                    if stop.is_set():
+                        return
+                    sender.send(Message(id=f"m{i}", body="x" * 100, durable=True))
+                    acknowledged.append(f"m{i}")
+        except Exception:  # the primary was killed under it
+            return
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    wait_for(lambda: len(acknowledged) >= 200, 30, what="200 acknowledged sends")
+    c = client(pair.primary.url)
+    c.call("stream", STREAM, "CURSOR-MOVE", {"cursor": "q", "sequence": 150})
+    c.close()
+    wait_for(lambda: len(acknowledged) >= 300, 30, what="300 acknowledged sends")
+    pair.kill(pair.primary)  # mid-traffic
+    stop.set()
+    producer.join(10)
+    acked = list(acknowledged)
+    took = pair.backup.wait_serving(takeover + 15)
+    assert took <= takeover, f"the backup served {took:.1f} s after the SIGKILL"
+    c = client(pair.backup.url)
+    try:
+        assert c.call("stream", STREAM, "CURSOR-READ", {"cursor": "q"})["sequence"] == 150
+        records = [MessageInfo(m) for batch in c.read(STREAM, 0, 10**9) for m in batch]
+        ids = [record.message_id for record in records]
+        assert len(ids) == len(set(ids)), "a message was stored twice"
+        missing = set(acked) - set(ids)
+        assert not missing, f"{len(missing)} acknowledged messages lost: {sorted(missing)[:3]}"
+        next_seq = c.call("stream", STREAM, "READ")["next-sequence"]
+        assert next_seq == len(ids)  # nothing retention took: one record per sequence number
+        with connected(pair.backup.url) as conn:
+            conn.create_sender(STREAM).send(Message(id="after", durable=True))
+        wait_for(lambda: c.call("stream", STREAM, "READ")["next-sequence"] == next_seq + 1, 10)
+        (after,) = [MessageInfo(m).message_id for b in c.read(STREAM, next_seq, 10**9) for m in b]
+        assert after == "after"
+    finally:
+        c.close()
+
+
+def test_file_store_backup_serves_a_stream_with_its_cursors_after_a_sigkill(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair", streams=[STREAM])
+    _stream_fails_over(pair, FILE_TAKEOVER)
+
+
 # --------------------------------------------------------------------------- database store
 
 #: Short leases keep these tests quick: a primary whose renewals stop steps down after
@@ -240,7 +309,9 @@ FAST_LEASE = {"jdbc-lock-renew-period": 500, "jdbc-lock-expiration": 4000}
 EXPIRATION = FAST_LEASE["jdbc-lock-expiration"] / 1000
 
 
-def _database_pair(pairs: list[Pair], directory: Path, primary_url: str, backup_url: str) -> Pair:
+def _database_pair(
+    pairs: list[Pair], directory: Path, primary_url: str, backup_url: str, **kwargs: Any
+) -> Pair:
     return _pair(
         pairs,
         directory,
@@ -248,7 +319,19 @@ def _database_pair(pairs: list[Pair], directory: Path, primary_url: str, backup_
             "primary": {"url": primary_url, **FAST_LEASE, "jdbc-network-timeout": 2000},
             "backup": {"url": backup_url, **FAST_LEASE, "jdbc-network-timeout": 2000},
         },
+        **kwargs,
     )
+
+
+@pytest.mark.postgres
+def test_database_store_backup_serves_a_stream_from_the_database_after_a_sigkill(
+    pairs: list[Pair], tmp_path: Path, postgres_url: str
+) -> None:
+    pair = _database_pair(pairs, tmp_path / "pair", postgres_url, postgres_url, streams=[STREAM])
+    _stream_fails_over(pair, EXPIRATION + 3)
+    # the backup has its own data dir: the stream came from the database, not from files
+    assert not list(pair.backup.data_dir.rglob("*.seg"))
+    assert not list(pair.primary.data_dir.rglob("*.seg"))
 
 
 @pytest.mark.postgres
