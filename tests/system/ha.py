@@ -184,11 +184,13 @@ def member_tables(
     http_port: int,
     ha: Mapping[str, Any],
     database: Mapping[str, Any] | None = None,
+    address_settings: Mapping[str, Mapping[str, Any]] | None = None,
     streams: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
     """The config of one member. With `database` ([database] settings), the journal and
-    the pages (and streams) live in that database and `data_dir` is the member's own.
-    `streams` names stream queues to declare (with the spark plugin)."""
+    the pages (and streams) live in that database and `data_dir` is the member's own;
+    `address_settings` adds to the default (anycast) ones; `streams` names stream queues
+    to declare (with the spark plugin)."""
     plugins = [*PLUGINS, "database-store"] if database else list(PLUGINS)
     if streams:
         plugins.append("spark")
@@ -198,7 +200,10 @@ def member_tables(
         "amqp": {"listen": [f"127.0.0.1:{port}"]},
         "management": {"listen": f"127.0.0.1:{http_port}"},
         "ha": {"policy": role, "lock-poll-period": 100, **ha},
-        "address-settings": {"#": {"default-address-routing-type": "ANYCAST"}},
+        "address-settings": {
+            "#": {"default-address-routing-type": "ANYCAST"},
+            **(address_settings or {}),
+        },
         "queues": {ADDRESS: {"address": ADDRESS, "routing-type": "ANYCAST"}},
     }
     for name in streams:
@@ -228,6 +233,7 @@ class Pair:
         primary_ha: Mapping[str, Any] | None = None,
         backup_ha: Mapping[str, Any] | None = None,
         database: Mapping[str, Mapping[str, Any]] | None = None,
+        address_settings: Mapping[str, Mapping[str, Any]] | None = None,
         streams: Sequence[str] = (),
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
@@ -245,6 +251,7 @@ class Pair:
                 http_port,
                 {**(ha or {}), **(own or {})},
                 database[role] if database else None,
+                address_settings,
                 streams,
             )
             config = write_config(directory / f"{role}.toml", tables)
