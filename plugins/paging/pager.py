@@ -284,9 +284,8 @@ class AddressPager:
         broker = self.broker
         stored = message.durable and broker.persistent
         # outside a transaction a queue keeping its own durable copy is not journaled for
-        kept = [q for q in own if q.durable and q in self.address.keepers] if stored else []
-        if tx_id is not None:
-            kept = []
+        keepers = self.address.keepers if stored and tx_id is None else ()
+        kept = [q for q in own if q.durable and q in keepers]
         durable_ids = [q.id for q in own if q.durable and q not in kept] if stored else []
         # Who calls on_stored: within a transaction the page write (the journal's commit
         # covers the rest); otherwise the journal's add, each keeper's copy and the page's

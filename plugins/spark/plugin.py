@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scow.core.config import ConfigSection, Setting
+from scow.core.config import ConfigError, ConfigSection, Setting
 from scow.core.model import InvalidField, NotFound
 from scow.plugins.spark import staging
 from scow.plugins.spark.cursors import now_ms
@@ -71,7 +71,7 @@ def stream_store_opener(
 ) -> Callable[[str, Mapping[str, Any]], StreamStore]:
     """What builds the store of a stream queue (name, arguments) on the stream store
     `[spark] stream-store` names, by default the one named like `[broker] journal` (else
-    file); ValueError naming the setting and the stores available."""
+    file); ConfigError naming the setting and the stores available."""
     name = config.section("spark")["stream-store"] if "spark" in config.section_names else ""
     if not name:
         journal = str(config.section("broker")["journal"])
@@ -79,9 +79,12 @@ def stream_store_opener(
     backend = stores.get(name)
     if backend is None:
         available = ", ".join(sorted(stores)) or "none"
-        raise ValueError(
+        raise ConfigError(
             f"[spark] stream-store = {name!r}: no enabled plugin provides it "
-            f"(available: {available})"
+            f"(available: {available})",
+            path=config.path,
+            section="spark",
+            key="stream-store",
         )
     section = backend.config_section
     settings = config.section(section) if section in config.section_names else {}

@@ -488,9 +488,10 @@ class StreamQueue:
             return  # the consumer left meanwhile
         try:
             then(reader, future.result())
-        except Exception:
+        except Exception:  # tried again at the next write or flow, not at once
             log.exception("stream read failed", stream=self.name, at=reader.next)
-        self._serve(reader)
+        else:
+            self._serve(reader)
         if not reader.reading:
             drain_ready = getattr(reader.consumer, "drain_ready", None)
             if drain_ready is not None:

@@ -3,7 +3,6 @@ staging, restarts and crashes (no Spark needed)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -14,7 +13,15 @@ from proton.reactor import Filter
 from scow.core import cli
 from scow.core.testing import broker_processes, wait_for
 from scow.plugins.spark.client import ClientError
-from tests.spark.conftest import PLUGINS, client, management, publish, stream, wait_stream
+from tests.spark.conftest import (
+    PLUGINS,
+    Producer,
+    client,
+    management,
+    publish,
+    stream,
+    wait_stream,
+)
 from tests.wire.helpers import connected
 
 
@@ -237,32 +244,12 @@ def test_sigkill_mid_traffic_keeps_every_acknowledged_message_once_written_only_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     config_queues = {"queues": {"s": stream()}}
-    acknowledged: list[str] = []
-    stop = threading.Event()
-
-    def produce(lane: int) -> None:  # each send waits for its acknowledgement
-        try:
-            with connected(broker.url) as conn:
-                sender = conn.create_sender("s")
-                for i in range(100_000):
-                    if stop.is_set():
-                        return
-                    sender.send(Message(id=f"l{lane}-{i}", body="x" * 100, durable=True))
-                    acknowledged.append(f"l{lane}-{i}")
-        except Exception:  # the broker was killed under it
-            return
-
     with broker_processes(tmp_path) as start:
         broker = start(plugins=PLUGINS, sections=config_queues)
-        lanes = [threading.Thread(target=produce, args=(lane,)) for lane in range(4)]
-        for lane in lanes:
-            lane.start()
-        wait_for(lambda: len(acknowledged) >= 400, timeout=30, what="400 acknowledged sends")
+        producer = Producer(broker.url, "s", lanes=4)
+        wait_for(lambda: len(producer.acknowledged) >= 400, 30, what="400 acknowledged sends")
         broker.kill()  # mid-traffic: sends in flight, segment writes unsynced
-        stop.set()
-        for lane in lanes:
-            lane.join(10)
-        acked = list(acknowledged)
+        acked = producer.stop()
         # written once: the journal holds none of them, the stream's segments all
         data = ["--data-dir", str(tmp_path / "data")]
         assert cli.main(["data", "export", *data, "--output", str(tmp_path / "e.jsonl")]) == 0

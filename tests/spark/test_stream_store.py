@@ -3,14 +3,15 @@ stream-store` chooses among the backends plugins register (`scow_register_stream
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scow.core import StreamStoreBackend, hookimpl
-from scow.core.app import StartupError
 from scow.core.stream_store_suite import OpenStore, StreamStoreConformance
+from scow.core.testing import broker_config, scow_command, write_config
 from scow.plugins.spark.segments import FileStreamStore, open_store
 from tests.spark.conftest import PLUGINS, publish, stream, wait_stream
 
@@ -50,9 +51,22 @@ def test_a_registered_stream_store_named_by_the_config_keeps_the_streams(scow_br
     assert len(list((data_dir / "counted" / "s").glob("*.seg"))) == 1
 
 
-def test_an_unknown_stream_store_stops_startup_naming_it_and_the_available_ones(scow_broker):
-    with pytest.raises((StartupError, ValueError), match=r"stream-store = 'nope'.*available: file"):
-        scow_broker(
-            plugins=PLUGINS,
-            sections={"queues": {"s": stream()}, "spark": {"stream-store": "nope"}},
-        )
+def test_an_unknown_stream_store_stops_scow_run_naming_it_and_the_available_ones(tmp_path):
+    tables = broker_config(
+        tmp_path / "data",
+        plugins=PLUGINS,
+        sections={"queues": {"s": stream()}, "spark": {"stream-store": "nope"}},
+    )
+    config = write_config(tmp_path / "scow.toml", tables)
+    run = subprocess.run(
+        [scow_command(), "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"scow: {config}: [spark] stream-store = 'nope': no enabled plugin provides it " in (
+        run.stderr
+    )
+    assert "(available: file)" in run.stderr
+    assert "Traceback" not in run.stderr

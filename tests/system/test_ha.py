@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from scow.core.testing import BrokerThread, broker_config, wait_for, write_confi
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.protocols.amqp.codec import MessageInfo, encode_message
-from tests.spark.conftest import client
+from tests.spark.conftest import Producer, client
 from tests.system.ha import (
     ASKING,
     SERVING,
@@ -261,32 +260,14 @@ def _stream_fails_over(pair: Pair, takeover: float) -> None:
     """A producer on the primary's stream, a cursor moved, the primary SIGKILLed
     mid-traffic: the backup serves the stream with every acknowledged message once, the
     cursor where it was, and sequence numbers that go on."""
-    acknowledged: list[str] = []
-    stop = threading.Event()
-
-    def produce() -> None:  # each send waits for its acknowledgement
-        try:
-            with connected(pair.primary.url) as conn:
-                sender = conn.create_sender(STREAM)
-                for i in range(100_000):
-                    if stop.is_set():
-                        return
-                    sender.send(Message(id=f"m{i}", body="x" * 100, durable=True))
-                    acknowledged.append(f"m{i}")
-        except Exception:  # the primary was killed under it
-            return
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    wait_for(lambda: len(acknowledged) >= 200, 30, what="200 acknowledged sends")
+    producer = Producer(pair.primary.url, STREAM)
+    wait_for(lambda: len(producer.acknowledged) >= 200, 30, what="200 acknowledged sends")
     c = client(pair.primary.url)
     c.call("stream", STREAM, "CURSOR-MOVE", {"cursor": "q", "sequence": 150})
     c.close()
-    wait_for(lambda: len(acknowledged) >= 300, 30, what="300 acknowledged sends")
+    wait_for(lambda: len(producer.acknowledged) >= 300, 30, what="300 acknowledged sends")
     pair.kill(pair.primary)  # mid-traffic
-    stop.set()
-    producer.join(10)
-    acked = list(acknowledged)
+    acked = producer.stop()
     took = pair.backup.wait_serving(takeover + 15)
     assert took <= takeover, f"the backup served {took:.1f} s after the SIGKILL"
     c = client(pair.backup.url)
