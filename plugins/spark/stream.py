@@ -68,7 +68,8 @@ ARGUMENTS = {
     "retention-time": "Delete segments whose messages are all older than this (ms); 0: no limit.",
     "retention-cursors": "true: delete segments every named cursor has passed.",
     "segment-bytes": (
-        f"Bytes per segment file, the unit of retention (default {DEFAULT_SEGMENT_BYTES})."
+        "Bytes per segment (a file, or a range of rows on the database store), the unit "
+        f"of retention (default {DEFAULT_SEGMENT_BYTES})."
     ),
     "cursor-ttl": (
         f"Drop a named cursor unused this long (ms; default {DEFAULT_CURSOR_TTL}; 0: never)."
