@@ -105,6 +105,20 @@ class StreamStoreConformance:
         assert all(size >= 200 for size in more.sizes.values())
         assert store.read(0, 4, 10)[0] == as_read(records(0, 4))
 
+    def test_a_read_that_stops_at_its_limit_inside_a_segment_goes_on_from_there(
+        self, opened: OpenStore, tmp_path: Path
+    ) -> None:
+        store = opened(tmp_path, "events", 1000)  # five records a segment
+        store.open()
+        store.append(records(0, 20))
+        seq, got = 0, []
+        while seq < 20:
+            batch, following = store.read(seq, 20, 3)  # limits fall inside segments
+            assert batch and batch[0][0] == seq, f"read from {seq} gave {batch[:1]}"
+            got += batch
+            seq = following
+        assert got == as_read(records(0, 20))
+
     def test_reopening_gives_back_segments_next_sequence_and_recent_ids(
         self, opened: OpenStore, tmp_path: Path
     ) -> None:

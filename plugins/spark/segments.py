@@ -262,6 +262,8 @@ class FileStreamStore:
             segment, size = segments[at]
             with contextlib.suppress(FileNotFoundError):  # deleted by retention meanwhile
                 seq = _read_segment(segment, size, seq, end, limit, out)
+            if len(out) >= limit or seq >= end:
+                break  # stopped inside this segment: go on from `seq` next time
             at += 1
             if at < len(segments):
                 seq = max(seq, segments[at][0].first)
