@@ -11,7 +11,10 @@ port, drives it with `scow perf client --mode send|receive|pairs`, and prints:
 3. produce rates into a paging address (max-size-bytes 0) and into memory, durable and
    non-durable (--produce-count each);
 4. memory per message held in memory: RSS growth over --held-count 100 B messages;
-5. --crash-count durable messages paged, SIGKILL, restart: seconds until it serves.
+5. --crash-count durable messages paged, SIGKILL, restart: seconds until it serves;
+6. drain (`--only drain`): --drain-count messages sent with no consumer, then received,
+   from a broker that pages all of them (`max-size-bytes = 0`) and from one that keeps
+   them in memory, alternating --runs times: the medians and their ratio.
 
     .venv/bin/python benchmarks/paging_bench.py            # the full figures (~15 min)
     .venv/bin/python benchmarks/paging_bench.py --quick    # every count / 100
@@ -269,6 +272,26 @@ def memory_per_message(args: argparse.Namespace, root: Path) -> dict[str, float]
     return {"bytes_per_message": grown / args.held_count, "body": 100}
 
 
+def drain(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Receive rates of the same backlog drained from pages and from memory, alternating."""
+    rates: dict[str, list[float]] = {"pages": [], "memory": []}
+    setups = {"pages": ("", "max-size-bytes = 0"), "memory": ('global-max-size = "8GiB"', "")}
+    for run in range(args.runs):
+        for name, (broker_cfg, settings) in setups.items():
+            broker = Broker(root / f"drain-{name}-{run}", broker_cfg, settings)
+            broker.start()
+            try:
+                url = f"{broker.url}/drain"
+                count, size = str(args.drain_count), str(args.size)
+                client(url, "--mode", "send", "--count", count, "--size", size)
+                got = client(url, "--mode", "receive", "--count", count, "--size", size)
+            finally:
+                broker.stop()
+            rates[name].append(got["receive_rate"])
+    pages, memory = statistics.median(rates["pages"]), statistics.median(rates["memory"])
+    return {"runs": rates, "pages": pages, "memory": memory, "ratio": pages / memory}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=10_000_000)
@@ -277,11 +300,13 @@ def main() -> int:
     parser.add_argument("--produce-count", type=int, default=200_000)
     parser.add_argument("--crash-count", type=int, default=1_000_000)
     parser.add_argument("--held-count", type=int, default=1_000_000)
+    parser.add_argument("--drain-count", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3, help="alternating rounds of --only drain")
     parser.add_argument("--quick", action="store_true", help="every count divided by 100")
-    parser.add_argument("--only", choices=("backlog", "produce", "crash", "memory"))
+    parser.add_argument("--only", choices=("backlog", "produce", "crash", "memory", "drain"))
     args = parser.parse_args()
     if args.quick:
-        for name in ("count", "memory_count", "produce_count", "crash_count", "held_count"):
+        for name in ("count", "memory_count", "produce_count", "crash_count", "held_count", "drain_count"):
             setattr(args, name, max(1000, getattr(args, name) // 100))
     print(platform_line())
     print(f"# {' '.join(sys.argv)}")
@@ -309,6 +334,14 @@ def main() -> int:
             c = crash_restart(args, root)
             print(f"{c['sent']:,} durable paged messages, SIGKILL, restart: serving after "
                   f"{c['restart_s']:.2f} s (then received {c['first_receive_ok']})")  # fmt: skip
+        if args.only in (None, "drain"):
+            d = drain(args, root)
+            print(f"drain of {args.drain_count:,} x {args.size} B non-durable, sent first, "
+                  f"then received ({args.runs} alternating runs):")  # fmt: skip
+            for name in ("pages", "memory"):
+                runs = ", ".join(f"{rate:,.0f}" for rate in d["runs"][name])
+                print(f"  from {name:<6} median {d[name]:>9,.0f} msg/s (runs {runs})")
+            print(f"  ratio pages / memory {d['ratio']:.2f}")
     return 0
 
 

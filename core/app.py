@@ -263,7 +263,7 @@ class Server:
             queue_types=self.queue_types,
             full_policies=self.full_policies,
             persistent=bool(storage.journals),
-            selector_compiler=lambda text: compile_selector(text).matches,
+            selector_compiler=compile_selector,
             page_stores=self.page_stores,
         )
         broker.hooks = self.plugins.hook

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from scow.core.message import Message, PagedRef
 from scow.core.page_frames import iter_frames
 from scow.plugins.paging.record import HEAD
+from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
     from scow.core.interfaces import Completion, Consumer, Queue
@@ -90,6 +91,8 @@ class QueueCursor:
         self.closed = False
         #: Page reads from the store (a cursor that keeps up never reads).
         self.reads = 0
+        #: Pages (or their unread rest) selectors passed over by the page's summary.
+        self.pages_skipped = 0
         self._windows: dict[str, _Window] = {}
         self._reading = False
         self._filling = False
@@ -352,12 +355,16 @@ class QueueCursor:
             self._scan = (self.page, self.offset)
         page, offset = max(self._scan, (self.page, self.offset))
         budget = SCAN_BATCH
+        selecting = self._record_filter(ready) if wanted is None else None
         try:
             while wanted is not None or ready:
                 readable = self._readable(page, offset)
                 if readable is None:
                     return
                 page, offset, end = readable
+                if selecting is not None and self._skips(selecting, page):
+                    offset = end
+                    continue
                 window = self._window("scan", page, offset)
                 if window is None:
                     return
@@ -367,25 +374,55 @@ class QueueCursor:
                     offset = next_offset
                     budget -= 1
                     if data_at is not None:
-                        message = self._message(head, window.data[data_at:data_end])
-                        if wanted is not None:
-                            takes = wanted(message) and any(
-                                c.filter is None or c.filter(message) for c in consumers
-                            )
-                        else:
-                            takes = any(c.filter(message) for c in ready)  # type: ignore[misc]
-                        if takes:
-                            self.taken.add((page, at))
-                            self._deliver_message(page, at, message)
+                        data = window.data[data_at:data_end]
+                        if selecting is not None and selecting.accepts(data) is False:
+                            pass  # no selector wants it: never becomes a Message
+                        elif self._scan_take(page, at, head, data, wanted, consumers, ready):
                             wanted = self._wanted()
                             ready = [c for c in ready if c.credit() > 0]
                             if wanted is None and not _selective(ready):
                                 return
+                            selecting = self._record_filter(ready) if wanted is None else None
                     if budget <= 0:
                         asyncio.get_running_loop().call_soon(self.fill)
                         return
         finally:
             self._scan = (page, offset)
+
+    def _scan_take(
+        self,
+        page: int,
+        at: int,
+        head: tuple,
+        data: bytes,
+        wanted: Callable[[Message], bool] | None,
+        consumers: list[Consumer],
+        ready: list[Consumer],
+    ) -> bool:
+        """Take the record ahead of the position if the queue wants it first or a
+        consumer with credit selects it; True when taken."""
+        message = self._message(head, data)
+        if wanted is not None:
+            takes = wanted(message) and any(
+                c.filter is None or c.filter(message) for c in consumers
+            )
+        else:
+            takes = any(c.filter(message) for c in ready)  # type: ignore[misc]
+        if takes:
+            self.taken.add((page, at))
+            self._deliver_message(page, at, message)
+        return takes
+
+    def _record_filter(self, consumers: list[Consumer]) -> RecordFilter:
+        return RecordFilter([c.filter for c in consumers], self.pager.manager.properties)
+
+    def _skips(self, selecting: RecordFilter, page: int) -> bool:
+        """True (and counted) when the page's summary proves no selector matches in it."""
+        info = self.pager.pages.get(page)
+        if info is None or not selecting.skips(info.summary):
+            return False
+        self.pages_skipped += 1
+        return True
 
     def _wanted(self) -> Callable[[Message], bool] | None:
         """What the queue wants ahead of the position, while it may hold up to its read
@@ -466,12 +503,16 @@ class QueueCursor:
             return
         page, offset = max(self._browsing.get(browser, (0, 0)), (self.page, self.offset))
         slot = f"browse-{id(browser)}"
+        selecting = self._record_filter([browser]) if browser.filter is not None else None
         try:
             while browser.credit() > 0:
                 readable = self._readable(page, offset)
                 if readable is None:
                     return
                 page, offset, end = readable
+                if selecting is not None and self._skips(selecting, page):
+                    offset = end
+                    continue
                 window = self._window(slot, page, offset)
                 if window is None:
                     return
@@ -481,7 +522,10 @@ class QueueCursor:
                     offset = next_offset
                     if data_at is None:
                         continue
-                    message = self._message(head, window.data[data_at:data_end])
+                    data = window.data[data_at:data_end]
+                    if selecting is not None and selecting.accepts(data) is False:
+                        continue
+                    message = self._message(head, data)
                     if browser.filter is None or browser.filter(message):
                         browser.deliver(PagedRef(message, self.queue, self, page, at))
                         if browser.credit() <= 0:
@@ -597,6 +641,7 @@ class QueueCursor:
             "messages-held": len(self.held),
             "pages-pending": len(self.pending),
             "page-reads": self.reads,
+            "pages-skipped": self.pages_skipped,
         }
 
 

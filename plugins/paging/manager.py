@@ -109,6 +109,10 @@ class PagingManager:
         assert fmt is not None, "no protocol plugin gave the broker a message format"
         return fmt
 
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        """A paged message's properties, read from its bytes (for selectors)."""
+        return self.message_format().properties(data)
+
     def open_store(self, address: str) -> PageStore:
         return self.backend.factory(self.directory, address, self.store_settings)
 
@@ -305,11 +309,14 @@ def _scan_store(
     """
     scan = _Scan()
     queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
+    properties = origin[1].properties if origin is not None else None
     if keyed:
         assert origin is not None
         records = _keyed_records(store, queue_ids_durable, acked, committed, scan, keyed, origin)
     else:
-        records = durable_records(store, set(queue_ids_durable), acked, committed, scan.pages)
+        records = durable_records(
+            store, set(queue_ids_durable), acked, committed, scan.pages, properties
+        )
     for rec in records:
         size = len(rec.data)
         for queue_id in rec.queue_ids:
@@ -337,7 +344,10 @@ def _keyed_records(
     address, fmt = origin
     newest: dict[int, dict[object, int]] = {queue_id: {} for queue_id in keyed}
     scan.newest = newest
-    for rec in durable_records(store, set(queue_ids_durable), {}, committed, scan.pages):
+    records = durable_records(
+        store, set(queue_ids_durable), {}, committed, scan.pages, fmt.properties
+    )
+    for rec in records:
         message: Message | None = None
         holders = []
         for queue_id in rec.queue_ids:

@@ -29,6 +29,9 @@ class AmqpMessageFormat:
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         return codec.selector_lookup(codec.MessageInfo(message.data))
 
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        return codec.application_properties(data)
+
     def for_delivery(self, message: Message, delivery_count: int) -> bytes:
         if delivery_count == 0:
             return message.data
