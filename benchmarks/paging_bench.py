@@ -148,11 +148,12 @@ def backlog_client(url: str, mode: str, args: argparse.Namespace) -> dict[str, A
 
 
 @contextlib.contextmanager
-def sampling(broker: Broker, samples: list[int]) -> Iterator[None]:
+def sampling(broker: Broker, samples: list[int], period: float = 0.5) -> Iterator[None]:
+    """Append the broker's RSS to `samples` every `period` seconds, and once at the end."""
     stop_event = threading.Event()
 
     def run() -> None:
-        while not stop_event.wait(0.5):
+        while not stop_event.wait(period):
             with contextlib.suppress(OSError):
                 samples.append(broker.rss())
 

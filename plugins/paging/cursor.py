@@ -206,10 +206,26 @@ class QueueCursor:
                     return  # waiting for writes to become visible
                 self._next_page()
                 continue
+            if self._selected_out(page):
+                self._scan_ahead()  # what they match lies further on, if anywhere
+                return
             window = self._window("main", page, offset)
             if window is None:
                 return  # a read is on its way; it calls fill again
             self._take(window, end)
+
+    def _selected_out(self, page: int) -> bool:
+        """True when every consumer with credit has a selector and the page's summary
+        proves none of them matches in it: read into memory, it would only fill memory."""
+        if self.purging is not None or self.drain_to_queue:
+            return False
+        ready = [c for c in self.queue.consumers() if c.credit() > 0]
+        if not _selective(ready):
+            return False
+        info = self.pager.pages.get(page)
+        if info is None or not self._record_filter(ready).skips(info.summary):
+            return False
+        return self._wanted() is None
 
     def _page_done(self, page: int, offset: int) -> bool:
         info = self.pager.pages.get(page)
