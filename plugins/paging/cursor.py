@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from scow.core.message import Message, PagedRef
@@ -31,7 +32,7 @@ from scow.plugins.paging.record import HEAD
 from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
-    from scow.core.interfaces import Completion, Consumer, Queue
+    from scow.core.interfaces import Completion, Consumer, PageStore, Queue
     from scow.core.message import MessageRef
     from scow.plugins.paging.pager import AddressPager
 
@@ -42,17 +43,54 @@ DRAIN_BATCH = 1024
 
 
 class _Window:
-    """Bytes of one page read from the store, starting at byte `start` of the page."""
+    """Records of one page read from the store, from byte `start` of the page on.
 
-    __slots__ = ("data", "page", "start")
+    Built by the reader thread (`_read_window`): the frames are walked, the headers
+    unpacked and the payloads of the records routed to the cursor's queue cut out
+    there, so the loop only checks what may have changed since (acknowledgements,
+    commits, what was taken ahead) and hands the queue what it takes.
+    """
 
-    def __init__(self, page: int, start: int, data: bytes) -> None:
+    __slots__ = ("end", "offsets", "page", "records", "start")
+
+    def __init__(self, page: int, start: int, end: int, records: list[_Record]) -> None:
         self.page = page
         self.start = start
-        self.data = data
+        #: The page offset just past the bytes read.
+        self.end = end
+        self.records = records
+        self.offsets = [record[0] for record in records]
 
     def covers(self, page: int, offset: int) -> bool:
-        return page == self.page and self.start <= offset < self.start + len(self.data)
+        return page == self.page and self.start <= offset < self.end
+
+    def from_offset(self, offset: int) -> list[_Record]:
+        """The records at and after page offset `offset`."""
+        return self.records[bisect_left(self.offsets, offset) :]
+
+
+#: (page offset, offset of the next record, header, payload if routed to the queue)
+_Record = tuple[int, int, tuple, bytes | None]
+
+
+def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Window:
+    """Read `page` from `offset` and parse its records for queue `queue_id` (runs in the
+    reader thread: nothing here touches the loop's state)."""
+    buf = store.read(page, offset)
+    unpack = HEAD.unpack_from
+    size = HEAD.size
+    records: list[_Record] = []
+    for start, pstart, pend in iter_frames(buf, verified=True):
+        head = unpack(buf, pstart)
+        n = head[5]
+        ids_at = pstart + size
+        if n == 1:
+            routed = int.from_bytes(buf[ids_at : ids_at + 8], "big") == queue_id
+        else:
+            routed = queue_id in _ids(buf, ids_at, n)
+        payload = buf[ids_at + 8 * n : pend] if routed else None
+        records.append((offset + start, offset + pend, head, payload))
+    return _Window(page, offset, offset + len(buf), records)
 
 
 class QueueCursor:
@@ -94,6 +132,10 @@ class QueueCursor:
         #: Pages (or their unread rest) selectors passed over by the page's summary.
         self.pages_skipped = 0
         self._windows: dict[str, _Window] = {}
+        #: The address settings `_batch` was worked out for, and (bytes, messages) of a
+        #: quarter of the read limits (0: no limit).
+        self._batch_for: Any = None
+        self._batch = (0, 0)
         self._reading = False
         self._filling = False
         self._scan = (self.page, self.offset)
@@ -162,22 +204,33 @@ class QueueCursor:
         """Room for a quarter of the read limits: refilling one message per acknowledgement
         would cost a read pass per message."""
         messages, size = self._allowance()
-        settings = self.pager.address.settings
-        limits = [
-            limit
-            for limit in (settings.max_read_page_bytes, settings.prefetch_page_bytes)
-            if limit > 0
-        ]
-        count_limits = [
-            limit
-            for limit in (settings.max_read_page_messages, settings.prefetch_page_messages)
-            if limit > 0
-        ]
         if size <= 0 or messages <= 0:
             return False
-        if limits and size < min(limits) // 4:
-            return False
-        return not (count_limits and messages < min(count_limits) // 4)
+        settings = self.pager.address.settings
+        if settings is not self._batch_for:  # asked on every acknowledgement: kept
+            self._batch_for = settings
+            self._batch = (
+                min(
+                    (
+                        n
+                        for n in (settings.max_read_page_bytes, settings.prefetch_page_bytes)
+                        if n > 0
+                    ),
+                    default=0,
+                )
+                // 4,
+                min(
+                    (
+                        n
+                        for n in (settings.max_read_page_messages, settings.prefetch_page_messages)
+                        if n > 0
+                    ),
+                    default=0,
+                )
+                // 4,
+            )
+        batch_bytes, batch_messages = self._batch
+        return size >= batch_bytes and messages >= batch_messages
 
     # ------------------------------------------------------------------ reading
 
@@ -262,7 +315,7 @@ class QueueCursor:
         if (
             window is not None
             and window.covers(page, offset)
-            and (window.start + len(window.data) >= end or self._reading)
+            and (window.end >= end or self._reading)
         ):
             return window  # while another read is on its way, take what this one has
         if self._reading:
@@ -270,43 +323,37 @@ class QueueCursor:
         self._reading = True
         self.reads += 1
 
-        def done(data: bytes) -> None:
+        def done(window: _Window) -> None:
             self._reading = False
             if not self.closed:
-                self._windows[slot] = _Window(page, offset, data)
+                self._windows[slot] = window
                 if self.purging is not None or self.drain_to_queue:
                     self.fill()  # reads on whether or not anyone consumes
                 else:
                     self.queue.dispatch()  # fills consumers and browsers, whoever asked
 
-        self.pager.manager.read(self.pager.store, page, offset, done)
+        self.pager.manager.read(_read_window, (self.pager.store, page, offset, self.queue.id), done)
         return None
 
     def _records(
         self, window: _Window, page: int, offset: int, end: int, keep_taken: bool = False
-    ) -> Any:
-        """(offset, next offset, header, payload start, payload end) of records to take."""
-        buf = window.data
-        base = window.start
-        queue_id = self.queue.id
+    ) -> Iterator[_Record]:
+        """(offset, next offset, header, payload) of the records from `offset` up to
+        `end`; the payload is None for those the queue must not take (routed elsewhere,
+        uncommitted, acknowledged, taken ahead, or not durable on a recovered page)."""
         committed = self.pager.committed_txs
         acked = self.acked.get(page)
         taken = self.taken
         recovered = page < self.pager.first_page  # written before this start: durable only
-        for start, pstart, pend in iter_frames(buf, offset - base, verified=True):
-            at = base + start
+        for record in window.from_offset(offset):
+            at, _next, head, payload = record
             if at >= end:
                 return
-            head = HEAD.unpack_from(buf, pstart)
-            n = head[5]
-            ids_at = pstart + HEAD.size
-            if n == 1:
-                routed = int.from_bytes(buf[ids_at : ids_at + 8], "big") == queue_id
-            else:
-                routed = queue_id in _ids(buf, ids_at, n)
+            if payload is None:
+                yield record
+                continue
             skip = (
-                not routed
-                or (head[2] and head[2] not in committed)
+                (head[2] and head[2] not in committed)
                 or (recovered and not head[3] & 1)
                 or (acked is not None and at in acked)
             )
@@ -314,25 +361,23 @@ class QueueCursor:
                 if not keep_taken:
                     taken.discard((page, at))
                 skip = True
-            yield at, base + pend, head, None if skip else ids_at + 8 * n, pend
+            yield (at, _next, head, None) if skip else record
 
     def _take(self, window: _Window, end: int) -> None:
         page = self.page
         messages, size = self._allowance()  # counted down, asked again only when spent
         held = self.held
-        for at, next_offset, head, data_at, data_end in self._records(
-            window, page, self.offset, end
-        ):
+        for at, next_offset, head, data in self._records(window, page, self.offset, end):
             self.offset = next_offset
-            if data_at is None:
+            if data is None:
                 continue
             if held and held[0].message.id < head[0]:
                 self._release_held(head[0])
-            self._deliver(page, at, head, window.data[data_at:data_end])
+            self._deliver(page, at, head, data)
             if not self.backlog:
                 return
             messages -= 1
-            size -= data_end - data_at
+            size -= len(data)
             if messages <= 0 or size <= 0:
                 messages, size = self._allowance()
                 if messages <= 0 or size <= 0:
@@ -384,13 +429,10 @@ class QueueCursor:
                 window = self._window("scan", page, offset)
                 if window is None:
                     return
-                for at, next_offset, head, data_at, data_end in self._records(
-                    window, page, offset, end
-                ):
+                for at, next_offset, head, data in self._records(window, page, offset, end):
                     offset = next_offset
                     budget -= 1
-                    if data_at is not None:
-                        data = window.data[data_at:data_end]
+                    if data is not None:
                         if selecting is not None and selecting.accepts(data) is False:
                             pass  # no selector wants it: never becomes a Message
                         elif self._scan_take(page, at, head, data, wanted, consumers, ready):
@@ -443,13 +485,16 @@ class QueueCursor:
     def _wanted(self) -> Callable[[Message], bool] | None:
         """What the queue wants ahead of the position, while it may hold up to its read
         limits again in messages taken ahead."""
+        wanted = self.queue.wanted_from_pages(self.highest_paged_priority())
+        if wanted is None:
+            return None  # first: asked on every acknowledgement, nearly always None
         settings = self.pager.address.settings
         messages, size = self._allowance()
         if (0 < settings.max_read_page_bytes <= -size) or (
             0 < settings.max_read_page_messages <= -messages
         ):
             return None
-        return self.queue.wanted_from_pages(self.highest_paged_priority())
+        return wanted
 
     def note_paged(self, message: Message) -> None:
         """One more message for the queue waits in pages."""
@@ -532,13 +577,12 @@ class QueueCursor:
                 window = self._window(slot, page, offset)
                 if window is None:
                     return
-                for at, next_offset, head, data_at, data_end in self._records(
+                for at, next_offset, head, data in self._records(
                     window, page, offset, end, keep_taken=True
                 ):
                     offset = next_offset
-                    if data_at is None:
+                    if data is None:
                         continue
-                    data = window.data[data_at:data_end]
                     if selecting is not None and selecting.accepts(data) is False:
                         continue
                     message = self._message(head, data)
@@ -581,15 +625,15 @@ class QueueCursor:
             if window is None:
                 return  # read on its way; the next scan goes on
             upcoming = 0
-            for at, _next, head, data_at, data_end in self._records(
+            for at, _next, head, data in self._records(
                 window, page, offset, pager.visible_end(page), keep_taken=True
             ):
                 expiration = head[1]
-                if data_at is None or not expiration or (page, at) in self.taken:
+                if data is None or not expiration or (page, at) in self.taken:
                     continue
                 if expiration <= now:
                     self.taken.add((page, at))
-                    self._deliver(page, at, head, window.data[data_at:data_end])
+                    self._deliver(page, at, head, data)
                 elif not upcoming or expiration < upcoming:
                     upcoming = expiration
             self._next_expiry[page] = upcoming or 1 << 62

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from scow.core.storage import PageRecovery
 
 log = structlog.get_logger("scow.paging")
+T = TypeVar("T")
 
 
 def _run_all(completions: list[Completion]) -> None:
@@ -118,9 +119,12 @@ class PagingManager:
 
     # ------------------------------------------------------------------ IO
 
-    def read(self, store: PageStore, page: int, offset: int, done: Callable[[bytes], None]) -> None:
-        """Read off the loop; `done(data)` runs on the loop."""
-        future = self.reader.submit(store.read, page, offset)
+    def read(
+        self, reader: Callable[..., T], args: tuple[Any, ...], done: Callable[[T], None]
+    ) -> None:
+        """Run `reader(*args)` (a page read, and whatever parsing goes with it) in the
+        reader thread; `done(result)` runs on the loop."""
+        future = self.reader.submit(reader, *args)
         future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f.result()))
 
     def delete_page(self, pager: AddressPager, page: int, info: PageInfo) -> None:
