@@ -137,7 +137,8 @@ class QueueCursor:
         self._batch_for: Any = None
         self._batch = (0, 0)
         self._reading = False
-        self._filling = False
+        #: A fill is scheduled for the end of this loop turn (or under way).
+        self._fill_due = False
         self._scan = (self.page, self.offset)
         self._scan_key: tuple[int, ...] = ()
         #: page -> when its next message expires, as far as expire_scan has seen
@@ -235,13 +236,20 @@ class QueueCursor:
     # ------------------------------------------------------------------ reading
 
     def fill(self) -> None:
-        if self._filling or self._reading or self.closed or not self.backlog:
+        """Read into the queue what its read limits have room for, at the end of this
+        loop turn: the queue asks on every acknowledgement, and the acknowledgements
+        of one read from the socket then cost one pass, not one each."""
+        if self._fill_due or self.closed or not self.backlog:
             return
-        self._filling = True
-        try:
-            self._fill()
+        self._fill_due = True
+        self.pager.manager.loop.call_soon(self._fill_now)
+
+    def _fill_now(self) -> None:
+        try:  # what it hands the queue asks to fill again: no need while it fills
+            if not (self._reading or self.closed or not self.backlog):
+                self._fill()
         finally:
-            self._filling = False
+            self._fill_due = False
 
     def _fill(self) -> None:
         pager = self.pager
