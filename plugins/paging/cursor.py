@@ -531,7 +531,8 @@ class QueueCursor:
         self.backlog -= 1
         self.backlog_bytes -= len(message.data)
         if self.priorities_known:
-            self.paged_priorities[_priority(message)] -= 1
+            priority = message.kind.priority  # the hot path reads the kind directly
+            self.paged_priorities[priority if 0 <= priority <= 9 else min(max(priority, 0), 9)] -= 1
         elif not self.backlog:
             self.priorities_known = True  # the recovered backlog is read: counts from now
         self.pager.address.add_memory(len(message.data))
