@@ -326,7 +326,14 @@ def main() -> int:
     parser.add_argument("--only", choices=("backlog", "produce", "crash", "memory", "drain"))
     args = parser.parse_args()
     if args.quick:
-        for name in ("count", "memory_count", "produce_count", "crash_count", "held_count", "drain_count"):
+        for name in (
+            "count",
+            "memory_count",
+            "produce_count",
+            "crash_count",
+            "held_count",
+            "drain_count",
+        ):
             setattr(args, name, max(1000, getattr(args, name) // 100))
     print(platform_line())
     print(f"# {' '.join(sys.argv)}")

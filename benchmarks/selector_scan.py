@@ -47,9 +47,7 @@ def time_selector(broker: Broker, selector: str, timeout: float) -> float:
     connection = BlockingConnection(broker.url, timeout=timeout)
     try:
         began = time.monotonic()
-        receiver = connection.create_receiver(
-            ADDRESS, credit=MATCHES, options=Selector(selector)
-        )
+        receiver = connection.create_receiver(ADDRESS, credit=MATCHES, options=Selector(selector))
         for _ in range(MATCHES):
             message = receiver.receive(timeout=timeout)
             if message.properties.get("color") != "red":

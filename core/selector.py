@@ -1119,10 +1119,10 @@ def _requirements(node: _Node) -> Requirements:
                 return {left.name: frozenset((key,))}
         return {}
     if isinstance(node, _In) and not node.negated and isinstance(node.operand, _Ident):
-        keys = [value_key(item) for item in node.items]
-        if None in keys:
+        item_keys = [value_key(item) for item in node.items]
+        if None in item_keys:
             return {}
-        return {node.operand.name: frozenset(k for k in keys if k is not None)}
+        return {node.operand.name: frozenset(k for k in item_keys if k is not None)}
     if isinstance(node, _Logic):
         parts = [_requirements(operand) for operand in node.operands]
         merged: Requirements = {}

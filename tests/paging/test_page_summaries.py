@@ -15,8 +15,8 @@ from proton import Message, Timeout
 from proton.reactor import Copy, Selector
 
 from scow.core.message import Message as StoredMessage
-from scow.core.selector import SelectorFilter, compile_selector, value_key
 from scow.core.page_frames import iter_frames
+from scow.core.selector import SelectorFilter, compile_selector, value_key
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
 from scow.plugins.paging.record import HEAD, SUMMARY
 from scow.plugins.paging.scan import durable_records
