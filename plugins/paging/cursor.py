@@ -208,27 +208,11 @@ class QueueCursor:
         if size <= 0 or messages <= 0:
             return False
         settings = self.pager.address.settings
-        if settings is not self._batch_for:  # asked on every acknowledgement: kept
+        if settings is not self._batch_for:  # asked on every fill: worked out once
             self._batch_for = settings
             self._batch = (
-                min(
-                    (
-                        n
-                        for n in (settings.max_read_page_bytes, settings.prefetch_page_bytes)
-                        if n > 0
-                    ),
-                    default=0,
-                )
-                // 4,
-                min(
-                    (
-                        n
-                        for n in (settings.max_read_page_messages, settings.prefetch_page_messages)
-                        if n > 0
-                    ),
-                    default=0,
-                )
-                // 4,
+                _quarter(settings.max_read_page_bytes, settings.prefetch_page_bytes),
+                _quarter(settings.max_read_page_messages, settings.prefetch_page_messages),
             )
         batch_bytes, batch_messages = self._batch
         return size >= batch_bytes and messages >= batch_messages
@@ -440,15 +424,17 @@ class QueueCursor:
                 for at, next_offset, head, data in self._records(window, page, offset, end):
                     offset = next_offset
                     budget -= 1
-                    if data is not None:
-                        if selecting is not None and selecting.accepts(data) is False:
-                            pass  # no selector wants it: never becomes a Message
-                        elif self._scan_take(page, at, head, data, wanted, consumers, ready):
-                            wanted = self._wanted()
-                            ready = [c for c in ready if c.credit() > 0]
-                            if wanted is None and not _selective(ready):
-                                return
-                            selecting = self._record_filter(ready) if wanted is None else None
+                    # a record no selector accepts by its bytes never becomes a Message
+                    if (
+                        data is not None
+                        and (selecting is None or selecting.accepts(data) is not False)
+                        and self._scan_take(page, at, head, data, wanted, consumers, ready)
+                    ):
+                        wanted = self._wanted()
+                        ready = [c for c in ready if c.credit() > 0]
+                        if wanted is None and not _selective(ready):
+                            return
+                        selecting = self._record_filter(ready) if wanted is None else None
                     if budget <= 0:
                         asyncio.get_running_loop().call_soon(self.fill)
                         return
@@ -495,7 +481,7 @@ class QueueCursor:
         limits again in messages taken ahead."""
         wanted = self.queue.wanted_from_pages(self.highest_paged_priority())
         if wanted is None:
-            return None  # first: asked on every acknowledgement, nearly always None
+            return None  # first: asked on every fill, and nearly always None
         settings = self.pager.address.settings
         messages, size = self._allowance()
         if (0 < settings.max_read_page_bytes <= -size) or (
@@ -712,6 +698,11 @@ class QueueCursor:
             "page-reads": self.reads,
             "pages-skipped": self.pages_skipped,
         }
+
+
+def _quarter(*limits: int) -> int:
+    """A quarter of the smallest limit set (> 0); 0 when none is."""
+    return min((limit for limit in limits if limit > 0), default=0) // 4
 
 
 def _selective(consumers: list[Consumer]) -> bool:
