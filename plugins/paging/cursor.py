@@ -69,13 +69,21 @@ class _Window:
         return self.records[bisect_left(self.offsets, offset) :]
 
 
-#: (page offset, offset of the next record, header, payload if routed to the queue)
-_Record = tuple[int, int, tuple, bytes | None]
+#: (page offset, offset of the next record, header, payload if routed to the queue):
+#: the message's bytes, or the `Message` itself in a window read to be taken in order
+_Record = tuple[int, int, tuple, Any]
 
 
-def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Window:
-    """Read `page` from `offset` and parse its records for queue `queue_id` (runs in the
-    reader thread: nothing here touches the loop's state)."""
+def _read_window(
+    store: PageStore,
+    page: int,
+    offset: int,
+    queue_id: int,
+    build: Callable[[tuple, bytes], Message] | None,
+) -> _Window:
+    """Read `page` from `offset` and parse its records for queue `queue_id`, each made a
+    message by `build` if given (runs in the reader thread: nothing here touches the
+    loop's state)."""
     buf = store.read(page, offset)
     unpack = HEAD.unpack_from
     size = HEAD.size
@@ -89,6 +97,8 @@ def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Wi
         else:
             routed = queue_id in _ids(buf, ids_at, n)
         payload = buf[ids_at + 8 * n : pend] if routed else None
+        if payload is not None and build is not None:
+            payload = build(head, payload)
         records.append((offset + start, offset + pend, head, payload))
     return _Window(page, offset, offset + len(buf), records)
 
@@ -324,7 +334,12 @@ class QueueCursor:
                 else:
                     self.queue.dispatch()  # fills consumers and browsers, whoever asked
 
-        self.pager.manager.read(_read_window, (self.pager.store, page, offset, self.queue.id), done)
+        # what the main window holds is taken in order: it comes as messages, made in
+        # the reader thread; the others' records may never become messages
+        build = self._message if slot == "main" else None
+        self.pager.manager.read(
+            _read_window, (self.pager.store, page, offset, self.queue.id, build), done
+        )
         return None
 
     def _records(
@@ -359,17 +374,17 @@ class QueueCursor:
         page = self.page
         messages, size = self._allowance()  # counted down, asked again only when spent
         held = self.held
-        for at, next_offset, head, data in self._records(window, page, self.offset, end):
+        for at, next_offset, head, message in self._records(window, page, self.offset, end):
             self.offset = next_offset
-            if data is None:
+            if message is None:
                 continue
             if held and held[0].message.id < head[0]:
                 self._release_held(head[0])
-            self._deliver(page, at, head, data)
+            self._deliver_message(page, at, message)
             if not self.backlog:
                 return
             messages -= 1
-            size -= len(data)
+            size -= len(message.data)
             if messages <= 0 or size <= 0:
                 messages, size = self._allowance()
                 if messages <= 0 or size <= 0:
@@ -379,6 +394,7 @@ class QueueCursor:
         self._deliver_message(page, at, self._message(head, data))
 
     def _message(self, head: tuple, data: bytes) -> Message:
+        """The message of a record (also called in the reader thread)."""
         message_id, expiration, _tx, flags, priority, _n = head
         return Message(
             message_id,
