@@ -19,7 +19,7 @@ from scow.plugins.paging.summary import PageSummary
 class RecordFilter:
     """The selectors of some consumers (all with a filter), as a reader of pages uses them."""
 
-    __slots__ = ("_properties", "_requires", "_selectors")
+    __slots__ = ("_last", "_properties", "_requires", "_selectors")
 
     def __init__(
         self,
@@ -28,6 +28,9 @@ class RecordFilter:
     ) -> None:
         selectors: list[Selector | None] = [getattr(f, "selector", None) for f in filters]
         self._properties = properties
+        #: (properties, verdict) of the last record: a format may hand the same mapping
+        #: for records whose properties are the same, and the verdict is then the same.
+        self._last: tuple[object, bool] = (None, False)
         #: Selectors that read property names only, when every filter is one; else None.
         self._selectors: list[Selector] | None = None
         #: What each selector requires of a match, when every one requires something.
@@ -54,7 +57,12 @@ class RecordFilter:
         if selectors is None:
             return None
         try:
-            get = self._properties(data).get
+            properties = self._properties(data)
         except ValueError:
             return None  # unreadable here: the filters decide as they would in memory
-        return any(selector.matches(get) for selector in selectors)
+        last, verdict = self._last
+        if properties is not last:
+            get = properties.get
+            verdict = any(selector.matches(get) for selector in selectors)
+            self._last = (properties, verdict)
+        return verdict

@@ -70,9 +70,12 @@ class Bloom:
 class PageSummary:
     """The property values of one page's messages (see the module docstring)."""
 
-    __slots__ = ("complete", "names")
+    __slots__ = ("_last", "complete", "names")
 
     def __init__(self) -> None:
+        #: The properties last added: a format may hand the same mapping again for
+        #: messages whose properties are the same (see `MessageFormat.properties`).
+        self._last: object = None
         #: name -> its value keys (a set while written, a Bloom once closed); None: any.
         self.names: dict[str, set[bytes] | Bloom | None] = {}
         #: False once the summary cannot vouch for the page (it proves nothing).
@@ -80,8 +83,9 @@ class PageSummary:
 
     def add(self, properties: Mapping[str, object]) -> None:
         """Note one message's properties (while the page is written)."""
-        if not self.complete:
+        if not self.complete or properties is self._last:
             return
+        self._last = properties
         names = self.names
         for name, value in properties.items():
             if not isinstance(name, str):

@@ -809,6 +809,10 @@ def _section_code(buf: Any, start: int) -> tuple[int, int]:
     return code, voff
 
 
+#: Distinct application-properties maps an `application_properties` cache holds.
+PROPERTIES_CACHE_SIZE = 256
+
+
 def _application_properties_map(data: Buffer) -> tuple[int, int, int, int] | None:
     """(value offset, first entry, end, entry count) of the application-properties map,
     found by reading section headers only; None when the message has none."""
@@ -872,14 +876,29 @@ def application_property(data: Buffer, name: str) -> Any:
     return None
 
 
-def application_properties(data: Buffer) -> dict[str, Any]:
+def application_properties(
+    data: Buffer, cache: dict[bytes, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The application-properties map ({} when absent), reading section headers only up
     to it: what `MessageInfo.application_properties` gives, without scanning the body.
-    Raises DecodeError on malformed data it reads."""
+    Raises DecodeError on malformed data it reads.
+
+    With `cache` (encoded map -> decoded map, up to `PROPERTIES_CACHE_SIZE` entries),
+    messages whose maps are byte for byte the same share one decoded dict: treat it as
+    read-only."""
     found = _application_properties_map(data)
     if found is None:
         return {}
     voff, p, end, entries = found
+    if cache is not None:
+        encoded = bytes(data[voff:end])
+        values = cache.get(encoded)
+        if values is None:
+            values = application_properties(data)
+            if len(cache) >= PROPERTIES_CACHE_SIZE:
+                cache.clear()  # values that repeat come back at once
+            cache[encoded] = values
+        return values
     decoders = _DECODERS
     values: dict[str, Any] = {}
     try:
