@@ -264,7 +264,7 @@ class Server:
             queue_types=self.queue_types,
             full_policies=self.full_policies,
             persistent=bool(storage.journals),
-            selector_compiler=lambda text: compile_selector(text).matches,
+            selector_compiler=compile_selector,
             page_stores=self.page_stores,
             stream_stores=self.stream_stores,
         )

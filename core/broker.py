@@ -51,6 +51,7 @@ from scow.core.model import (
 )
 from scow.core.queue_types import typed, with_defaults
 from scow.core.security import Security
+from scow.core.selector import Selector, SelectorFilter
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
@@ -111,7 +112,7 @@ class Broker:
         queue_types: Mapping[str, QueueType],
         full_policies: Mapping[str, FullPolicyType],
         persistent: bool,
-        selector_compiler: Callable[[str], Any],
+        selector_compiler: Callable[[str], Selector],
         page_stores: Mapping[str, PageStoreBackend] | None = None,
         stream_stores: Mapping[str, StreamStoreBackend] | None = None,
     ) -> None:
@@ -1114,12 +1115,15 @@ class Broker:
         return self._attach(consumer, queue, None)
 
     def compile_filter(self, selector: str) -> Callable[[Message], bool]:
-        """A message filter from a selector; InvalidField names what is wrong in it."""
+        """A message filter from a selector; InvalidField names what is wrong in it.
+
+        The filter keeps its `Selector` (`.selector`): page cursors evaluate it on paged
+        records' bytes and against page summaries, without building messages."""
         try:
             compiled = self.compile_selector(selector)
         except ValueError as exc:
             raise InvalidField(str(exc)) from exc
-        return lambda message: compiled(message.lookup())
+        return SelectorFilter(compiled)
 
     def _attach(self, consumer: Consumer, queue: Any, selector: str | None) -> Any:
         spec: QueueSpec = queue.spec

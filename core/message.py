@@ -28,6 +28,13 @@ class MessageFormat(Protocol):
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         """A function mapping selector identifiers to the message's field values."""
 
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        """The values selectors read by property name (`scow.core.selector.is_property_name`;
+        AMQP's application properties), from the message's bytes alone: paged messages
+        are summarized and filtered with it without becoming `Message`s. Raises
+        ValueError when they cannot be read. The mapping is read-only: a format may
+        hand the same one for messages whose properties are the same."""
+
     def for_delivery(self, message: Message, delivery_count: int) -> bytes:
         """The bytes to send to a consumer: the original with its delivery-count set."""
 

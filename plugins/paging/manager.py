@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from scow.core.storage import PageRecovery
 
 log = structlog.get_logger("scow.paging")
+T = TypeVar("T")
 
 
 def _run_all(completions: list[Completion]) -> None:
@@ -109,14 +110,21 @@ class PagingManager:
         assert fmt is not None, "no protocol plugin gave the broker a message format"
         return fmt
 
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        """A paged message's properties, read from its bytes (for selectors)."""
+        return self.message_format().properties(data)
+
     def open_store(self, address: str) -> PageStore:
         return self.backend.factory(self.directory, address, self.store_settings)
 
     # ------------------------------------------------------------------ IO
 
-    def read(self, store: PageStore, page: int, offset: int, done: Callable[[bytes], None]) -> None:
-        """Read off the loop; `done(data)` runs on the loop."""
-        future = self.reader.submit(store.read, page, offset)
+    def read(
+        self, reader: Callable[..., T], args: tuple[Any, ...], done: Callable[[T], None]
+    ) -> None:
+        """Run `reader(*args)` (a page read, and whatever parsing goes with it) in the
+        reader thread; `done(result)` runs on the loop."""
+        future = self.reader.submit(reader, *args)
         future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f.result()))
 
     def delete_page(self, pager: AddressPager, page: int, info: PageInfo) -> None:
@@ -305,11 +313,14 @@ def _scan_store(
     """
     scan = _Scan()
     queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
+    properties = origin[1].properties if origin is not None else None
     if keyed:
         assert origin is not None
         records = _keyed_records(store, queue_ids_durable, acked, committed, scan, keyed, origin)
     else:
-        records = durable_records(store, set(queue_ids_durable), acked, committed, scan.pages)
+        records = durable_records(
+            store, set(queue_ids_durable), acked, committed, scan.pages, properties
+        )
     for rec in records:
         size = len(rec.data)
         for queue_id in rec.queue_ids:
@@ -337,7 +348,10 @@ def _keyed_records(
     address, fmt = origin
     newest: dict[int, dict[object, int]] = {queue_id: {} for queue_id in keyed}
     scan.newest = newest
-    for rec in durable_records(store, set(queue_ids_durable), {}, committed, scan.pages):
+    records = durable_records(
+        store, set(queue_ids_durable), {}, committed, scan.pages, fmt.properties
+    )
+    for rec in records:
         message: Message | None = None
         holders = []
         for queue_id in rec.queue_ids:

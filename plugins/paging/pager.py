@@ -37,6 +37,7 @@ from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus, Sto
 from scow.core.page_frames import HEADER_SIZE
 from scow.plugins.paging import record
 from scow.plugins.paging.cursor import QueueCursor
+from scow.plugins.paging.summary import PageSummary
 from scow.plugins.paging.writer import RETRY
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class PageInfo:
     txs: set[int] = field(default_factory=set)
     #: The earliest expiration of a message in it (0: none expires).
     expires: int = 0
+    #: The property values its messages hold; None when not known (it proves nothing).
+    summary: PageSummary | None = field(default_factory=PageSummary)
 
     def note_expiration(self, expiration: int) -> None:
         if expiration and (not self.expires or expiration < self.expires):
@@ -370,6 +373,12 @@ class AddressPager:
         info.records += 1
         info.size = end
         info.note_expiration(message.expiration)
+        summary = info.summary
+        if summary is not None and summary.complete:
+            try:
+                summary.add(message.kind.format.properties(message.data))
+            except ValueError:
+                summary.unknown()  # unreadable properties: selectors read this page
         self.paged_bytes += end - offset
         self.write_offset = end
         self.messages_paged += 1
@@ -460,8 +469,14 @@ class AddressPager:
         return info.visible if info is not None else 0
 
     def _roll(self) -> None:
-        """Close the head page and open the next; cursors at the head move with it."""
+        """Close the head page (its summary is its last record) and open the next;
+        cursors at the head move with it."""
         old, end = self.write_page, self.write_offset
+        info = self.pages.get(old)
+        if info is not None and info.summary is not None and info.records:
+            # past the page's size: cursors stop before it, recovery reads it back
+            summary = record.encode_summary(info.summary.encode())
+            self.manager.writer.submit(self.store, old, summary, False, None)
         self.write_page += 1
         self.write_offset = 0
         for cursor in self.cursors.values():

@@ -22,12 +22,20 @@ class AmqpMessageFormat:
 
     name = "amqp-1.0"
 
+    def __init__(self) -> None:
+        #: Encoded application-properties -> decoded, shared by `properties` callers.
+        self._properties: dict[bytes, dict[str, Any]] = {}
+
     def inspect(self, data: bytes) -> tuple[bool, int, int]:
         durable, priority, ttl, _first, _count = codec.MessageInfo(data).header
         return durable, priority, ttl or 0
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         return codec.selector_lookup(codec.MessageInfo(message.data))
+
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        # paged messages of one producer mostly carry the same few property maps
+        return codec.application_properties(data, self._properties)
 
     def for_delivery(self, message: Message, delivery_count: int) -> bytes:
         if delivery_count == 0:
