@@ -49,9 +49,11 @@ class MessageFormat(Protocol):
 
 #: Estimated bytes of Python objects per message in memory, beyond its encoded bytes;
 #: counted in the memory figures that max-size-bytes and global-max-size limit.
-#: (A queued message is a 4-slot `Message`, its id and a deque slot: about 100 B, plus
-#: the bytes object's header; `benchmarks/paging_bench.py --only memory` measures it.)
-MEMORY_OVERHEAD = 150
+#: (A waiting message is mostly held compactly by its queue, as its bytes object and an
+#: 8-byte id: about 60 B with the bytes object's header; one held as an object, a 4-slot
+#: `Message` and its id, about 150 B. `benchmarks/paging_bench.py --only memory`
+#: measures it.)
+MEMORY_OVERHEAD = 100
 
 
 class OnDisk:
