@@ -1131,10 +1131,12 @@ class Broker:
         if tx is not None:
             tx.acks.append(ref)
             return
-        try:
-            self._journal_ack(ref, None)
-        except StorageFull as exc:
-            self._ack_not_stored(ref, exc)
+        # _journal_ack's own test, first: most acknowledgements have nothing to journal
+        if ref.__class__ is PagedRef or (ref.message.kind.durable and ref.queue.durable):
+            try:
+                self._journal_ack(ref, None)
+            except StorageFull as exc:
+                self._ack_not_stored(ref, exc)
         self._settle_ack(ref)
 
     def _settle_ack(self, ref: MessageRef) -> None:
