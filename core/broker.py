@@ -733,7 +733,7 @@ class Broker:
     ) -> list[Any]:
         """Every matching multicast queue plus one matching anycast queue (round robin)."""
         targets: list[Any] = []
-        if routing_type is not RoutingType.ANYCAST:
+        if routing_type is not RoutingType.ANYCAST and address.multicast:
             targets = [q for q in address.multicast if q.filter is None or q.filter(message)]
         if (
             routing_type is RoutingType.MULTICAST
