@@ -140,19 +140,15 @@ class Fifo(Unaware):
             message: Message = entry  # type: ignore[assignment]
             data = message.data
             kind = message.kind
-            if data.__class__ is bytes and (
-                kind is self._kind or (self._head == len(self._ids) and self._set_kind(kind))
-            ):
-                self._entries.append(data)
-                self._ids.append(message.id)
-                return None
+            if data.__class__ is bytes:
+                if kind is not self._kind and self._head == len(self._ids):
+                    self._kind = kind  # no plain message waits: later ones are of this kind
+                if kind is self._kind:
+                    self._entries.append(data)
+                    self._ids.append(message.id)
+                    return None
         self._entries.append(entry)
         return None
-
-    def _set_kind(self, kind: MessageKind) -> bool:
-        """No plain message waits: later ones are of `kind`."""
-        self._kind = kind
-        return True
 
     def popleft(self) -> Entry:
         item = self._entries.popleft()

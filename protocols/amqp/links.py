@@ -30,7 +30,7 @@ _OUTCOMES = frozenset(
     (engine.ACCEPTED, engine.RELEASED, engine.MODIFIED, engine.REJECTED, TRANSACTIONAL_STATE)
 )
 _TAG = struct.Struct(">Q")
-ACCEPTED = engine.ACCEPTED
+_ACCEPTED = engine.ACCEPTED
 #: Target addresses an anonymous-relay link remembers its permission for.
 _RELAY_CACHE = 1024
 
@@ -166,7 +166,7 @@ class ProducerLink:
                 accept = self.conn.accepter(delivery, self)
                 status = self.broker.send(data, address, AMQP_FORMAT, self.routing_type, accept)
                 if status is not RouteStatus.PENDING:
-                    engine.delivery_update(delivery, ACCEPTED)
+                    engine.delivery_update(delivery, _ACCEPTED)
                     engine.delivery_settle(delivery)
         except BrokerError as exc:
             self._refuse(delivery, presettled, exc.condition, exc.description)
