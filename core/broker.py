@@ -29,6 +29,7 @@ from scow.core.duplicates import (
 from scow.core.interfaces import after_all
 from scow.core.message import (
     MEMORY_OVERHEAD,
+    Header,
     Message,
     MessageFormat,
     MessageRef,
@@ -537,15 +538,17 @@ class Broker:
         the message is only checked now and routed at commit. `check_duplicates=False`
         routes a message whatever its duplicate id (a message moved back, not resent).
         """
-        address = self.address_for(address_name, routing_type)
+        address = self.addresses.get(address_name)  # address_for, inlined: per message
+        if address is None:
+            address = self.address_for(address_name, routing_type)
         if tx is not None:
             tx.sends.append((data, address_name, fmt, routing_type))
             return RouteStatus.ROUTED
-        if check_duplicates:
-            duplicate_id = fmt.duplicate_id(data)
-            if duplicate_id is not None:
-                return self._send_once(data, address, fmt, routing_type, on_stored, duplicate_id)
-        routed = self._route(data, address, fmt, routing_type)
+        # inspect() also looks for a duplicate id: a message without one costs no more
+        header = fmt.inspect(data)
+        if header[3] is not None and check_duplicates:
+            return self._send_once(data, address, fmt, routing_type, on_stored, header)
+        routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):
             return routed
         message, queues, full = routed
@@ -562,16 +565,17 @@ class Broker:
         fmt: MessageFormat,
         routing_type: RoutingType | None,
         on_stored: Completion | None,
-        duplicate_id: object,
+        header: Header,
     ) -> RouteStatus:
-        """Send a message that carries a duplicate id: dropped (but accepted) when its
-        address's cache holds the id, else routed as a transaction of its own, so that
-        the message and its id are journaled together: both durable, or neither."""
+        """Send a message that carries a duplicate id (`header[3]`): dropped (but
+        accepted) when its address's cache holds the id, else routed as a transaction of
+        its own, so that the message and its id are journaled together: both durable, or
+        neither."""
         cache = self._id_cache(address.name)
         if cache is None:  # detection is off for this address
             return self.send(data, address.name, fmt, routing_type, on_stored, None,
                              check_duplicates=False)  # fmt: skip
-        key = id_key(duplicate_id, address.name)
+        key = id_key(header[3], address.name)
         if key in cache:
             self.messages_duplicate += 1
             log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
@@ -581,7 +585,7 @@ class Broker:
                 waiting.append(on_stored)
                 return RouteStatus.PENDING
             return RouteStatus.DUPLICATE
-        routed = self._route(data, address, fmt, routing_type)
+        routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):  # it goes nowhere, but its id counts (Artemis)
             self._admit_alone(cache, address.name, key)
             return routed
@@ -732,13 +736,15 @@ class Broker:
         address: AddressInfo,
         fmt: MessageFormat,
         routing_type: RoutingType | None,
+        header: Header,
     ) -> RouteStatus | tuple[Message, list[Any], bool]:
-        """The message, the queues it goes to and whether the address is full; or why it
-        goes nowhere."""
-        durable, priority, ttl = fmt.inspect(data)
+        """The message (whose `fmt.inspect` is `header`), the queues it goes to and
+        whether the address is full; or why it goes nowhere."""
+        durable, priority, ttl, _duplicate_id = header
         settings = address.settings
         message = Message(0, data, address.name, fmt, durable=durable, priority=priority)
-        message.expiration = _expiration(ttl, settings)
+        if ttl > 0 or settings.expiry_delay >= 0:
+            message.expiration = _expiration(ttl, settings)
         full = address.full_policy is not None and address.is_full()
         if full:
             verdict = address.full_policy.admit(message)
@@ -760,7 +766,7 @@ class Broker:
         for queue in queues:  # a queue may refuse what it cannot hold: nothing is stored yet
             if queue.admit is not None:
                 queue.admit(message)
-        message.id = self.next_id()
+        message.id = self.storage.next_id()
         self.messages_routed += 1
         return message, queues, full
 
@@ -769,7 +775,7 @@ class Broker:
     ) -> list[Any]:
         """Every matching multicast queue plus one matching anycast queue (round robin)."""
         targets: list[Any] = []
-        if routing_type is not RoutingType.ANYCAST:
+        if routing_type is not RoutingType.ANYCAST and address.multicast:
             targets = [q for q in address.multicast if q.filter is None or q.filter(message)]
         if (
             routing_type is RoutingType.MULTICAST
@@ -863,7 +869,7 @@ class Broker:
         paged: list[tuple[Message, list[Any], Any]] = []
         for data, address_name, fmt, routing_type in tx.sends:
             address = self.address_for(address_name, routing_type)
-            result = self._route(data, address, fmt, routing_type)
+            result = self._route(data, address, fmt, routing_type, fmt.inspect(data))
             if not isinstance(result, RouteStatus):
                 _place(result, address, kept, paged)
         return self._commit_routed(tx, on_done, ids, kept, paged)
@@ -1171,10 +1177,12 @@ class Broker:
         if tx is not None:
             tx.acks.append(ref)
             return
-        try:
-            self._journal_ack(ref, None)
-        except StorageFull as exc:
-            self._ack_not_stored(ref, exc)
+        # _journal_ack's own test, first: most acknowledgements have nothing to journal
+        if ref.__class__ is PagedRef or (ref.message.kind.durable and ref.queue.durable):
+            try:
+                self._journal_ack(ref, None)
+            except StorageFull as exc:
+                self._ack_not_stored(ref, exc)
         self._settle_ack(ref)
 
     def _settle_ack(self, ref: MessageRef) -> None:

@@ -1135,6 +1135,11 @@ def _parse_header(data: Any) -> tuple[Any, ...]:
     return (durable, priority, ttl, first_acquirer, delivery_count)
 
 
+#: The header fields of an encoded message without a `MessageInfo` (routing reads them
+#: for every message sent).
+parse_header = _parse_header
+
+
 class MessageInfo:
     """Routing fields of one encoded message, each parsed the first time it is read.
 

@@ -228,20 +228,25 @@ class AmqpConnection(asyncio.Protocol):
             self.engine.close_input()
 
     def _dispatch_events(self) -> None:
+        # Two events per message (its transfer in, its disposition back): everything the
+        # loop touches per event is a local.
         collector = self.engine.collector
         peek, pop, etype = engine.collector_peek, engine.collector_pop, engine.event_type
+        event_delivery, delivery_link = engine.event_delivery, engine.delivery_link
+        handler_of = self.links.get
+        DELIVERY, LINK_FLOW = engine.DELIVERY, engine.LINK_FLOW
         event = peek(collector)
         while event:
             kind = etype(event)
-            if kind == engine.DELIVERY:
-                delivery = engine.event_delivery(event)
-                handler = self.links.get(engine.delivery_link(delivery))
+            if kind == DELIVERY:
+                delivery = event_delivery(event)
+                handler = handler_of(delivery_link(delivery))
                 if type(handler) is ConsumerLink:
                     handler.on_disposition(delivery)
                 elif handler is not None:
                     handler.on_delivery(delivery)  # type: ignore[union-attr]
-            elif kind == engine.LINK_FLOW:
-                handler = self.links.get(engine.event_link(event))
+            elif kind == LINK_FLOW:
+                handler = handler_of(engine.event_link(event))
                 if type(handler) is ConsumerLink:
                     handler.on_flow()
             else:

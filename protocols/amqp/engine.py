@@ -105,7 +105,12 @@ def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
 
 def send(link: CData, tag: bytes, data: bytes) -> CData:
     """Start a delivery on `link` carrying `data` in full; returns the delivery."""
-    delivery = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
+    return send_tagged(link, (len(tag), ffi.from_buffer(tag)), data)
+
+
+def send_tagged(link: CData, tag: CData, data: bytes) -> CData:
+    """`send` with a tag made by `new_tag` (proton copies it: rewrite it for the next)."""
+    delivery = lib.pn_delivery(link, tag)
     lib.pn_link_send(link, data, len(data))
     lib.pn_link_advance(link)
     return delivery

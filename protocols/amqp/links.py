@@ -31,6 +31,7 @@ _OUTCOMES = frozenset(
     (engine.ACCEPTED, engine.RELEASED, engine.MODIFIED, engine.REJECTED, TRANSACTIONAL_STATE)
 )
 _TAG = struct.Struct(">Q")
+_ACCEPTED = engine.ACCEPTED
 #: Target addresses an anonymous-relay link remembers its permission for.
 _RELAY_CACHE = 1024
 
@@ -100,6 +101,7 @@ class ProducerLink:
 
     def __init__(self, conn: AmqpConnection, link: Any, target: engine.TerminusInfo) -> None:
         self.conn = conn
+        self.broker = conn.broker
         self.link = link
         self.address = target.address  # None: anonymous relay, routed by each message's `to`
         self.routing_type = routing_hint(target.capabilities)
@@ -154,30 +156,25 @@ class ProducerLink:
                     raise _NoAddress("anonymous relay: the message has no 'to' address")
                 if self.checked is not None:
                     self._authorize_relay(address)
-            transactional = transaction_of(self.conn, delivery)
-            if transactional is not None:
-                tx = transactional[0]
-                self.conn.broker.send(data, address, AMQP_FORMAT, self.routing_type, tx=tx)
+            if engine.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+                tx = transaction_of(self.conn, delivery)[0]  # type: ignore[index]
+                self.broker.send(data, address, AMQP_FORMAT, self.routing_type, tx=tx)
                 accept_in(delivery, tx)
             elif presettled:
-                self.conn.broker.send(data, address, AMQP_FORMAT, self.routing_type)
+                self.broker.send(data, address, AMQP_FORMAT, self.routing_type)
                 engine.delivery_settle(delivery)
             else:
-                status = self.conn.broker.send(
-                    data,
-                    address,
-                    AMQP_FORMAT,
-                    self.routing_type,
-                    self.conn.accepter(delivery, self),
-                )
+                accept = self.conn.accepter(delivery, self)
+                status = self.broker.send(data, address, AMQP_FORMAT, self.routing_type, accept)
                 if status is not RouteStatus.PENDING:
-                    engine.delivery_update(delivery, engine.ACCEPTED)
+                    engine.delivery_update(delivery, _ACCEPTED)
                     engine.delivery_settle(delivery)
         except BrokerError as exc:
             self._refuse(delivery, presettled, exc.condition, exc.description)
         except ValueError as exc:  # a message our codec cannot read
             self._refuse(delivery, presettled, "amqp:decode-error", str(exc))
-        self._replenish()
+        if engine.link_credit(link) <= self.credit // 2:  # _replenish's first test, inlined
+            self._replenish()
 
     def _authorize_relay(self, address: str) -> None:
         """Raise the refusal when this link may not send to `address` (checked once)."""
@@ -295,6 +292,8 @@ class ConsumerLink:
         self.unsettled: dict[Any, MessageRef] = {}
         self.presettled = engine.link_snd_settle_mode(link) == engine.SND_SETTLED
         self._tag = 0
+        #: The delivery tag proton copies from, rewritten in place for each message.
+        self._tag_struct, self._tag_view = engine.new_tag(_TAG.size)
         self.closed = False
         self.max_unsettled = conn.server.max_unsettled
         broker = conn.broker
@@ -339,8 +338,9 @@ class ConsumerLink:
     def deliver(self, ref: MessageRef) -> None:
         message: Message = ref.message
         self._tag += 1
+        _TAG.pack_into(self._tag_view, 0, self._tag)
         data = message.kind.format.for_delivery(message, ref.delivery_count)
-        delivery = engine.send(self.link, _TAG.pack(self._tag), data)
+        delivery = engine.send_tagged(self.link, self._tag_struct, data)
         if self.browse:
             engine.delivery_settle(delivery)
         elif self.presettled:
