@@ -300,6 +300,19 @@ BROKER_SECTION = ConfigSection(
             "survive a restart or a crash; false keeps them in memory only.",
         ),
         Setting(
+            "large-messages-directory",
+            str,
+            "large-messages",
+            "Directory of large messages' bodies (one file each), relative to data-dir.",
+        ),
+        Setting(
+            "large-message-sync",
+            bool,
+            True,
+            "Sync a durable large message's file before the message is accepted; false "
+            "leaves it to the operating system (a crash may lose accepted large messages).",
+        ),
+        Setting(
             "message-expiry-scan-period",
             int,
             30000,

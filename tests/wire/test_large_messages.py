@@ -1,0 +1,182 @@
+"""Large messages over the wire: bodies over min-large-message-size go to a file of their
+own as they arrive and are streamed back from it (crashes: tests/durability/
+test_large_message_crash.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Delivery, Message
+from proton.utils import LinkDetached
+
+from scow.core.testing import wait_for
+
+from .helpers import connected, receive, send, settle_modified
+
+SMALL_LARGE = 16 << 10  # a threshold low enough that tests stay quick
+
+
+def large_broker(scow_broker: Any, **sections: dict[str, Any]) -> Any:
+    amqp = {"min-large-message-size": SMALL_LARGE, **sections.pop("amqp", {})}
+    return scow_broker(sections={"amqp": amqp, **sections})
+
+
+def files(broker: Any) -> list[Path]:
+    directory = broker.broker.large_messages.directory
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
+def body_of(size: int, seed: int = 0) -> bytes:
+    return bytes((i * 7 + seed) & 0xFF for i in range(256)) * (size // 256) + b"x" * (size % 256)
+
+
+def test_a_large_message_goes_to_its_file_and_comes_back_whole(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(3 << 20)
+    with connected(broker.url) as conn:
+        send(conn, "big", Message(body=body, durable=True, subject="s", properties={"k": 1}))
+        assert len(files(broker)) == 1
+        stored = files(broker)[0].stat().st_size
+        assert stored > len(body)  # the whole message as sent, sections and all
+        stats = broker.queue_stats("big")
+        assert stats["message-count"] == 1
+        # memory accounting counts the head, not the 3 MiB body
+        assert broker.call(lambda: broker.broker.addresses["big"].size) < 4096
+        receiver = conn.create_receiver("big", credit=1)
+        (got,) = receive(receiver, 1)
+    assert got.body == body and got.subject == "s" and got.properties == {"k": 1}
+    wait_for(lambda: not files(broker), 5, what="the file to go with the acknowledgement")
+
+
+def test_a_message_below_the_threshold_stays_in_memory(scow_broker):
+    broker = large_broker(scow_broker)
+    with connected(broker.url) as conn:
+        send(conn, "small", Message(body=b"x" * (SMALL_LARGE // 2), durable=True))
+        assert files(broker) == []
+        (got,) = receive(conn.create_receiver("small", credit=1), 1)
+    assert got.body == b"x" * (SMALL_LARGE // 2)
+
+
+def test_a_durable_message_larger_than_a_journal_file_is_accepted(scow_broker):
+    # the journal holds only its head: a 12 MiB message in 10 MiB journal files
+    broker = scow_broker()
+    body = os.urandom(12 << 20)
+    with connected(broker.url) as conn:
+        send(conn, "huge", Message(body=body, durable=True))
+        (got,) = receive(conn.create_receiver("huge", credit=1), 1)
+    assert got.body == body
+
+
+def test_a_message_over_max_message_size_is_refused_naming_the_limit(scow_broker):
+    broker = large_broker(scow_broker, amqp={"max-message-size": 1 << 20})
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("limited")
+        with pytest.raises(LinkDetached) as refused:
+            sender.send(Message(body=b"x" * (2 << 20), durable=True))
+    assert "message-size-exceeded" in str(refused.value)
+    assert "max-message-size 1048576" in str(refused.value)
+    wait_for(lambda: not files(broker), 5, what="the partial file to go")
+
+
+def test_one_file_for_every_queue_a_multicast_message_reaches(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(1 << 20)
+    with connected(broker.url) as conn:
+        first = conn.create_receiver("news", name="a", options=_topic(), credit=0)
+        second = conn.create_receiver("news", name="b", options=_topic(), credit=0)
+        sender = conn.create_sender("news", options=_topic())
+        sender.send(Message(body=body, durable=True))
+        assert len(files(broker)) == 1
+        first.flow(1)
+        (got,) = receive(first, 1)
+        assert got.body == body
+        assert len(files(broker)) == 1  # the other subscription still holds it
+        second.flow(1)
+        (got,) = receive(second, 1)
+        assert got.body == body
+    wait_for(lambda: not files(broker), 5, what="the file to go with the last ack")
+
+
+def _topic() -> Any:
+    from .helpers import Capabilities
+
+    return Capabilities("topic")
+
+
+def test_a_released_large_message_is_redelivered_with_its_count(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(1 << 20, seed=3)
+    with connected(broker.url) as conn:
+        send(conn, "again", Message(body=body, durable=True))
+        receiver = conn.create_receiver("again", credit=1)
+        first = receiver.receive(timeout=10)
+        assert first.delivery_count == 0
+        settle_modified(receiver, failed=True)
+        second = receiver.receive(timeout=10)
+        receiver.accept()
+    assert second.body == body and second.delivery_count == 1
+
+
+def test_a_large_message_sent_while_others_stream_keeps_the_order(scow_broker):
+    broker = large_broker(scow_broker)
+    sizes = [100, 2 << 20, 200, 1 << 20, 300]
+    messages = [Message(body=body_of(n, seed=i), durable=True) for i, n in enumerate(sizes)]
+    with connected(broker.url) as conn:
+        send(conn, "mixed", *messages)
+        got = receive(conn.create_receiver("mixed", credit=10), len(sizes))
+    assert [m.body for m in got] == [m.body for m in messages]
+
+
+def test_rejected_large_message_moves_to_the_dead_letter_address_with_its_file(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(1 << 20, seed=5)
+    with connected(broker.url) as conn:
+        send(conn, "doomed", Message(body=body, durable=True))
+        receiver = conn.create_receiver("doomed", credit=1)
+        receiver.receive(timeout=10)
+        receiver.reject()
+        (dead,) = receive(conn.create_receiver("DLA", credit=1), 1)
+        assert len(files(broker)) == 1  # moved, not copied
+    assert dead.body == body
+    assert {str(k): v for k, v in dead.annotations.items()}["x-opt-ORIG-ADDRESS"] == "doomed"
+    wait_for(lambda: not files(broker), 5, what="the file to go")
+
+
+def test_a_consumer_that_leaves_mid_stream_gives_the_message_back(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(8 << 20, seed=9)
+    with connected(broker.url) as conn:
+        send(conn, "left", Message(body=body, durable=True))
+    with connected(broker.url) as conn:
+        conn.create_receiver("left", credit=1)
+        wait_for(lambda: broker.queue_stats("left")["delivering-count"] == 1, 5)
+    # the first consumer closed before settling: the message waits again, whole
+    with connected(broker.url) as conn:
+        (got,) = receive(conn.create_receiver("left", credit=1), 1)
+    assert got.body == body
+    wait_for(lambda: not files(broker), 5, what="the file to go")
+
+
+def test_presettled_large_messages_are_delivered_and_their_files_go(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(1 << 20, seed=11)
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("fast")
+        sender.send(Message(body=body, durable=False))
+        sender.send(Message(body=body, durable=False))
+        wait_for(lambda: (broker.queue_stats("fast") or {}).get("message-count") == 2, 5)
+        got = receive(conn.create_receiver("fast", credit=2), 2)
+    assert [m.body for m in got] == [body, body]
+    wait_for(lambda: not files(broker), 5, what="the files to go")
+
+
+def test_a_large_message_that_is_not_durable_is_accepted_without_sync(scow_broker):
+    broker = large_broker(scow_broker)
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("plain")
+        delivery = sender.send(Message(body=body_of(1 << 20)))
+        assert delivery.remote_state == Delivery.ACCEPTED
+        assert len(files(broker)) == 1
