@@ -126,6 +126,13 @@ def large_body(data: bytes) -> LargeBody | None:
     return data.body if data.__class__ is LargeHead else None  # type: ignore[attr-defined]
 
 
+def hold_body(data: bytes) -> None:
+    """A message object with these bytes now counts in memory: it holds its body's file
+    (the broker releases it with the message's last reference)."""
+    if data.__class__ is LargeHead:
+        data.body.acquire()  # type: ignore[attr-defined]
+
+
 def message_size(data: bytes) -> int:
     """The size of a message as its consumers receive it, body file included."""
     if data.__class__ is LargeHead:
@@ -213,6 +220,9 @@ class LargeMessageStore:
         self._made = False
         #: Ids of the files recovered records refer to, until `remove_orphans`.
         self._kept: set[int] = set()
+        #: Bodies of large messages in pages, by file id: each page record holds its
+        #: body (a message read back from pages shares it) until its page is deleted.
+        self._paged: dict[int, LargeBody] = {}
 
     def path_of(self, file_id: int) -> Path:
         return self.directory / f"{file_id}{_SUFFIX}"
@@ -243,6 +253,28 @@ class LargeMessageStore:
         self.files += 1
         self.bytes += length
         return body
+
+    def page_hold(self, body: LargeBody) -> None:
+        """A page record refers to `body`: it stays until `page_release`."""
+        if body.file_id not in self._paged:
+            self._paged[body.file_id] = body
+            body.acquire()
+
+    def paged_body(self, file_id: int, head_size: int, length: int) -> LargeBody:
+        """The body a page record refers to (held by its page; see `page_hold`)."""
+        body = self._paged.get(file_id)
+        if body is None:  # a record written before this start: its page holds it from now
+            body = self.recovered(file_id, head_size, length)
+            if body is None:
+                raise OSError(f"large message file {self.path_of(file_id)}: missing or short")
+            self.page_hold(body)
+        return body
+
+    def page_release(self, file_id: int) -> None:
+        """The page holding a record that refers to this file is deleted."""
+        body = self._paged.pop(file_id, None)
+        if body is not None:
+            body.release()
 
     def remove(self, body: LargeBody) -> None:
         self.files -= 1

@@ -25,9 +25,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scow.core.large_messages import hold_body
 from scow.core.message import Message, PagedRef
 from scow.core.page_frames import iter_frames
-from scow.plugins.paging.record import HEAD
+from scow.plugins.paging.record import HEAD, LARGE, message_data
 
 if TYPE_CHECKING:
     from scow.core.interfaces import Completion, Consumer, Queue
@@ -324,6 +325,8 @@ class QueueCursor:
 
     def _message(self, head: tuple, data: bytes) -> Message:
         message_id, expiration, _tx, flags, priority, _n = head
+        if flags & LARGE:
+            data = message_data(flags, data, self.pager.broker.large_messages)
         return Message(
             message_id,
             data,
@@ -429,6 +432,7 @@ class QueueCursor:
         elif not self.backlog:
             self.priorities_known = True  # the recovered backlog is read: counts from now
         self.pager.address.add_memory(len(message.data))
+        hold_body(message.data)
         purging = self.purging
         if purging is not None and message.id <= purging:
             if not self.backlog:

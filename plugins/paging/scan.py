@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from scow.core.interfaces import PageStore
 from scow.core.page_frames import iter_frames
 from scow.plugins.paging.pager import PageInfo
-from scow.plugins.paging.record import HEAD
+from scow.plugins.paging.record import HEAD, LARGE, head_of, large_ref
 
 
 @dataclass(slots=True)
@@ -24,7 +24,10 @@ class PagedRecord:
     priority: int
     #: The routed queues (of those asked for) that still hold it.
     queue_ids: list[int]
+    #: The message's bytes; a large message's head.
     data: memoryview
+    #: A large message's (file id, head size, length); None for others.
+    large: tuple[int, int, int] | None = None
 
 
 def durable_records(
@@ -61,6 +64,19 @@ def durable_records(
                         holders.append(queue_id)
             if holders:
                 data = buf[ids_at + 8 * n : pend]
-                yield PagedRecord(page, start, message_id, expiration, priority, holders, data)
+                ref = None
+                if flags & LARGE:
+                    ref = large_ref(data)
+                    info.large.append(ref[0])
+                yield PagedRecord(
+                    page,
+                    start,
+                    message_id,
+                    expiration,
+                    priority,
+                    holders,
+                    head_of(flags, data),
+                    ref,
+                )
         if pages is not None:
             pages[page] = info

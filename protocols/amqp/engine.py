@@ -120,13 +120,13 @@ def begin_send(link: CData, tag: bytes, data: bytes) -> CData:
     """Start a delivery on `link` with the first part of its message; the rest follows
     with `send_more`, and `link_advance` ends it."""
     delivery = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
-    lib.pn_link_send(link, data, len(data))
+    lib.pn_link_send(link, ffi.from_buffer(data), len(data))
     return delivery
 
 
 def send_more(link: CData, data: bytes) -> None:
     """More of the message of the delivery `begin_send` started."""
-    lib.pn_link_send(link, data, len(data))
+    lib.pn_link_send(link, ffi.from_buffer(data), len(data))
 
 
 #: Bytes a session holds that the peer's window has not let out yet.

@@ -180,3 +180,29 @@ def test_a_large_message_that_is_not_durable_is_accepted_without_sync(scow_broke
         delivery = sender.send(Message(body=body_of(1 << 20)))
         assert delivery.remote_state == Delivery.ACCEPTED
         assert len(files(broker)) == 1
+
+
+PAGING = {
+    "max-size-bytes": 10_000,
+    "page-size-bytes": 8_000,
+    "auto-delete-queues": False,
+    "auto-delete-addresses": False,
+}
+
+
+def test_large_messages_in_pages_are_delivered_whole_and_their_files_go(scow_broker):
+    broker = scow_broker(
+        sections={"amqp": {"min-large-message-size": SMALL_LARGE}},
+        address_settings={"#": PAGING},
+    )
+    bodies = [body_of(256 << 10, seed=i) for i in range(6)]
+    with connected(broker.url) as conn:
+        send(conn, "paged", *(Message(body="s" * 500, durable=True) for _ in range(40)))
+        assert broker.call(lambda: broker.broker.addresses["paged"].pager.paging)
+        send(conn, "paged", *(Message(body=b, durable=True) for b in bodies))
+        assert len(files(broker)) == 6
+        # the pages hold the heads, the files the bodies
+        assert broker.call(lambda: broker.broker.addresses["paged"].pager.paged_bytes) < 100_000
+        got = receive(conn.create_receiver("paged", credit=5), 46)
+    assert [bytes(m.body) for m in got[40:]] == bodies
+    wait_for(lambda: not files(broker), 10, what="the files to go with their pages")
