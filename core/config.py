@@ -29,6 +29,7 @@ from scow.core.address_settings import (
     parse_size,
     validate_settings,
 )
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.duplicates import DEFAULT_ID_CACHE_SIZE
 
 __all__ = [
@@ -302,7 +303,7 @@ BROKER_SECTION = ConfigSection(
         Setting(
             "large-messages-directory",
             str,
-            "large-messages",
+            LARGE_MESSAGES_DIRECTORY,
             "Directory of large messages' bodies (one file each), relative to data-dir.",
         ),
         Setting(

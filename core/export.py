@@ -11,7 +11,9 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
   {"type": "message", "id": int, "address": str, "expiration": int (ms, 0 = never),
    "priority": int, "queues": {"<queue name>": <delivery count>, ...},
    "data": "<base64 of the encoded message, exactly as the producer sent it>",
-   "paged": true (only for messages that were in their address's pages)}
+   "paged": true (only for messages that were in their address's pages),
+   "large": true, "head-size": n (only for large messages: the data's first n bytes
+   are the sections before the body; import writes it to a large message file)}
   {"type": "duplicate-id", "address": str, "id": "<base64 of the id's key: a tag byte,
    1 string (UTF-8) or 2 binary, then the id>"}
   {"type": "end", "addresses": n, "queues": n, "messages": n, "duplicate-ids": n}
@@ -23,6 +25,8 @@ The duplicate-id caches come last, each address's oldest id first, so that produ
 resending to the imported broker are still deduplicated (an import keeps them whatever
 its persist-id-cache; a broker with it false drops them at its start). A file without
 them (written before they were exported) imports as one with empty caches.
+A large message's line holds its whole message (its file's body after its head), so
+export and import hold one such message in memory at a time.
 Ids are not portable: an import gives everything new ids. The trailing "end" line lets an
 import tell a complete file from a truncated one. Prepared (undecided) transactions are
 not exported.
@@ -33,10 +37,13 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
+from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 
 FORMAT = "scow-export"
@@ -48,8 +55,11 @@ class ExportError(Exception):
 
 
 def export_lines(
-    recovered: Recovered, paged: Iterable[RecoveredMessage] = ()
+    recovered: Recovered,
+    paged: Iterable[RecoveredMessage] = (),
+    large_messages: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
+    """The export's lines; `large_messages` is the directory of large messages' files."""
     yield {"format": FORMAT, "version": VERSION, "created": int(time.time() * 1000)}
     for address in recovered.addresses:
         yield {"type": "address", **{k: v for k, v in address.items() if k != "id"}}
@@ -63,6 +73,9 @@ def export_lines(
         if not queues:
             continue
         exported += 1
+        data = message.data
+        if message.large is not None:
+            data = _whole_large_message(message, large_messages)
         line = {
             "type": "message",
             "id": message.id,
@@ -70,10 +83,13 @@ def export_lines(
             "expiration": message.expiration,
             "priority": message.priority,
             "queues": queues,
-            "data": base64.b64encode(message.data).decode("ascii"),
+            "data": base64.b64encode(data).decode("ascii"),
         }
         if message.paged:
             line["paged"] = True
+        if message.large is not None:
+            line["large"] = True
+            line["head-size"] = len(message.data)
         yield line
     for duplicate in recovered.duplicate_ids:
         yield {
@@ -90,15 +106,35 @@ def export_lines(
     }
 
 
+def _whole_large_message(message: RecoveredMessage, directory: Path | None) -> bytes:
+    """A large message's head followed by the body its file holds."""
+    assert message.large is not None
+    file_id, head_size, length = message.large
+    if directory is None:
+        raise ExportError(f"message {message.id} is large: its file's directory is not known")
+    path = directory / f"{file_id}.msg"
+    try:
+        with open(path, "rb") as f:
+            f.seek(head_size)
+            body = f.read(length - head_size)
+    except OSError as exc:
+        raise ExportError(f"message {message.id}: its file {path}: {exc}") from None
+    if len(body) != length - head_size:
+        raise ExportError(f"message {message.id}: its file {path} is short")
+    return message.data + body
+
+
 def export(
     storage: StorageManager,
     out: IO[str],
     paged: Callable[[Recovered], Iterable[RecoveredMessage]] | None = None,
+    large_messages: Path | None = None,
 ) -> dict[str, int]:
-    """Write everything `storage` holds (and `paged(recovered)`) to `out`; returns counts."""
+    """Write everything `storage` holds (and `paged(recovered)`) to `out`; returns counts.
+    `large_messages` is the directory of the large messages' files."""
     end: dict[str, Any] = {}
     recovered = storage.load()
-    for line in export_lines(recovered, paged(recovered) if paged else ()):
+    for line in export_lines(recovered, paged(recovered) if paged else (), large_messages):
         out.write(json.dumps(line, separators=(",", ":")) + "\n")
         end = line
     return {k: v for k, v in end.items() if k != "type"}
@@ -108,11 +144,12 @@ def import_(
     storage: StorageManager,
     source: IO[str],
     paged: Callable[[RecoveredMessage], None] | None = None,
+    large_messages: Path | None = None,
 ) -> dict[str, int]:
     """Load an export into `storage`, which must be empty; returns the counts read.
 
     Paged messages go to `paged` when given (it writes them into pages), else to the
-    journal like the others.
+    journal like the others. Large messages get their file in `large_messages`.
     """
     existing = storage.load()
     if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
@@ -137,7 +174,7 @@ def import_(
             storage.store_queue(record_id, line)
             counts["queues"] += 1
         elif kind == "message":
-            _import_message(storage, line, queue_ids, number, paged)
+            _import_message(storage, line, queue_ids, number, paged, large_messages)
             counts["messages"] += 1
         elif kind == "duplicate-id":
             _import_duplicate_id(storage, line, number)
@@ -161,17 +198,26 @@ def _import_message(
     queue_ids: dict[str, int],
     number: int,
     paged: Callable[[RecoveredMessage], None] | None,
+    large_messages: Path | None,
 ) -> None:
     try:
         qids = {queue_ids[name]: count for name, count in line["queues"].items()}
     except KeyError as exc:
         raise ExportError(f"line {number}: message names unknown queue {exc}") from None
     message_id = storage.next_id()
+    data = base64.b64decode(line["data"])
+    if line.get("large"):
+        data = _import_large(storage, data, line.get("head-size"), number, large_messages)
     if line.get("paged") and paged is not None:
-        data = base64.b64decode(line["data"])
         address, expiration = line["address"], line["expiration"]
         priority = line.get("priority", 4)
-        paged(RecoveredMessage(message_id, address, expiration, priority, data, qids, True))
+        large = None
+        if isinstance(data, LargeHead):
+            body = data.body
+            large = (body.file_id, body.head_size, body.length)
+        paged(
+            RecoveredMessage(message_id, address, expiration, priority, data, qids, True, large)
+        )
         return
     storage.store_message(
         message_id,
@@ -179,12 +225,36 @@ def _import_message(
         line["expiration"],
         line.get("priority", 4),
         list(qids),
-        base64.b64decode(line["data"]),
+        data,
         None,
     )
     for qid, count in qids.items():
         if count:
             storage.update_delivery_count(message_id, qid, count)
+
+
+def _import_large(
+    storage: StorageManager,
+    data: bytes,
+    head_size: Any,
+    number: int,
+    directory: Path | None,
+) -> LargeHead:
+    """Write an imported large message to a file of its own; its head, referring to it."""
+    if not isinstance(head_size, int) or not 0 <= head_size <= len(data):
+        raise ExportError(
+            f"line {number}: a large message needs a head-size between 0 and its "
+            f"{len(data)} bytes, not {head_size!r}"
+        )
+    if directory is None:
+        raise ExportError(f"line {number}: a large message, and no directory for its file")
+    store = LargeMessageStore(directory, sync=False)
+    file_id = storage.next_id()
+    arrival = store.begin(file_id)
+    arrival.write(data)
+    os.fsync(arrival.fd)
+    body: LargeBody = arrival.complete(head_size, sync=False)
+    return LargeHead(data[:head_size], body)
 
 
 def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: int) -> None:

@@ -29,6 +29,8 @@ import structlog
 
 log = structlog.get_logger("scow.large")
 
+#: `[broker] large-messages-directory`'s default, under the data dir.
+DEFAULT_DIRECTORY = "large-messages"
 #: Artemis's default for AMQP acceptors: messages from this size on are large.
 DEFAULT_MIN_LARGE_MESSAGE_SIZE = 100 << 10
 #: Bytes read from a body file per call while a delivery streams it.

@@ -4,6 +4,8 @@ is left that no message refers to, and no accepted message is lost."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -198,3 +200,34 @@ def test_paged_large_messages_survive_sigkill_and_their_files_go_with_their_page
     got = consume_all(restarted.url, "paged", quiet=0.5)
     assert [bytes(m.body) for m in got[40:]] == bodies
     wait_for(lambda: not large_files(tmp_path), 10, what="the files to go with their pages")
+
+
+def test_scow_data_export_and_import_carry_large_messages(scow_broker_process, tmp_path):
+    plugins = [*PLUGINS, "paging"]
+    paging = {"paged": {"max-size-bytes": 10_000, "page-size-bytes": 8_000}}
+    broker = scow_broker_process(plugins=plugins, sections=sections(), address_settings=paging)
+    bodies = [body_of(200 << 10, seed=i) for i in range(2)]
+    with connected(broker.url) as conn:
+        send(conn, "kept", *(Message(body=b, durable=True, subject="k") for b in bodies))
+        send(conn, "paged", *(Message(body="s" * 500, durable=True) for _ in range(40)))
+        send(conn, "paged", *(Message(body=b, durable=True) for b in bodies))
+    assert broker.stop() == 0
+    data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
+    scow = [sys.executable, "-m", "scow.core.cli", "data"]
+    for args in (
+        ["export", "--data-dir", str(data), "--output", str(export)],
+        ["import", "--data-dir", str(fresh), "--input", str(export)],
+    ):
+        run = subprocess.run([*scow, *args], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+    assert len(list((fresh / "large-messages").iterdir())) == 4
+    data.rename(tmp_path / "old")
+    fresh.rename(data)
+    restarted = scow_broker_process(
+        plugins=plugins, sections=sections(), address_settings=paging, port=broker.port
+    )
+    kept = consume_all(restarted.url, "kept", quiet=0.5)
+    assert [(bytes(m.body), m.subject) for m in kept] == [(b, "k") for b in bodies]
+    paged = consume_all(restarted.url, "paged", quiet=0.5)
+    assert [bytes(m.body) for m in paged[40:]] == bodies
+    wait_for(lambda: not large_files(tmp_path), 10, what="the files to go")
