@@ -12,7 +12,7 @@ import pytest
 from proton import Delivery, Message
 from proton.utils import LinkDetached
 
-from scow.core.testing import wait_for
+from scow.core.testing import DEFAULT_PLUGINS, wait_for
 
 from .helpers import connected, receive, send, settle_modified
 
@@ -206,3 +206,107 @@ def test_large_messages_in_pages_are_delivered_whole_and_their_files_go(scow_bro
         got = receive(conn.create_receiver("paged", credit=5), 46)
     assert [bytes(m.body) for m in got[40:]] == bodies
     wait_for(lambda: not files(broker), 10, what="the files to go with their pages")
+
+
+def _queues(**tables: Any) -> dict[str, Any]:
+    return {name: {"routing-type": "ANYCAST", **t} for name, t in tables.items()}
+
+
+def test_selectors_priority_and_last_value_read_a_large_messages_head(scow_broker):
+    broker = large_broker(
+        scow_broker,
+        queues=_queues(
+            prio={"arguments": {"qpid.priorities": 10}},
+            prices={"arguments": {"last-value-key": "stock"}},
+        ),
+    )
+    big = body_of(256 << 10)
+    with connected(broker.url) as conn:
+        send(
+            conn, "prio",
+            Message(body=big, priority=1, properties={"n": 1}, durable=True),
+            Message(body=big, priority=9, properties={"n": 9}, durable=True),
+        )  # fmt: skip
+        got = receive(conn.create_receiver("prio", credit=2), 2)
+        assert [m.properties["n"] for m in got] == [9, 1]
+        send(
+            conn, "prices",
+            Message(body=big, properties={"stock": "A", "v": 1}, durable=True),
+            Message(body=big, properties={"stock": "A", "v": 2}, durable=True),
+        )  # fmt: skip
+        (last,) = receive(conn.create_receiver("prices", credit=5), 1)
+        assert last.properties["v"] == 2 and bytes(last.body) == big
+        send(conn, "sel", *(Message(body=big, properties={"k": k}) for k in ("a", "b")))
+        from proton.reactor import Selector
+
+        (chosen,) = receive(conn.create_receiver("sel", credit=5, options=Selector("k = 'b'")), 1)
+        assert chosen.properties["k"] == "b"
+    # the superseded last value's file went with it; the one not selected still waits
+    wait_for(lambda: len(files(broker)) == 1, 5, what="one file left")
+
+
+def test_an_expired_large_message_moves_to_the_expiry_address_with_its_file(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(256 << 10, seed=7)
+    with connected(broker.url) as conn:
+        send(conn, "brief", Message(body=body, ttl=0.2, durable=True))
+        (expired,) = receive(conn.create_receiver("ExpiryQueue", credit=1), 1)
+    assert bytes(expired.body) == body
+    assert "x-opt-ACTUAL-EXPIRY" in {str(k) for k in expired.annotations}
+    wait_for(lambda: not files(broker), 5, what="the file to go")
+
+
+def test_transactions_commit_large_messages_and_roll_them_back_with_their_files(scow_broker):
+    from proton.reactor import Container
+
+    from .test_transactions import TxClient
+
+    class LargeTx(TxClient):
+        def on_transaction_declared(self, event: Any) -> None:
+            for i in range(self.count):
+                message = Message(body=body_of(256 << 10, seed=i), durable=True)
+                event.transaction.send(self.sender, message)
+            self.discharge(event.transaction)
+
+    broker = large_broker(scow_broker)
+    aborted = LargeTx(broker.url, "txl", 2, commit=False)
+    Container(aborted).run()
+    assert aborted.outcome == "aborted"
+    wait_for(lambda: not files(broker), 5, what="the rolled back files to go")
+    committed = LargeTx(broker.url, "txl", 2, commit=True)
+    Container(committed).run()
+    assert committed.outcome == "committed"
+    assert len(files(broker)) == 2
+    with connected(broker.url) as conn:
+        got = receive(conn.create_receiver("txl", credit=2), 2)
+    assert [bytes(m.body) for m in got] == [body_of(256 << 10, seed=i) for i in range(2)]
+
+
+def test_a_qpid_paged_queue_keeps_large_messages_with_their_files(scow_broker):
+    broker = scow_broker(
+        plugins=[*DEFAULT_PLUGINS, "qpid-paged-queues"],
+        sections={
+            "amqp": {"min-large-message-size": SMALL_LARGE},
+            "queues": _queues(pq={"arguments": {"qpid.paging": True}}),
+        },
+    )
+    bodies = [body_of(256 << 10, seed=i) for i in range(3)]
+    with connected(broker.url) as conn:
+        send(conn, "pq", *(Message(body="k" * 1000) for _ in range(20)))
+        send(conn, "pq", *(Message(body=b, durable=True) for b in bodies))
+        got = receive(conn.create_receiver("pq", credit=10), 23)
+    assert [bytes(m.body) for m in got[20:]] == bodies
+
+
+def test_duplicate_detection_drops_a_resent_large_message_and_its_file(scow_broker):
+    broker = large_broker(scow_broker)
+    body = body_of(256 << 10, seed=4)
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("once")
+        for _ in range(2):
+            message = Message(body=body, durable=True, properties={"_AMQ_DUPL_ID": "big-1"})
+            assert sender.send(message).remote_state == Delivery.ACCEPTED
+        assert len(files(broker)) == 1  # the resend's file went with it
+        got = receive(conn.create_receiver("once", credit=5), 1)
+    assert bytes(got[0].body) == body
+    wait_for(lambda: not files(broker), 5, what="the file to go")
