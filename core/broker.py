@@ -26,6 +26,7 @@ from scow.core.duplicates import (
     duplicate_error,
     id_key,
 )
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
     MEMORY_OVERHEAD,
@@ -165,7 +166,7 @@ class Broker:
         #: The files of large messages' bodies (`scow.core.large_messages`).
         self.large_messages = LargeMessageStore(
             Path(str(broker_cfg.get("data-dir", "./data")))
-            / str(broker_cfg.get("large-messages-directory", "large-messages")),
+            / str(broker_cfg.get("large-messages-directory", LARGE_MESSAGES_DIRECTORY)),
             sync=persistent and bool(broker_cfg.get("large-message-sync", True)),
         )
         self._connection_numbers = itertools.count(1)
@@ -540,8 +541,9 @@ class Broker:
             elif not body.synced and on_stored is not None:
                 # confirmed once both its file and its record are durable
                 stored = _after_files([body], on_stored)
-                status = self._send(data, address_name, fmt, routing_type, stored, None,
-                                    check_duplicates)  # fmt: skip
+                status = self._send(
+                    data, address_name, fmt, routing_type, stored, None, check_duplicates
+                )
                 if status is RouteStatus.PENDING:
                     return status
                 stored()
@@ -1501,8 +1503,12 @@ class Broker:
             if body is None:
                 # deleted after its last acknowledgement, before the record's deletion
                 # reached the journal (or never synced, so never accepted)
-                log.warning("large message dropped: its file is missing or short",
-                            message=rec.id, file=str(self.large_messages.path_of(rec.large[0])))  # fmt: skip
+                path = self.large_messages.path_of(rec.large[0])
+                log.warning(
+                    "large message dropped: its file is missing or short",
+                    message=rec.id,
+                    file=str(path),
+                )
                 self.storage.acknowledge(rec.id, queues[0][0].id, True)
                 return []
             body.acquire()

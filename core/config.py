@@ -29,8 +29,8 @@ from scow.core.address_settings import (
     parse_size,
     validate_settings,
 )
-from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.duplicates import DEFAULT_ID_CACHE_SIZE
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 
 __all__ = [
     "ADDRESS_SETTINGS_SECTION",

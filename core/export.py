@@ -215,9 +215,7 @@ def _import_message(
         if isinstance(data, LargeHead):
             body = data.body
             large = (body.file_id, body.head_size, body.length)
-        paged(
-            RecoveredMessage(message_id, address, expiration, priority, data, qids, True, large)
-        )
+        paged(RecoveredMessage(message_id, address, expiration, priority, data, qids, True, large))
         return
     storage.store_message(
         message_id,

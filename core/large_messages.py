@@ -34,7 +34,7 @@ DEFAULT_DIRECTORY = "large-messages"
 #: Artemis's default for AMQP acceptors: messages from this size on are large.
 DEFAULT_MIN_LARGE_MESSAGE_SIZE = 100 << 10
 #: Bytes read from a body file per call while a delivery streams it.
-READ_CHUNK = 256 << 10
+READ_CHUNK = 1 << 20
 _SUFFIX = ".msg"
 
 
@@ -119,26 +119,23 @@ class LargeHead(bytes):
         """The size of the whole message as delivered with this head."""
         return len(self) + self.body.length - self.body.head_size
 
-    def __reduce__(self) -> tuple[object, ...]:  # keep the body when copied
-        return (LargeHead, (bytes(self), self.body))
-
 
 def large_body(data: bytes) -> LargeBody | None:
     """The body file of a message's data, or None for a message held whole in memory."""
-    return data.body if data.__class__ is LargeHead else None  # type: ignore[attr-defined]
+    return data.body if data.__class__ is LargeHead else None
 
 
 def hold_body(data: bytes) -> None:
     """A message object with these bytes now counts in memory: it holds its body's file
     (the broker releases it with the message's last reference)."""
     if data.__class__ is LargeHead:
-        data.body.acquire()  # type: ignore[attr-defined]
+        data.body.acquire()
 
 
 def message_size(data: bytes) -> int:
     """The size of a message as its consumers receive it, body file included."""
     if data.__class__ is LargeHead:
-        return data.message_size  # type: ignore[attr-defined, no-any-return]
+        return data.message_size
     return len(data)
 
 

@@ -29,8 +29,8 @@ log = structlog.get_logger("scow.amqp")
 #: Bytes of large messages' bodies one flush adds to the output before it lets the loop
 #: serve others (the rest follows in the next flush), and the socket's write buffer
 #: beyond which none is added (asyncio calls `pause_writing` past its own limit).
-STREAM_BUDGET = 1 << 20
-STREAM_BUFFERED = 1 << 20
+STREAM_BUDGET = 4 << 20
+STREAM_BUFFERED = 2 << 20
 
 
 def _monotonic_ms() -> int:

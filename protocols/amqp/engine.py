@@ -88,6 +88,8 @@ _RECV_SIZE = 1 << 16
 _recv_buf = ffi.new("char[]", _RECV_SIZE)
 _OUT_SIZE = 1 << 18
 _out_buf = ffi.new("char[]", _OUT_SIZE)
+_CHUNK_SIZE = 1 << 20  # `receive_chunks`: a large message's bytes, written out as they come
+_chunk_buf = ffi.new("char[]", _CHUNK_SIZE)
 
 
 def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
@@ -107,9 +109,9 @@ def receive_chunks(link: CData, size: int) -> Iterator[memoryview]:
     """The `size` bytes a delivery has pending, in pieces, without advancing the link
     (a large message, written out as it arrives). Each piece is a view of a reused
     buffer: valid until the next one is asked for."""
-    view = memoryview(ffi.buffer(_recv_buf))
+    view = memoryview(ffi.buffer(_chunk_buf))
     while size > 0:
-        got = lib.pn_link_recv(link, _recv_buf, min(size, _RECV_SIZE))
+        got = lib.pn_link_recv(link, _chunk_buf, min(size, _CHUNK_SIZE))
         if got <= 0:
             return
         size -= got

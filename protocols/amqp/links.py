@@ -40,7 +40,7 @@ _RELAY_CACHE = 1024
 MAX_LARGE_HEAD = 1 << 20
 #: A streaming delivery adds to its session only while the session holds less than this
 #: that the consumer's window has not let out yet.
-STREAM_WINDOW = 1 << 20
+STREAM_WINDOW = 4 << 20
 
 
 def routing_hint(capabilities: frozenset[str]) -> RoutingType | None:

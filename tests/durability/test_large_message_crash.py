@@ -148,9 +148,7 @@ def test_sigkill_mid_delivery_keeps_the_message_whole(scow_broker_process, tmp_p
     wait_for(lambda: not large_files(tmp_path), 5, what="the file to go with the ack")
 
 
-def test_sigkill_mid_deletion_leaves_no_file_and_delivers_no_partial(
-    scow_broker_process, tmp_path
-):
+def test_sigkill_mid_deletion_leaves_no_file_and_delivers_no_partial(scow_broker_process, tmp_path):
     # the file goes at the acknowledgement while its delete record waits in the journal's
     # 3 s buffer: the restart finds a record whose file is gone
     slow = sections(**{"journal-buffer-timeout": 3_000_000_000})
