@@ -37,13 +37,12 @@ from __future__ import annotations
 import base64
 import itertools
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
+from scow.core.large_messages import LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 
 FORMAT = "scow-export"
@@ -246,13 +245,11 @@ def _import_large(
         )
     if directory is None:
         raise ExportError(f"line {number}: a large message, and no directory for its file")
-    store = LargeMessageStore(directory, sync=False)
-    file_id = storage.next_id()
-    arrival = store.begin(file_id)
-    arrival.write(data)
-    os.fsync(arrival.fd)
-    body: LargeBody = arrival.complete(head_size, sync=False)
-    return LargeHead(data[:head_size], body)
+    store = LargeMessageStore(directory, sync=True)
+    view = memoryview(data)
+    return store.write_whole(
+        storage.next_id(), view[:head_size].tobytes(), view[head_size:], sync=True
+    )
 
 
 def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: int) -> None:

@@ -139,6 +139,14 @@ def message_size(data: bytes) -> int:
     return len(data)
 
 
+def with_body(delivered: bytes, stored: bytes) -> bytes:
+    """The whole message a protocol that cannot stream sends: `delivered` (the head
+    `for_delivery` made of `stored`, a message's data) and the body in its file, if any."""
+    if stored.__class__ is not LargeHead:
+        return delivered
+    return delivered + b"".join(stored.body.chunks())
+
+
 def with_head(data: bytes, new: bytes) -> bytes:
     """`new` (a rewrite of `data`'s head) as a message: with `data`'s body if it has one."""
     body = large_body(data)
@@ -178,8 +186,12 @@ class Arrival:
         if not sync:
             os.close(fd)
             return body
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # an offline tool (`scow data import`): synced here
+            _sync_and_close(fd)
+            return body
         body.synced = False
-        loop = asyncio.get_running_loop()
 
         def synced(_future: object) -> None:
             loop.call_soon_threadsafe(body._now_synced)
@@ -237,6 +249,21 @@ class LargeMessageStore:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._made = True
         return Arrival(self, file_id)
+
+    def write_whole(
+        self, file_id: int, head: bytes, rest: bytes | memoryview, *, sync: bool
+    ) -> LargeHead:
+        """A message that arrived whole (its `head`, then the `rest` of its bytes) as a
+        large message: written to a file of its own (synced, with `sync`, before its
+        body counts as synced), its head kept."""
+        arrival = self.begin(file_id)
+        try:
+            arrival.write(head)
+            arrival.write(rest)
+        except OSError:
+            arrival.abandon()
+            raise
+        return LargeHead(head, arrival.complete(len(head), sync=sync))
 
     def recovered(self, file_id: int, head_size: int, length: int) -> LargeBody | None:
         """The body a recovered record refers to; None when its file is missing or short
