@@ -36,6 +36,9 @@ DEFAULT_MIN_LARGE_MESSAGE_SIZE = 100 << 10
 #: Bytes read from a body file per call while a delivery streams it.
 READ_CHUNK = 1 << 20
 _SUFFIX = ".msg"
+#: Threads that sync and delete files: each sync also commits its file's creation, and
+#: several in flight let the file system commit them together.
+SYNC_THREADS = 4
 
 
 class LargeBody:
@@ -208,6 +211,15 @@ class Arrival:
         self.store.path_of(self.file_id).unlink(missing_ok=True)
 
 
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # removed as an orphan at the next start
+        log.warning("large message file not deleted", path=str(path), reason=str(exc))
+
+
 def _sync_and_close(fd: int) -> None:
     try:
         os.fsync(fd)
@@ -240,7 +252,7 @@ class LargeMessageStore:
 
     def executor(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="scow-large-sync")
+            self._executor = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="scow-large")
         return self._executor
 
     def begin(self, file_id: int) -> Arrival:
@@ -303,14 +315,11 @@ class LargeMessageStore:
             body.release()
 
     def remove(self, body: LargeBody) -> None:
+        """Delete a body's file, on the store's threads: unlinking a large file can take
+        milliseconds. A crash before it happens leaves an orphan, removed at the start."""
         self.files -= 1
         self.bytes -= body.length
-        try:
-            body.path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # removed again as an orphan at the next start
-            log.warning("large message file not deleted", path=str(body.path), reason=str(exc))
+        self.executor().submit(_unlink, body.path)
 
     def keep(self, file_id: int) -> None:
         """At startup: a recovered message not in the journal (paged) refers to this file."""
