@@ -538,6 +538,10 @@ class ConsumerLink:
         elif self.presettled:
             engine.delivery_settle(stream.delivery)
             self.conn.broker.acknowledge(stream.ref)
+        self._after_stream()
+
+    def _after_stream(self) -> None:
+        """Send what waited for the stream that ended; then the queue's next messages."""
         while self.backlog and self.stream is None:
             self.deliver(self.backlog.popleft())
         if self.stream is None:
@@ -596,12 +600,13 @@ class ConsumerLink:
         ref = self.unsettled.pop(delivery, None)
         stream = self.stream
         if stream is not None and stream.delivery == delivery:
-            # settled before the whole message went (a consumer may refuse it early)
+            # settled before the whole message went (a consumer may refuse it early):
+            # the rest is not sent (an abort settles it on our side too)
             self._stop_stream()
             engine.delivery_abort(delivery)
-            if self.backlog:
-                self.deliver(self.backlog.popleft())
-        engine.delivery_settle(delivery)
+            self._after_stream()
+        else:
+            engine.delivery_settle(delivery)
         if ref is None:
             return
         if self.max_unsettled and len(self.unsettled) == self.max_unsettled - 1:
