@@ -153,6 +153,11 @@ def disposition_failed(delivery: CData) -> tuple[bool, bool]:
     )
 
 
+def rejection(delivery: CData) -> tuple[str | None, str | None]:
+    """The error condition of a remote `rejected` outcome."""
+    return condition_of(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery)))
+
+
 def set_modified(delivery: CData, *, failed: bool, undeliverable: bool = False) -> None:
     local = lib.pn_delivery_local(delivery)
     lib.pn_disposition_set_failed(local, failed)
