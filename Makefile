@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(BIN)/scow run
 
 test: $(TSTAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 lint: $(TSTAMP)
 	$(BIN)/pip install -q -e '.[dev]'

@@ -1,51 +1,104 @@
 """Small file systems for disk-full tests: a tmpfs mounted for the test, and a filler.
 
-Mounting needs root (or CAP_SYS_ADMIN); where it is not permitted the test is skipped,
-saying why.
+`mount -t tmpfs -o size=32m tmpfs DIR` needs root (or CAP_SYS_ADMIN); where it is not
+permitted `mount_tmpfs` says why, and `tmpfs` skips the test saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """`path` (created) on a new tmpfs of `size` ("1m", "24m"), unmounted at the end."""
+@dataclass
+class Tmpfs:
+    path: Path
+
+    def unmount(self) -> None:
+        # lazy: a broker killed a moment ago may still hold files open
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+    def free_bytes(self) -> int:
+        return free_bytes(self.path)
+
+
+def mount_tmpfs(path: Path, size: str) -> Tmpfs | str:
+    """Mount a tmpfs of `size` ("1m", "24m") at `path` (created); a reason string when
+    that is not permitted."""
+    if shutil.which("mount") is None:
+        return "no mount command"
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
+    result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    if result.returncode != 0:
+        return f"cannot mount a tmpfs here ({result.stderr.strip() or result.returncode})"
+    return Tmpfs(path)
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """`path` on a new tmpfs of `size`, unmounted at the end; skips the test where
+    mounting is refused."""
+    mounted = mount_tmpfs(path, size)
+    if isinstance(mounted, str):
+        pytest.skip(mounted)
     try:
-        yield path
+        yield mounted.path
     finally:
-        # lazy: a broker killed a moment ago may still hold files open
-        subprocess.run(["umount", "-l", str(path)], check=False)
+        mounted.unmount()
+
+
+class Filler:
+    """Takes the free space of a file system with one file, and gives it back."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fill(self, leave: int = 0, chunk: int = 1 << 20) -> int:
+        """Write zeros until ENOSPC (or only `leave` bytes are free); returns bytes written.
+
+        Unbuffered: a buffered file would try the refused bytes again as it closes."""
+        written = 0
+        block = b"\0" * chunk
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            while True:
+                free = free_bytes(self.path.parent)
+                if free <= leave:
+                    break
+                piece = block if free - leave >= chunk else block[: max(free - leave, 4096)]
+                try:
+                    written += os.write(fd, piece)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    break
+        finally:
+            os.close(fd)
+        return written
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 def fill(fs: Path) -> Path:
-    """Write a filler file until the file system refuses; its path."""
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        chunk = bytes(64 * 1024)
-        while chunk:
-            try:
-                f.write(chunk)
-            except OSError:
-                chunk = chunk[: len(chunk) // 2]
-    return filler
+    """Fill the file system at `fs` with a file named `filler`; its path."""
+    filler = Filler(fs / "filler")
+    filler.fill()
+    return filler.path
 
 
 def free_bytes(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
+    return shutil.disk_usage(path).free

@@ -14,7 +14,7 @@ from tests.security.helpers import Pki, make_pki
 from tests.system import native
 from tests.system.broker import SystemBroker
 from tests.system.topology import BrokerSpec
-from tests.system.volumes import Tmpfs, mount_tmpfs
+from tests.tmpfs import Tmpfs, mount_tmpfs
 
 
 @pytest.fixture(scope="session")

@@ -184,9 +184,11 @@ def member_tables(
     http_port: int,
     ha: Mapping[str, Any],
     database: Mapping[str, Any] | None = None,
+    address_settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The config of one member. With `database` ([database] settings), the journal and
-    the pages live in that database and `data_dir` is the member's own."""
+    the pages live in that database and `data_dir` is the member's own;
+    `address_settings` adds to the default (anycast) ones."""
     plugins = [*PLUGINS, "database-store"] if database else list(PLUGINS)
     tables: dict[str, dict[str, Any]] = {
         "plugins": {"enable": plugins},
@@ -194,7 +196,10 @@ def member_tables(
         "amqp": {"listen": [f"127.0.0.1:{port}"]},
         "management": {"listen": f"127.0.0.1:{http_port}"},
         "ha": {"policy": role, "lock-poll-period": 100, **ha},
-        "address-settings": {"#": {"default-address-routing-type": "ANYCAST"}},
+        "address-settings": {
+            "#": {"default-address-routing-type": "ANYCAST"},
+            **(address_settings or {}),
+        },
         "queues": {ADDRESS: {"address": ADDRESS, "routing-type": "ANYCAST"}},
     }
     if database:
@@ -219,6 +224,7 @@ class Pair:
         primary_ha: Mapping[str, Any] | None = None,
         backup_ha: Mapping[str, Any] | None = None,
         database: Mapping[str, Mapping[str, Any]] | None = None,
+        address_settings: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
@@ -235,6 +241,7 @@ class Pair:
                 http_port,
                 {**(ha or {}), **(own or {})},
                 database[role] if database else None,
+                address_settings,
             )
             config = write_config(directory / f"{role}.toml", tables)
             members[role] = Member(role, role, config, port, http_port, directory / f"{role}.log")

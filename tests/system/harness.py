@@ -38,7 +38,7 @@ from tests.system.faults import FAULT_KINDS, FAULTS, WEIGHTS, Check
 from tests.system.processes import ROOT, Proc
 from tests.system.records import read_all
 from tests.system.topology import LANES, SUBSCRIPTIONS, BrokerSpec
-from tests.system.volumes import Filler, Tmpfs, mount_tmpfs
+from tests.tmpfs import Filler, Tmpfs, mount_tmpfs
 
 #: Producer and consumer processes, by group: which lanes each serves.
 PRODUCER_GROUPS = {

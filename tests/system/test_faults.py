@@ -19,7 +19,7 @@ from scow.core.testing import amqp_client, wait_for
 from tests.system.processes import ROOT, local_ports
 from tests.system.records import read_events
 from tests.system.topology import LANES, PAGING, BrokerSpec
-from tests.system.volumes import Filler
+from tests.tmpfs import Filler
 
 
 class Clients:

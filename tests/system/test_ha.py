@@ -7,6 +7,7 @@ delivery doubled by one broker process, nothing the broker acknowledged delivere
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,20 +17,36 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from proton import Message, Terminus
+from proton.utils import BlockingConnection, BlockingReceiver
 
-from scow.core.testing import wait_for
+from scow.core.storage import StorageManager
+from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
+from scow.plugins.file_journal.journal import FileJournal
+from scow.plugins.file_journal.plugin import journal_settings
+from scow.protocols.amqp.codec import encode_message
 from tests.system.ha import (
     ASKING,
     SERVING,
     STEPPING_DOWN,
     WAITING,
     CutProxy,
+    Member,
     Move,
     Pair,
     Traffic,
     check,
     ha_status,
     remote_properties,
+)
+from tests.wire.helpers import (
+    Capabilities,
+    Durable,
+    connected,
+    consume_all,
+    detach,
+    receive,
+    send,
 )
 
 #: A backup takes over a SIGKILLed primary's file store within this many seconds.
@@ -232,6 +249,106 @@ def test_management_api_shows_the_members_role_state_and_peers(
     assert [(p["name"], p["state"]) for p in ha["peers"]] == [("backup", "waiting")]
 
 
+# --------------------------------------------------------------------------- state
+
+
+#: A paging address (its messages mostly in page files) beside the pair's queues.
+PAGED = "ha.paged"
+PAGED_SETTINGS = {PAGED: {"max-size-bytes": 10_000, "page-size-bytes": 8_000}}
+TOPIC = "ha.news"
+
+
+def _prepare_transaction(data_dir: Path) -> None:
+    """Messages a and b on queue `prep`, and a prepared transaction that adds c and acks a
+    (held undecided by whichever member loads the store)."""
+    data_dir.mkdir(parents=True)
+    config = broker_config(data_dir, plugins=["amqp", "file-journal", "standard-queues"])
+    broker = BrokerThread(write_config(data_dir.parent / "setup.toml", config)).start()
+    with connected(broker.url) as conn:
+        send(conn, "prep", Message(body="a", durable=True), Message(body="b", durable=True))
+    broker.stop()
+    storage = StorageManager(
+        FileJournal(journal_settings(data_dir, "bindings", {})),
+        FileJournal(journal_settings(data_dir, "messages", {})),
+    )
+    recovered = storage.load()
+    queue_id = recovered.queues[0]["id"]
+    body = encode_message("c", durable=True, body_kind="value")
+    tx = 990_000
+    storage.store_message(storage.next_id(), "prep", 0, 4, [queue_id], body, None, tx_id=tx)
+    storage.acknowledge(recovered.messages[0].id, queue_id, True, tx_id=tx)
+    storage.messages.prepare(tx, b"xid", sync=True)
+    storage.stop()
+
+
+def _durable_receiver(conn: BlockingConnection) -> BlockingReceiver:
+    return conn.create_receiver(
+        TOPIC, name="audit", options=[Capabilities("topic"), Durable(Terminus.DELIVERIES)]
+    )
+
+
+def _leave_state(member: Member) -> BlockingConnection:
+    """A durable subscription with messages sent while it was detached, a paging address
+    part consumed, and a message delivered but not settled on the connection returned."""
+    subscription = "app-1.audit"
+    with connected(member.url, container_id="app-1") as conn:
+        receiver = _durable_receiver(conn)
+        detach(
+            conn,
+            receiver,
+            until=lambda: member.api(f"/api/queues/{subscription}")["consumer-count"] == 0,
+        )
+    with connected(member.url) as conn:
+        send(conn, TOPIC, *[Message(body=f"n{i}", durable=True) for i in range(20)])
+        filler = "x" * 200
+        send(conn, PAGED, *[Message(body=f"p{i} {filler}", durable=True) for i in range(300)])
+        assert member.api(f"/api/addresses/{PAGED}")["paging"], "the address did not page"
+        receiver = conn.create_receiver(PAGED)
+        assert [m.body.split()[0] for m in receive(receiver, 50)] == [f"p{i}" for i in range(50)]
+        receiver.close()
+        # a durable send is acknowledged once synced, and the journal is written in order:
+        # the acknowledgements above are on disk with it
+        send(conn, "ha.barrier", Message(body="sync", durable=True))
+    mid = BlockingConnection(member.url, timeout=10)
+    send(mid, "ha.mid", Message(body="m", durable=True))
+    assert receive(mid.create_receiver("ha.mid"), 1, accept=False)[0].body == "m"
+    return mid
+
+
+def _abandon(conn: BlockingConnection) -> None:
+    """Let go of a connection whose broker was killed (its close cannot be answered)."""
+    conn.timeout = 1
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+def _check_state(member: Member) -> None:
+    """What `_leave_state` left, as a restart would give it back."""
+    with connected(member.url, container_id="app-1") as conn:
+        receiver = _durable_receiver(conn)
+        assert [m.body for m in receive(receiver, 20)] == [f"n{i}" for i in range(20)]
+    assert [m.body.split()[0] for m in consume_all(member.url, PAGED)] == [
+        f"p{i}" for i in range(50, 300)
+    ]
+    assert [m.body for m in consume_all(member.url, "ha.mid")] == ["m"]  # given back
+
+
+def test_file_store_subscription_paging_cursor_unsettled_and_prepared_tx_come_through_failover(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    _prepare_transaction(tmp_path / "pair" / "data")
+    pair = _pair(pairs, tmp_path / "pair", address_settings=PAGED_SETTINGS)
+    assert pair.primary.api("/api/queues/prep")["message-count"] == 1  # a held, c not yet
+    mid = _leave_state(pair.primary)
+    pair.kill(pair.primary)
+    pair.backup.wait_serving(15)
+    _abandon(mid)
+    _check_state(pair.backup)
+    # the prepared transaction is held undecided by the backup as it was by the primary
+    assert pair.backup.api("/api/queues/prep")["message-count"] == 1
+    assert [m.body for m in consume_all(pair.backup.url, "prep")] == ["b"]
+
+
 # --------------------------------------------------------------------------- database store
 
 #: Short leases keep these tests quick: a primary whose renewals stop steps down after
@@ -381,6 +498,24 @@ def test_database_store_primary_cut_off_mid_transaction_does_not_keep_the_backup
         traffic.kill()
     traffic.drain(pair.backup.url)
     _assert_clean(traffic, pair)
+
+
+@pytest.mark.postgres
+def test_database_store_subscription_paging_cursor_and_unsettled_come_through_failover(
+    pairs: list[Pair], tmp_path: Path, postgres_url: str
+) -> None:
+    member = {"url": postgres_url, **FAST_LEASE}
+    pair = _pair(
+        pairs,
+        tmp_path / "pair",
+        database={"primary": member, "backup": member},
+        address_settings=PAGED_SETTINGS,
+    )
+    mid = _leave_state(pair.primary)
+    pair.kill(pair.primary)
+    pair.backup.wait_serving(EXPIRATION + 15)
+    _abandon(mid)
+    _check_state(pair.backup)
 
 
 def test_checker_flags_lost_doubled_and_reacknowledged_sends() -> None:
