@@ -1569,6 +1569,7 @@ class Broker:
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
             "messages-duplicate": self.messages_duplicate,
+            "large-messages": self.large_messages.stats(),
         }
 
     def address_stats(self, address: AddressInfo) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Large messages: bodies kept in files of their own, never whole in memory.
 
-A message bigger than its listener's `min-large-message-size` (Artemis's large message)
+A message of its listener's `min-large-message-size` or more (Artemis's large message)
 is written to `<data-dir>/large-messages/<file id>.msg` as its frames arrive. The file
 holds the whole message as the producer sent it. The broker keeps only its *head*, the
 encoded sections before the body (header, annotations, properties, application
@@ -347,6 +347,7 @@ class LargeMessageStore:
         return removed
 
     def stats(self) -> dict[str, int]:
+        """Files of whole large messages, their bytes, and messages still arriving."""
         return {"files": self.files, "bytes": self.bytes, "arriving": self.arriving}
 
     def close(self) -> None:

@@ -40,6 +40,8 @@ def test_a_large_message_goes_to_its_file_and_comes_back_whole(scow_broker):
         send(conn, "big", Message(body=body, durable=True, subject="s", properties={"k": 1}))
         assert len(files(broker)) == 1
         stored = files(broker)[0].stat().st_size
+        figures = broker.call(broker.broker.stats)["large-messages"]
+        assert figures == {"files": 1, "bytes": stored, "arriving": 0}
         assert stored > len(body)  # the whole message as sent, sections and all
         stats = broker.queue_stats("big")
         assert stats["message-count"] == 1
