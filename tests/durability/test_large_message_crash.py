@@ -248,3 +248,34 @@ def test_the_database_journal_keeps_a_large_messages_head_and_the_file_its_body(
     assert len(large_files(tmp_path)) == 1
     assert [bytes(m.body) for m in consume_all(restarted.url, "db", quiet=0.5)] == [body]
     wait_for(lambda: not large_files(tmp_path), 5, what="the file to go")
+
+
+def test_large_messages_interleaved_on_two_links_of_one_connection_arrive_whole(
+    scow_broker_process,
+):
+    broker = scow_broker_process(plugins=PLUGINS, sections=sections())
+    client = RawClient(broker.port)
+    second = engine.new_session(client.engine.connection)
+    links = [
+        engine.new_sender(client.session, "a", "mixed"),
+        engine.new_sender(second, "b", "mixed"),
+    ]
+    client.until(lambda: all(engine.link_credit(link) > 0 for link in links), "credit")
+    encoded = [
+        Message(body=body_of(4 << 20, seed=i), durable=True, properties={"n": i}).encode()
+        for i in range(2)
+    ]
+    deliveries = [engine.begin_send(link, b"t", b"") for link in links]
+    for start in range(0, len(encoded[0]), 256 << 10):  # the two messages' frames interleave
+        for link, data in zip(links, encoded, strict=True):
+            engine.send_more(link, data[start : start + (256 << 10)])
+        client.read(0.01)
+    for link in links:
+        engine.link_advance(link)
+    client.until(lambda: all(engine.delivery_remote_state(d) for d in deliveries), "both outcomes")
+    assert [engine.delivery_remote_state(d) for d in deliveries] == [engine.ACCEPTED] * 2
+    client.close()
+    got = consume_all(broker.url, "mixed", quiet=0.5)
+    assert sorted((m.properties["n"], bytes(m.body)) for m in got) == [
+        (i, body_of(4 << 20, seed=i)) for i in range(2)
+    ]
