@@ -18,7 +18,7 @@ that failed (`SCOW_CHAOS_SEED=N pytest tests/system/test_chaos.py -k replay` rep
 The soak keeps the same traffic for `--soak` seconds with a client killed (or a TCP/TLS
 peer crashing) every `--kill-every` seconds, and prints the broker's RSS and open file
 descriptors at the start (no clients), sampled along the way, and at the end (drained,
-no clients).
+no clients, at rest: once the broker's periodic heap trim has given freed memory back).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def run_soak(args: argparse.Namespace, workdir: Path) -> int:
         )
     if after:
         print(
-            f"end (drained, no clients): rss {after['rss_kib'] / 1024:.1f} MiB, fds {after['fds']}"
+            f"end (drained, at rest):    rss {after['rss_kib'] / 1024:.1f} MiB, fds {after['fds']}"
         )
     print(
         f"accepted {report.findings.accepted}, lost {report.findings.lost}, first deliveries "

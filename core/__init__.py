@@ -21,6 +21,7 @@ from scow.core.descriptors import (
     PageStoreBackend,
     ProtocolType,
     QueueType,
+    StreamStoreBackend,
 )
 from scow.core.hookspecs import HOOK_API_VERSION
 from scow.core.interfaces import (
@@ -37,6 +38,11 @@ from scow.core.interfaces import (
     Queue,
     RecordInfo,
     Service,
+    StreamAppended,
+    StreamContents,
+    StreamRecord,
+    StreamSegment,
+    StreamStore,
 )
 from scow.core.large_messages import DEFAULT_MIN_LARGE_MESSAGE_SIZE, LargeHead, with_body
 from scow.core.management import ManagementOperation
@@ -115,6 +121,12 @@ __all__ = [
     "RoutingType",
     "Service",
     "Setting",
+    "StreamAppended",
+    "StreamContents",
+    "StreamRecord",
+    "StreamSegment",
+    "StreamStore",
+    "StreamStoreBackend",
     "Transaction",
     "Unauthorized",
     "command_group",

@@ -113,6 +113,7 @@ class Server:
             self.journals = plugins.unique("scow_register_journals", "journal backend")
             self.full_policies = plugins.unique("scow_register_full_policies", "full policy")
             self.page_stores = plugins.unique("scow_register_page_stores", "page store")
+            self.stream_stores = plugins.unique("scow_register_stream_stores", "stream store")
             self.protocol_types = plugins.unique("scow_register_protocols", "protocol")
         except PluginError as exc:
             raise StartupError(str(exc)) from exc
@@ -265,6 +266,7 @@ class Server:
             persistent=bool(storage.journals),
             selector_compiler=lambda text: compile_selector(text).matches,
             page_stores=self.page_stores,
+            stream_stores=self.stream_stores,
         )
         broker.hooks = self.plugins.hook
         try:

@@ -26,6 +26,7 @@ from scow.core.duplicates import (
     duplicate_error,
     id_key,
 )
+from scow.core.interfaces import after_all
 from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
@@ -56,7 +57,12 @@ from scow.core.security import Security
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
     from scow.core.config import Config
-    from scow.core.descriptors import FullPolicyType, PageStoreBackend, QueueType
+    from scow.core.descriptors import (
+        FullPolicyType,
+        PageStoreBackend,
+        QueueType,
+        StreamStoreBackend,
+    )
     from scow.core.interfaces import Completion, Consumer
     from scow.core.storage import (
         PageRecovery,
@@ -109,12 +115,15 @@ class Broker:
         persistent: bool,
         selector_compiler: Callable[[str], Any],
         page_stores: Mapping[str, PageStoreBackend] | None = None,
+        stream_stores: Mapping[str, StreamStoreBackend] | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
         self.queue_types = dict(queue_types)
         self.full_policies = dict(full_policies)
         self.page_stores = dict(page_stores or {})
+        #: Where stream queues may keep their records, by backend name.
+        self.stream_stores = dict(stream_stores or {})
         #: The paging plugin's manager, once an address pages (see `scow.plugins.paging`).
         self.page_manager: Any = None
         #: How stored messages are read back (the protocol plugin's), set at recovery.
@@ -710,12 +719,44 @@ class Broker:
         pager = address.pager
         if pager is not None and (full or pager.paging):
             return pager.page(message, queues, on_stored, None)
+        if address.keepers and message.kind.durable and self.persistent:
+            kept = [q for q in queues if q.durable and q in address.keepers]
+            if kept:
+                return self._accept_kept(message, queues, kept, address, on_stored)
         message, journaled = self._store(message, queues, address, on_stored, None)
         for queue in queues:
             queue.enqueue(message)
         if journaled and on_stored is not None:
             return RouteStatus.PENDING
         return RouteStatus.ROUTED
+
+    def _accept_kept(
+        self,
+        message: Message,
+        queues: list[Any],
+        kept: list[Any],
+        address: AddressInfo,
+        on_stored: Completion | None,
+    ) -> RouteStatus:
+        """Accept a durable message some of whose queues keep their own durable copy
+        (`keeps_durable_copy`): journaled for the other durable queues only, so it is
+        written once for each store; `on_stored` runs once the journal and every keeper
+        have it."""
+        others = [q for q in queues if q not in kept]
+        parts = len(kept) + any(q.durable for q in others)
+        done = None if on_stored is None else after_all(parts, on_stored)
+        message, _journaled = self._store(message, others, address, done, None, refs=len(queues))
+        for queue in queues:
+            if queue in kept:
+                queue.keep(message, done)
+            else:
+                queue.enqueue(message)
+        return RouteStatus.ROUTED if done is None else RouteStatus.PENDING
+
+    def release_kept(self, ref: MessageRef) -> None:
+        """A queue that keeps its own durable copy (`keeps_durable_copy`) has that copy
+        and is done holding `ref` in memory: free it (no journal record to touch)."""
+        self._release_memory(ref)
 
     def _route(
         self,
@@ -799,12 +840,13 @@ class Broker:
         address: AddressInfo,
         on_stored: Completion | None,
         tx_id: int | None,
+        refs: int = 0,
     ) -> tuple[Message, bool]:
         """Journal `message` if durable, then account for it.
 
-        Returns the message to enqueue in `queues` (shared when there are several) and
-        whether it was journaled. Raises StorageFull, with nothing accounted, when the
-        journal has no room for it.
+        Returns the message to enqueue in `queues` (shared when there are several, or
+        held by `refs` queues in all when given) and whether it was journaled. Raises
+        StorageFull, with nothing accounted, when the journal has no room for it.
         """
         durable_ids = []
         if message.kind.durable and self.persistent:
@@ -831,7 +873,7 @@ class Broker:
         limits.messages += 1
         if limits.size > limits.flow_above:
             self.flow_to_disk(message)  # type: ignore[misc]
-        return message.shared(len(queues), len(durable_ids)), bool(durable_ids)
+        return message.shared(refs or len(queues), len(durable_ids)), bool(durable_ids)
 
     def _in_journal(self, ref: MessageRef) -> bool:
         """Whether `ref` (not paged) has its place in a journal record of its message."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from scow.core import app
 from scow.core.cli import command_group
 from scow.core.data_lock import DataDirLocked, offline
-from scow.core.export import ExportError, export, import_
+from scow.core.export import ExportError, OpenStream, export, import_
 from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.storage import (
     ACK_REF,
@@ -115,6 +115,14 @@ def cmd_print(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_streams(data_dir: Path) -> OpenStream:
+    """What builds the stores of a data dir's streams: segment files (spark's file store)."""
+    from scow.plugins.spark import segments
+    from scow.plugins.spark.plugin import opener
+
+    return opener(segments.BACKEND, data_dir, {})
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     storage = _storage(args.data_dir)
     try:
@@ -123,7 +131,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 storage,
                 out,
                 lambda r: page_tools.paged_messages(args.data_dir, r),
-                args.data_dir / LARGE_MESSAGES_DIRECTORY,
+                _file_streams(args.data_dir),
+                large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
             )
     finally:
         storage.stop()
@@ -138,7 +147,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         try:
             with open(args.input, encoding="utf-8") as source:
                 counts = import_(
-                    storage, source, pages.add, args.data_dir / LARGE_MESSAGES_DIRECTORY
+                    storage,
+                    source,
+                    pages.add,
+                    _file_streams(args.data_dir),
+                    large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
                 )
         finally:
             pages.close()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.disk_monitor import describe_no_room, is_no_space, out_of_space
-from scow.core.interfaces import stores_own_messages
+from scow.core.interfaces import after_all, stores_own_messages
 from scow.core.large_messages import hold_body, large_body
 from scow.core.message import Message, PagedRef, SharedMessage
 from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus, StorageFull
@@ -285,18 +285,23 @@ class AddressPager:
         if paged and self._refused_by_page_limit():
             paged = []  # dropped where it would be paged; the streams still keep it
         broker = self.broker
-        durable_ids = (
-            [q.id for q in own if q.durable] if message.durable and broker.persistent else []
-        )
+        stored = message.durable and broker.persistent
+        # outside a transaction a queue keeping its own durable copy is not journaled for
+        keepers = self.address.keepers if stored and tx_id is None else ()
+        kept = [q for q in own if q.durable and q in keepers]
+        durable_ids = [q.id for q in own if q.durable and q not in kept] if stored else []
         # Who calls on_stored: within a transaction the page write (the journal's commit
-        # covers the rest); otherwise the journal's add and the page's sync, once both ran.
+        # covers the rest); otherwise the journal's add, each keeper's copy and the page's
+        # sync, once all ran.
         page_done: Completion | None = on_stored
         own_done: Completion | None = None
-        if tx_id is None and on_stored is not None and durable_ids:
-            if paged and message.durable and any(q.durable for q in paged):
-                page_done, own_done = _halves(on_stored)
-            else:
-                page_done, own_done = None, on_stored
+        keep_done: Completion | None = None
+        if tx_id is None and on_stored is not None and (durable_ids or kept):
+            paged_durable = bool(paged) and message.durable and any(q.durable for q in paged)
+            done = after_all(paged_durable + bool(durable_ids) + len(kept), on_stored)
+            page_done = done if paged_durable else None
+            own_done = done if durable_ids else None
+            keep_done = done if kept else None
         if durable_ids:
             try:
                 broker.storage.store_message(
@@ -333,8 +338,11 @@ class AddressPager:
                 on_stored()  # nothing paged: the journal's commit is all there is to wait for
             return RouteStatus.PENDING
         for queue in own:
-            queue.enqueue(held)
-        return RouteStatus.PENDING if own_done is not None else status
+            if queue in kept:
+                queue.keep(held, keep_done)
+            else:
+                queue.enqueue(held)
+        return RouteStatus.PENDING if own_done or keep_done else status
 
     def _write(
         self,
@@ -536,15 +544,3 @@ class AddressPager:
             "messages-refused-page-full": self.messages_refused,
             "cursors": {name: c.stats() for name, c in self.cursors.items()},
         }
-
-
-def _halves(then: Completion) -> tuple[Completion, Completion]:
-    """Two completions; `then` runs once both have run."""
-    left = [2]
-
-    def half() -> None:
-        left[0] -= 1
-        if not left[0]:
-            then()
-
-    return half, half

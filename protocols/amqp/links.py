@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from scow.core.interfaces import holds_drain
 from scow.core.large_messages import Arrival, LargeBody, LargeHead, LargeMessageStore
 from scow.core.model import BrokerError, RouteStatus, RoutingType
 from scow.protocols.amqp import codec, engine
@@ -589,8 +590,14 @@ class ConsumerLink:
 
     def on_flow(self) -> None:
         self.queue.dispatch()
+        if engine.link_get_drain(self.link) and not holds_drain(self.queue, self):
+            engine.link_drained(self.link)
+
+    def drain_ready(self) -> None:
+        """The queue has what it held this link's drain for (see `holds_drain`)."""
         if engine.link_get_drain(self.link):
             engine.link_drained(self.link)
+            self.conn.mark_dirty()
 
     def on_disposition(self, delivery: Any) -> None:
         state = engine.delivery_remote_state(delivery)
