@@ -44,6 +44,7 @@ from scow.core.interfaces import (
     StreamSegment,
     StreamStore,
 )
+from scow.core.large_messages import DEFAULT_MIN_LARGE_MESSAGE_SIZE, LargeHead, with_body
 from scow.core.management import ManagementOperation
 from scow.core.message import Entry, Message, MessageFormat, MessageRef
 from scow.core.model import (
@@ -77,6 +78,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_MIN_LARGE_MESSAGE_SIZE",
     "HOOK_API_VERSION",
     "PERMISSIONS",
     "AddressInfo",
@@ -94,6 +96,7 @@ __all__ = [
     "InvalidField",
     "Journal",
     "JournalBackend",
+    "LargeHead",
     "LoadResult",
     "ManagementOperation",
     "Message",
@@ -132,4 +135,5 @@ __all__ = [
     "iter_frames",
     "parse_host_port",
     "valid_length",
+    "with_body",
 ]

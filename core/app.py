@@ -295,6 +295,9 @@ class Server:
         self.services += self.plugins.collect("scow_services", broker=broker)
         for service in self.services:
             await service.start()
+        # every record that refers to a large message's file is known by now (the paging
+        # plugin's service read its pages): files left by a crash go before anything arrives
+        broker.large_messages.remove_orphans()
         for name, protocol in self.protocol_types.items():
             settings = self.config.section(name) if name in self.config.section_names else {}
             server = protocol.factory(broker, settings)
@@ -359,7 +362,9 @@ class Server:
         for service in reversed(self.services):
             await service.stop()
         if self.broker is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.broker.storage.stop)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self.broker.large_messages.close)
+            await loop.run_in_executor(None, self.broker.storage.stop)
             if self.ha is not None:
                 await self.ha.leave()  # while the store is still ours
         self._release_locks()

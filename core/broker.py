@@ -27,6 +27,8 @@ from scow.core.duplicates import (
     id_key,
 )
 from scow.core.interfaces import after_all
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
+from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
     MEMORY_OVERHEAD,
     Header,
@@ -172,6 +174,12 @@ class Broker:
         self.moves_waiting = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
+        #: The files of large messages' bodies (`scow.core.large_messages`).
+        self.large_messages = LargeMessageStore(
+            Path(str(broker_cfg.get("data-dir", "./data")))
+            / str(broker_cfg.get("large-messages-directory", LARGE_MESSAGES_DIRECTORY)),
+            sync=persistent and bool(broker_cfg.get("large-message-sync", True)),
+        )
         self._connection_numbers = itertools.count(1)
 
     # ------------------------------------------------------------------ settings and ids
@@ -538,6 +546,31 @@ class Broker:
         the message is only checked now and routed at commit. `check_duplicates=False`
         routes a message whatever its duplicate id (a message moved back, not resent).
         """
+        if data.__class__ is not bytes and (body := large_body(data)) is not None:
+            if tx is not None:
+                body.acquire()  # the transaction holds it until it ends
+            elif not body.synced and on_stored is not None:
+                # confirmed once both its file and its record are durable
+                stored = _after_files([body], on_stored)
+                status = self._send(
+                    data, address_name, fmt, routing_type, stored, None, check_duplicates
+                )
+                if status is RouteStatus.PENDING:
+                    return status
+                stored()
+                return status if body.synced else RouteStatus.PENDING
+        return self._send(data, address_name, fmt, routing_type, on_stored, tx, check_duplicates)
+
+    def _send(
+        self,
+        data: bytes,
+        address_name: str,
+        fmt: MessageFormat,
+        routing_type: RoutingType | None,
+        on_stored: Completion | None,
+        tx: Transaction | None,
+        check_duplicates: bool,
+    ) -> RouteStatus:
         address = self.addresses.get(address_name)  # address_for, inlined: per message
         if address is None:
             address = self.address_for(address_name, routing_type)
@@ -836,7 +869,10 @@ class Broker:
                     on_stored,
                     tx_id=tx_id,
                 )
-        size = len(message.data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
+        data = message.data
+        if data.__class__ is not bytes and (body := large_body(data)) is not None:
+            body.acquire()
+        size = len(data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
         address.size += size
         address.message_count += 1
         limits = self.limits
@@ -865,6 +901,9 @@ class Broker:
         another message of the transaction carries too): Artemis's rule.
         """
         ids = self._ids_of(tx)  # first: a duplicate refuses the commit before anything
+        bodies = _large_bodies(tx)
+        if bodies:
+            on_done = _after_files(bodies, on_done)
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
         paged: list[tuple[Message, list[Any], Any]] = []
         for data, address_name, fmt, routing_type in tx.sends:
@@ -872,7 +911,10 @@ class Broker:
             result = self._route(data, address, fmt, routing_type, fmt.inspect(data))
             if not isinstance(result, RouteStatus):
                 _place(result, address, kept, paged)
-        return self._commit_routed(tx, on_done, ids, kept, paged)
+        status = self._commit_routed(tx, on_done, ids, kept, paged)
+        for body in bodies:  # its messages hold their files now (`_store`, the pages)
+            body.release()
+        return status
 
     def _commit_routed(
         self,
@@ -886,7 +928,7 @@ class Broker:
         those for pages, and the duplicate ids they carry (checked)."""
         # The journal first: it may refuse (StorageFull) while nothing is visible yet.
         visible: list[tuple[Message, list[Any]]] = []
-        stored_sizes: list[tuple[int, AddressInfo]] = []
+        stored: list[tuple[Message, AddressInfo]] = []
         journaled_acks: list[MessageRef] = []
         journaled = False
         try:
@@ -896,11 +938,10 @@ class Broker:
                 if prepare is not None:
                     prepare()
             for message, queues, address in kept:
-                size = len(message.data)
-                shared, stored = self._store(message, queues, address, None, tx.id)
-                stored_sizes.append((size, address))
+                shared, in_journal = self._store(message, queues, address, None, tx.id)
+                stored.append((message, address))
                 visible.append((shared, queues))
-                journaled |= stored
+                journaled |= in_journal
             if paged and self.persistent:
                 self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
                 journaled = True
@@ -911,7 +952,7 @@ class Broker:
             admitted = self._journal_ids(tx, ids) if ids else []
             journaled |= any(rid for _, records in admitted for _, rid in records)
         except StorageFull:
-            self._abandon_commit(tx, stored_sizes, journaled_acks, len(kept) + len(paged))
+            self._abandon_commit(tx, stored, journaled_acks, len(kept) + len(paged))
             raise
         waiting = self._admit_ids(admitted) if ids else []
         barrier = _Barrier()
@@ -1007,14 +1048,14 @@ class Broker:
     def _abandon_commit(
         self,
         tx: Transaction,
-        stored: list[tuple[int, AddressInfo]],
+        stored: list[tuple[Message, AddressInfo]],
         acks: list[MessageRef],
         routed: int,
     ) -> None:
         """Storage refused part of a commit: undo the part it took (the caller rolls the
         transaction back, so its acknowledged messages go back to their queues)."""
-        for size, address in stored:
-            self._unaccount(size, address)
+        for message, address in stored:
+            self._unaccount(message, address)
         for ref in acks:
             self._restore_stored_ref(ref)
         self.messages_routed -= routed
@@ -1025,9 +1066,11 @@ class Broker:
                 # its records stay uncommitted: recovery rolls them back
                 log.warning("transaction rollback not journaled: storage full", tx=tx.id)
 
-    def _unaccount(self, size: int, address: AddressInfo) -> None:
+    def _unaccount(self, message: Message, address: AddressInfo) -> None:
         """The reverse of `_store`'s accounting, for a message never enqueued."""
-        size += MEMORY_OVERHEAD
+        if (body := large_body(message.data)) is not None:
+            body.release()
+        size = len(message.data) + MEMORY_OVERHEAD
         address.size -= size
         address.message_count -= 1
         limits = self.limits
@@ -1036,6 +1079,8 @@ class Broker:
 
     def rollback(self, tx: Transaction) -> None:
         """Forget the transaction's messages; its acknowledged messages go back (+1 count)."""
+        for body in _large_bodies(tx):
+            body.release()
         acks, tx.acks, tx.sends = tx.acks, [], []
         for ref in sorted(acks, key=lambda r: r.message.id):
             self.release(ref, delivered=True)
@@ -1295,6 +1340,9 @@ class Broker:
         if ref.__class__ is PagedRef:
             ref.cursor.settle(ref)
         if last:
+            data = message.data
+            if data.__class__ is not bytes and (body := large_body(data)) is not None:
+                body.release()
             address = self.addresses.get(message.kind.address)
             if address is not None:
                 size = (
@@ -1363,7 +1411,7 @@ class Broker:
         if target and target != queue.address:
             queues = self._dead_letter_targets(target, message)
             if queues:
-                data = message.format.annotate(
+                annotated = message.format.annotate(
                     message.data,
                     {
                         f"{prefix}ADDRESS": message.address,
@@ -1372,6 +1420,7 @@ class Broker:
                         **extra,
                     },
                 )
+                data = with_head(message.data, annotated)  # a large one keeps its file
                 copy = Message(
                     self.next_id(),
                     data,
@@ -1502,9 +1551,25 @@ class Broker:
         queues = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]
         if not queues:
             return []
+        data = rec.data
+        if rec.large is not None:
+            body = self.large_messages.recovered(*rec.large)
+            if body is None:
+                # deleted after its last acknowledgement, before the record's deletion
+                # reached the journal (or never synced, so never accepted)
+                path = self.large_messages.path_of(rec.large[0])
+                log.warning(
+                    "large message dropped: its file is missing or short",
+                    message=rec.id,
+                    file=str(path),
+                )
+                self.storage.acknowledge(rec.id, queues[0][0].id, True)
+                return []
+            body.acquire()
+            data = LargeHead(rec.data, body)
         message = Message(
             rec.id,
-            rec.data,
+            data,
             rec.address,
             fmt,
             durable=True,
@@ -1558,6 +1623,7 @@ class Broker:
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
             "messages-duplicate": self.messages_duplicate,
+            "large-messages": self.large_messages.stats(),
         }
 
     def address_stats(self, address: AddressInfo) -> dict[str, Any]:
@@ -1592,6 +1658,21 @@ def _place(
         paged.append((message, queues, pager))
     else:
         kept.append((message, queues, address))
+
+
+def _large_bodies(tx: Transaction) -> list[Any]:
+    """The files of the large messages a transaction sends (it holds each)."""
+    return [body for send in tx.sends if (body := large_body(send[0])) is not None]
+
+
+def _after_files(bodies: list[Any], on_done: Completion) -> Completion:
+    """`on_done`, held back until every file in `bodies` is synced (large-message-sync)."""
+    barrier = _Barrier()
+    for body in bodies:
+        body.when_synced(barrier.add())
+    done = barrier.add()
+    barrier.arm(on_done)
+    return done
 
 
 class _Barrier:

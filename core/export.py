@@ -11,7 +11,9 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
   {"type": "message", "id": int, "address": str, "expiration": int (ms, 0 = never),
    "priority": int, "queues": {"<queue name>": <delivery count>, ...},
    "data": "<base64 of the encoded message, exactly as the producer sent it>",
-   "paged": true (only for messages that were in their address's pages)}
+   "paged": true (only for messages that were in their address's pages),
+   "large": true, "head-size": n (only for large messages: the data's first n bytes
+   are the sections before the body; import writes it to a large message file)}
   {"type": "duplicate-id", "address": str, "id": "<base64 of the id's key: a tag byte,
    1 string (UTF-8) or 2 binary, then the id>"}
   {"type": "stream", "queue": str, "cursors": {"<name>": [<sequence>, <last used ms>]}}
@@ -33,6 +35,8 @@ appends them with their sequence numbers and enqueue times to the importer's str
 store, whichever it is (so export and import move streams between segment files and a
 database). A journaled message that a stream's store already holds (a crash came between
 the two) is exported once, as the stream's record.
+A large message's line holds its whole message (its file's body after its head), so
+export and import hold one such message in memory at a time.
 Ids are not portable: an import gives everything new ids. The trailing "end" line lets an
 import tell a complete file from a truncated one. Prepared (undecided) transactions are
 not exported.
@@ -45,9 +49,11 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import IO, Any
 
 from scow.core.interfaces import StreamStore
+from scow.core.large_messages import LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 
 FORMAT = "scow-export"
@@ -81,9 +87,11 @@ def export_lines(
     recovered: Recovered,
     paged: Iterable[RecoveredMessage] = (),
     streams: Iterable[StreamStore] = (),
+    large_messages: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The lines of an export (see the module docstring); `streams` are opened and read
-    here (and closed by the caller)."""
+    here (and closed by the caller); `large_messages` is the directory of large
+    messages' files."""
     yield {"format": FORMAT, "version": VERSION, "created": int(time.time() * 1000)}
     stored = {store.name: store.open() for store in streams}
     for address in recovered.addresses:
@@ -103,6 +111,9 @@ def export_lines(
         if not queues:
             continue
         exported += 1
+        data = message.data
+        if message.large is not None:
+            data = _whole_large_message(message, large_messages)
         line = {
             "type": "message",
             "id": message.id,
@@ -110,10 +121,13 @@ def export_lines(
             "expiration": message.expiration,
             "priority": message.priority,
             "queues": queues,
-            "data": base64.b64encode(message.data).decode("ascii"),
+            "data": base64.b64encode(data).decode("ascii"),
         }
         if message.paged:
             line["paged"] = True
+        if message.large is not None:
+            line["large"] = True
+            line["head-size"] = len(message.data)
         yield line
     for duplicate in recovered.duplicate_ids:
         yield {
@@ -144,6 +158,24 @@ def export_lines(
     }
 
 
+def _whole_large_message(message: RecoveredMessage, directory: Path | None) -> bytes:
+    """A large message's head followed by the body its file holds."""
+    assert message.large is not None
+    file_id, head_size, length = message.large
+    if directory is None:
+        raise ExportError(f"message {message.id} is large: its file's directory is not known")
+    path = directory / f"{file_id}.msg"
+    try:
+        with open(path, "rb") as f:
+            f.seek(head_size)
+            body = f.read(length - head_size)
+    except OSError as exc:
+        raise ExportError(f"message {message.id}: its file {path}: {exc}") from None
+    if len(body) != length - head_size:
+        raise ExportError(f"message {message.id}: its file {path} is short")
+    return message.data + body
+
+
 def _stream_records(store: StreamStore, end: int) -> Iterator[tuple[int, int, bytes]]:
     seq = 0
     while seq < end:
@@ -158,14 +190,18 @@ def export(
     out: IO[str],
     paged: Callable[[Recovered], Iterable[RecoveredMessage]] | None = None,
     open_stream: OpenStream | None = None,
+    large_messages: Path | None = None,
 ) -> dict[str, int]:
     """Write everything `storage` holds (and `paged(recovered)`, and the records of its
-    streams, whose stores `open_stream` builds) to `out`; returns counts."""
+    streams, whose stores `open_stream` builds) to `out`; returns counts. `large_messages`
+    is the directory of the large messages' files."""
     end: dict[str, Any] = {}
     recovered = storage.load()
     streams = _streams(recovered, open_stream)
     try:
-        for line in export_lines(recovered, paged(recovered) if paged else (), streams):
+        for line in export_lines(
+            recovered, paged(recovered) if paged else (), streams, large_messages
+        ):
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
             end = line
     finally:
@@ -179,16 +215,18 @@ def import_(
     source: IO[str],
     paged: Callable[[RecoveredMessage], None] | None = None,
     open_stream: OpenStream | None = None,
+    large_messages: Path | None = None,
 ) -> dict[str, int]:
     """Load an export into `storage`, which must be empty; returns the counts read.
 
     Paged messages go to `paged` when given (it writes them into pages), else to the
     journal like the others. Stream records go to the stores `open_stream` builds; a file
-    that holds some needs it (ExportError otherwise).
+    that holds some needs it (ExportError otherwise). Large messages get their file in
+    `large_messages`.
     """
     streams = _StreamImporter(open_stream)
     try:
-        return _import(storage, source, paged, streams)
+        return _import(storage, source, paged, streams, large_messages)
     finally:
         streams.close()
 
@@ -198,6 +236,7 @@ def _import(
     source: IO[str],
     paged: Callable[[RecoveredMessage], None] | None,
     streams: _StreamImporter,
+    large_messages: Path | None,
 ) -> dict[str, int]:
     existing = storage.load()
     if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
@@ -230,7 +269,7 @@ def _import(
             streams.declared(line)
             counts["queues"] += 1
         elif kind == "message":
-            _import_message(storage, line, queue_ids, number, paged)
+            _import_message(storage, line, queue_ids, number, paged, large_messages)
             counts["messages"] += 1
         elif kind == "duplicate-id":
             _import_duplicate_id(storage, line, number)
@@ -261,17 +300,24 @@ def _import_message(
     queue_ids: dict[str, int],
     number: int,
     paged: Callable[[RecoveredMessage], None] | None,
+    large_messages: Path | None,
 ) -> None:
     try:
         qids = {queue_ids[name]: count for name, count in line["queues"].items()}
     except KeyError as exc:
         raise ExportError(f"line {number}: message names unknown queue {exc}") from None
     message_id = storage.next_id()
+    data = base64.b64decode(line["data"])
+    if line.get("large"):
+        data = _import_large(storage, data, line.get("head-size"), number, large_messages)
     if line.get("paged") and paged is not None:
-        data = base64.b64decode(line["data"])
         address, expiration = line["address"], line["expiration"]
         priority = line.get("priority", 4)
-        paged(RecoveredMessage(message_id, address, expiration, priority, data, qids, True))
+        large = None
+        if isinstance(data, LargeHead):
+            body = data.body
+            large = (body.file_id, body.head_size, body.length)
+        paged(RecoveredMessage(message_id, address, expiration, priority, data, qids, True, large))
         return
     storage.store_message(
         message_id,
@@ -279,12 +325,34 @@ def _import_message(
         line["expiration"],
         line.get("priority", 4),
         list(qids),
-        base64.b64decode(line["data"]),
+        data,
         None,
     )
     for qid, count in qids.items():
         if count:
             storage.update_delivery_count(message_id, qid, count)
+
+
+def _import_large(
+    storage: StorageManager,
+    data: bytes,
+    head_size: Any,
+    number: int,
+    directory: Path | None,
+) -> LargeHead:
+    """Write an imported large message to a file of its own; its head, referring to it."""
+    if not isinstance(head_size, int) or not 0 <= head_size <= len(data):
+        raise ExportError(
+            f"line {number}: a large message needs a head-size between 0 and its "
+            f"{len(data)} bytes, not {head_size!r}"
+        )
+    if directory is None:
+        raise ExportError(f"line {number}: a large message, and no directory for its file")
+    store = LargeMessageStore(directory, sync=True)
+    view = memoryview(data)
+    return store.write_whole(
+        storage.next_id(), view[:head_size].tobytes(), view[head_size:], sync=True
+    )
 
 
 class _StreamImporter:

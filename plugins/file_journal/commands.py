@@ -12,6 +12,7 @@ from scow.core import app
 from scow.core.cli import command_group
 from scow.core.data_lock import DataDirLocked, offline
 from scow.core.export import ExportError, OpenStream, export, import_
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.storage import (
     ACK_REF,
     ADDRESS,
@@ -21,6 +22,7 @@ from scow.core.storage import (
     DELIVERY_COUNT,
     DUPLICATE_ID,
     ID_BLOCK,
+    LARGE_MESSAGE,
     MESSAGE,
     PAGE_TX,
     QUEUE,
@@ -36,6 +38,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 RECORD_TYPES = {
     MESSAGE: "MESSAGE",
+    LARGE_MESSAGE: "LARGE_MESSAGE",
     ACK_REF: "ACK_REF",
     DELIVERY_COUNT: "DELIVERY_COUNT",
     ADDRESS: "ADDRESS",
@@ -129,6 +132,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 out,
                 lambda r: page_tools.paged_messages(args.data_dir, r),
                 _file_streams(args.data_dir),
+                large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
             )
     finally:
         storage.stop()
@@ -142,7 +146,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         pages = page_tools.PageImporter(args.data_dir, storage)
         try:
             with open(args.input, encoding="utf-8") as source:
-                counts = import_(storage, source, pages.add, _file_streams(args.data_dir))
+                counts = import_(
+                    storage,
+                    source,
+                    pages.add,
+                    _file_streams(args.data_dir),
+                    large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
+                )
         finally:
             pages.close()
             storage.stop()

@@ -125,6 +125,11 @@ def _counts(recovered: Recovered) -> str:
     )
 
 
+def _large_messages(config: Config) -> Path:
+    """The directory of the broker's large message files."""
+    return _data_dir(config) / str(config.section("broker")["large-messages-directory"])
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     with _opened(args) as (plugins, config, storage):
         stores = _page_stores(plugins, config)
@@ -134,6 +139,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 out,
                 lambda r: page_tools.paged_messages(_data_dir(config), r, stores),
                 _stream_opener(plugins, config),
+                large_messages=_large_messages(config),
             )
     print(f"exported {counts} to {args.output}")
     return 0
@@ -145,6 +151,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         open(args.input, encoding="utf-8") as f,
     ):
         # paged messages go to the journal: the broker pages them again if needed
-        counts = import_(storage, f, open_stream=_stream_opener(plugins, config))
+        counts = import_(
+            storage,
+            f,
+            open_stream=_stream_opener(plugins, config),
+            large_messages=_large_messages(config),
+        )
     print(f"imported {counts}")
     return 0

@@ -26,9 +26,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from scow.core.large_messages import hold_body
 from scow.core.message import Message, PagedRef
 from scow.core.page_frames import iter_frames
-from scow.plugins.paging.record import HEAD
+from scow.plugins.paging.record import HEAD, LARGE, head_of, message_data
 from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
@@ -97,7 +98,8 @@ def _read_window(
         else:
             routed = queue_id in _ids(buf, ids_at, n)
         payload = buf[ids_at + 8 * n : pend] if routed else None
-        if payload is not None and build is not None:
+        # a large message's body is held by the loop's store: the loop builds that one
+        if payload is not None and build is not None and not head[3] & LARGE:
             payload = build(head, payload)
         records.append((offset + start, offset + pend, head, payload))
     return _Window(page, offset, offset + len(buf), records)
@@ -380,6 +382,8 @@ class QueueCursor:
                 continue
             if held and held[0].message.id < head[0]:
                 self._release_held(head[0])
+            if head[3] & LARGE:  # left as bytes by the reader thread
+                message = self._message(head, message)
             self._deliver_message(page, at, message)
             if not self.backlog:
                 return
@@ -394,8 +398,11 @@ class QueueCursor:
         self._deliver_message(page, at, self._message(head, data))
 
     def _message(self, head: tuple, data: bytes) -> Message:
-        """The message of a record (also called in the reader thread)."""
+        """The message of a record (also called in the reader thread, but for a large
+        message)."""
         message_id, expiration, _tx, flags, priority, _n = head
+        if flags & LARGE:
+            data = message_data(flags, data, self.pager.broker.large_messages)
         return Message(
             message_id,
             data,
@@ -443,7 +450,10 @@ class QueueCursor:
                     # a record no selector accepts by its bytes never becomes a Message
                     if (
                         data is not None
-                        and (selecting is None or selecting.accepts(data) is not False)
+                        and (
+                            selecting is None
+                            or selecting.accepts(head_of(head[3], data)) is not False
+                        )
                         and self._scan_take(page, at, head, data, wanted, consumers, ready)
                     ):
                         wanted = self._wanted()
@@ -538,6 +548,7 @@ class QueueCursor:
         elif not self.backlog:
             self.priorities_known = True  # the recovered backlog is read: counts from now
         self.pager.address.add_memory(len(message.data))
+        hold_body(message.data)
         purging = self.purging
         if purging is not None and message.id <= purging:
             if not self.backlog:
@@ -594,7 +605,7 @@ class QueueCursor:
                     offset = next_offset
                     if data is None:
                         continue
-                    if selecting is not None and selecting.accepts(data) is False:
+                    if selecting is not None and selecting.accepts(head_of(head[3], data)) is False:
                         continue
                     message = self._message(head, data)
                     if browser.filter is None or browser.filter(message):

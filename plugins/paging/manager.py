@@ -52,6 +52,8 @@ class _Scan:
     #: queue id -> {key: id of the newest paged message with it}, for the queues that
     #: supersede paged messages by a key (`page_key`, last-value queues)
     newest: dict[int, dict[object, int]] = field(default_factory=dict)
+    #: (file id, head size, length) of each large message the durable queues still hold.
+    large: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class PagingManager:
@@ -142,6 +144,9 @@ class PagingManager:
         ]
         for tx_id in txs:
             pager.committed_txs.discard(tx_id)
+        large = self.broker.large_messages
+        for file_id in info.large:
+            large.page_release(file_id)
 
         def forget() -> None:
             if not self.broker.persistent:
@@ -217,6 +222,12 @@ class PagingManager:
 
     def _apply(self, pager: AddressPager, scan: _Scan, recovery: PageRecovery | None) -> None:
         pager.pages = scan.pages
+        large = self.broker.large_messages
+        for file_id, head_size, length in scan.large:
+            try:
+                large.paged_body(file_id, head_size, length)  # its page holds it from now
+            except OSError as exc:
+                log.warning("a paged large message's file is missing", reason=str(exc))
         pager.paged_bytes = sum(info.size for info in scan.pages.values())
         pager.write_page = pager.first_page = max(scan.pages, default=0) + 1
         pager.write_offset = 0
@@ -322,6 +333,8 @@ def _scan_store(
             store, set(queue_ids_durable), acked, committed, scan.pages, properties
         )
     for rec in records:
+        if rec.large is not None:
+            scan.large.append(rec.large)
         size = len(rec.data)
         for queue_id in rec.queue_ids:
             figures = queues[queue_id]

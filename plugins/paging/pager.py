@@ -32,6 +32,7 @@ import structlog
 
 from scow.core.disk_monitor import describe_no_room, is_no_space, out_of_space
 from scow.core.interfaces import after_all, stores_own_messages
+from scow.core.large_messages import hold_body, large_body
 from scow.core.message import Message, PagedRef, SharedMessage
 from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus, StorageFull
 from scow.core.page_frames import HEADER_SIZE
@@ -62,6 +63,8 @@ class PageInfo:
     expires: int = 0
     #: The property values its messages hold; None when not known (it proves nothing).
     summary: PageSummary | None = field(default_factory=PageSummary)
+    #: Files of the large messages its records refer to (released when it is deleted).
+    large: list[int] = field(default_factory=list)
 
     def note_expiration(self, expiration: int) -> None:
         if expiration and (not self.expires or expiration < self.expires):
@@ -331,6 +334,7 @@ class AddressPager:
             else message.shared(refs, stored_refs)
         )
         self.address.add_memory(len(message.data))
+        hold_body(held.data)
         if tx_id is not None:
             self._open_txs.setdefault(tx_id, []).append(["own", own, held])
             if not paged and on_stored is not None:
@@ -370,6 +374,9 @@ class AddressPager:
         if info is None:
             info = self.pages[page] = PageInfo(page)
         end = offset + HEADER_SIZE + len(data)
+        if (body := large_body(message.data)) is not None:
+            self.broker.large_messages.page_hold(body)
+            info.large.append(body.file_id)
         info.records += 1
         info.size = end
         info.note_expiration(message.expiration)
@@ -418,6 +425,7 @@ class AddressPager:
 
     def _enqueue_direct(self, message: Message, refs: list[PagedRef]) -> None:
         self.address.add_memory(len(message.data))
+        hold_body(message.data)
         for ref in refs:
             ref.queue.enqueue(ref)
 

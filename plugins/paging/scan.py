@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from scow.core.interfaces import PageStore
 from scow.core.page_frames import iter_frames
 from scow.plugins.paging.pager import PageInfo
-from scow.plugins.paging.record import DURABLE, HEAD, SUMMARY
+from scow.plugins.paging.record import DURABLE, HEAD, LARGE, SUMMARY, head_of, large_ref
 from scow.plugins.paging.summary import PageSummary
 
 
@@ -25,7 +25,10 @@ class PagedRecord:
     priority: int
     #: The routed queues (of those asked for) that still hold it.
     queue_ids: list[int]
+    #: The message's bytes; a large message's head.
     data: memoryview
+    #: A large message's (file id, head size, length); None for others.
+    large: tuple[int, int, int] | None = None
 
 
 def durable_records(
@@ -73,7 +76,20 @@ def durable_records(
                         holders.append(queue_id)
             if holders:
                 data = buf[ids_at + 8 * n : pend]
-                yield PagedRecord(page, start, message_id, expiration, priority, holders, data)
+                ref = None
+                if flags & LARGE:
+                    ref = large_ref(data)
+                    info.large.append(ref[0])
+                yield PagedRecord(
+                    page,
+                    start,
+                    message_id,
+                    expiration,
+                    priority,
+                    holders,
+                    head_of(flags, data),
+                    ref,
+                )
         if pages is not None:
             pages[page] = info
 
@@ -90,7 +106,9 @@ def _rebuilt(
         _id, _expiration, _tx, flags, _priority, n = HEAD.unpack_from(buf, pstart)
         if flags & DURABLE:
             try:
-                summary.add(properties(bytes(buf[pstart + HEAD.size + 8 * n : pend])))
+                summary.add(
+                    properties(bytes(head_of(flags, buf[pstart + HEAD.size + 8 * n : pend])))
+                )
             except ValueError:
                 summary.unknown()
                 break

@@ -915,6 +915,28 @@ def application_properties(
     return values
 
 
+def head_length(data: Buffer) -> int | None:
+    """How many of a message's first bytes `data` are its sections before the body
+    (header, annotations, properties, application properties): where its body starts.
+
+    None when those sections go on past the end of `data` (more of the message is
+    needed to tell). Raises DecodeError when what `data` holds of them is malformed.
+    """
+    n = len(data)
+    off = 0
+    try:
+        while off < n:
+            code, voff = _section_code(data, off)
+            if code >= DATA:  # a body section, or the footer of a message without a body
+                return off
+            off = _skip(data, voff)
+    except DecodeError as exc:
+        if exc.reason.startswith("truncated"):
+            return None
+        raise
+    return None
+
+
 class Sections:
     """Where each section of one message lies, as ``(start, end)`` byte ranges (end exclusive).
 
