@@ -11,7 +11,10 @@ port, drives it with `scow perf client --mode send|receive|pairs`, and prints:
 3. produce rates into a paging address (max-size-bytes 0) and into memory, durable and
    non-durable (--produce-count each);
 4. memory per message held in memory: RSS growth over --held-count 100 B messages;
-5. --crash-count durable messages paged, SIGKILL, restart: seconds until it serves.
+5. --crash-count durable messages paged, SIGKILL, restart: seconds until it serves;
+6. drain (`--only drain`): --drain-count messages sent with no consumer, then received,
+   from a broker that pages all of them (`max-size-bytes = 0`) and from one that keeps
+   them in memory, alternating --runs times: the medians and their ratio.
 
     .venv/bin/python benchmarks/paging_bench.py            # the full figures (~15 min)
     .venv/bin/python benchmarks/paging_bench.py --quick    # every count / 100
@@ -107,6 +110,12 @@ class Broker:
                 return int(text.split()[1]) * 1024
         return 0
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the broker process has used (all its threads)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
@@ -145,11 +154,12 @@ def backlog_client(url: str, mode: str, args: argparse.Namespace) -> dict[str, A
 
 
 @contextlib.contextmanager
-def sampling(broker: Broker, samples: list[int]) -> Iterator[None]:
+def sampling(broker: Broker, samples: list[int], period: float = 0.5) -> Iterator[None]:
+    """Append the broker's RSS to `samples` every `period` seconds, and once at the end."""
     stop_event = threading.Event()
 
     def run() -> None:
-        while not stop_event.wait(0.5):
+        while not stop_event.wait(period):
             with contextlib.suppress(OSError):
                 samples.append(broker.rss())
 
@@ -269,6 +279,39 @@ def memory_per_message(args: argparse.Namespace, root: Path) -> dict[str, float]
     return {"bytes_per_message": grown / args.held_count, "body": 100}
 
 
+def drain(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Receive rates of the same backlog drained from pages and from memory, alternating,
+    and the broker's CPU time per message received (steadier than rates on a busy
+    machine: other processes' load stretches the time, not the work)."""
+    rates: dict[str, list[float]] = {"pages": [], "memory": []}
+    cpu: dict[str, list[float]] = {"pages": [], "memory": []}
+    setups = {"pages": ("", "max-size-bytes = 0"), "memory": ('global-max-size = "8GiB"', "")}
+    for run in range(args.runs):
+        for name, (broker_cfg, settings) in setups.items():
+            broker = Broker(root / f"drain-{name}-{run}", broker_cfg, settings)
+            broker.start()
+            try:
+                url = f"{broker.url}/drain"
+                count, size = str(args.drain_count), str(args.size)
+                client(url, "--mode", "send", "--count", count, "--size", size)
+                before = broker.cpu_seconds()
+                got = client(url, "--mode", "receive", "--count", count, "--size", size)
+                used = broker.cpu_seconds() - before
+            finally:
+                broker.stop()
+            rates[name].append(got["receive_rate"])
+            cpu[name].append(used / args.drain_count * 1e6)
+    pages, memory = statistics.median(rates["pages"]), statistics.median(rates["memory"])
+    return {
+        "runs": rates,
+        "cpu": cpu,
+        "pages": pages,
+        "memory": memory,
+        "ratio": pages / memory,
+        "cpu_ratio": statistics.median(cpu["memory"]) / statistics.median(cpu["pages"]),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=10_000_000)
@@ -277,11 +320,20 @@ def main() -> int:
     parser.add_argument("--produce-count", type=int, default=200_000)
     parser.add_argument("--crash-count", type=int, default=1_000_000)
     parser.add_argument("--held-count", type=int, default=1_000_000)
+    parser.add_argument("--drain-count", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=3, help="alternating rounds of --only drain")
     parser.add_argument("--quick", action="store_true", help="every count divided by 100")
-    parser.add_argument("--only", choices=("backlog", "produce", "crash", "memory"))
+    parser.add_argument("--only", choices=("backlog", "produce", "crash", "memory", "drain"))
     args = parser.parse_args()
     if args.quick:
-        for name in ("count", "memory_count", "produce_count", "crash_count", "held_count"):
+        for name in (
+            "count",
+            "memory_count",
+            "produce_count",
+            "crash_count",
+            "held_count",
+            "drain_count",
+        ):
             setattr(args, name, max(1000, getattr(args, name) // 100))
     print(platform_line())
     print(f"# {' '.join(sys.argv)}")
@@ -309,6 +361,18 @@ def main() -> int:
             c = crash_restart(args, root)
             print(f"{c['sent']:,} durable paged messages, SIGKILL, restart: serving after "
                   f"{c['restart_s']:.2f} s (then received {c['first_receive_ok']})")  # fmt: skip
+        if args.only in (None, "drain"):
+            d = drain(args, root)
+            print(f"drain of {args.drain_count:,} x {args.size} B non-durable, sent first, "
+                  f"then received ({args.runs} alternating runs):")  # fmt: skip
+            for name in ("pages", "memory"):
+                runs = ", ".join(f"{rate:,.0f}" for rate in d["runs"][name])
+                cpu = ", ".join(f"{us:.1f}" for us in d["cpu"][name])
+                print(f"  from {name:<6} median {d[name]:>9,.0f} msg/s (runs {runs}); "
+                      f"broker CPU per message {statistics.median(d['cpu'][name]):.1f} us "
+                      f"(runs {cpu})")  # fmt: skip
+            print(f"  ratio pages / memory {d['ratio']:.2f} by rate, "
+                  f"{d['cpu_ratio']:.2f} by CPU per message (memory's / pages')")  # fmt: skip
     return 0
 
 

@@ -89,9 +89,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def scow_broker(workdir: Path, config: Path | None, plugins: list[str]) -> Iterator[str]:
-    """`scow run` on a free port; yields its URL (without an address)."""
+def scow_broker(
+    workdir: Path, config: Path | None, plugins: list[str]
+) -> Iterator[tuple[str, int]]:
+    """`scow run` on a free port; yields its URL (without an address) and its pid."""
     port = free_port()
     if config is None:
         config = workdir / "scow.toml"
@@ -111,7 +119,7 @@ def scow_broker(workdir: Path, config: Path | None, plugins: list[str]) -> Itera
         )
     try:
         wait_listening(port, proc, "scow run", log)
-        yield f"amqp://127.0.0.1:{port}"
+        yield f"amqp://127.0.0.1:{port}", proc.pid
     finally:
         stop(proc)
 
@@ -193,16 +201,22 @@ def run_client(
 
 def line(label: str, result: dict[str, Any]) -> str:
     lat = result["latency_ms"]
+    cpu = result.get("broker_cpu_us_per_message")
     return (
         f"{label:<14} send {result['send_rate']:>9,.0f} msg/s   "
         f"receive {result['receive_rate']:>9,.0f} msg/s   "
         f"latency ms p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}  p99.9 {lat['p99.9']:.2f}  "
-        f"max {lat['max']:.2f}"
+        f"max {lat['max']:.2f}" + (f"   broker CPU {cpu:.2f} us/msg" if cpu else "")
     )
 
 
-def measure(name: str, url: str, address: str, args: argparse.Namespace) -> dict[str, Any]:
-    """--runs unpaced runs, their median, then one run paced at --latency-at of it."""
+def measure(
+    name: str, url: str, address: str, args: argparse.Namespace, pid: int | None = None
+) -> dict[str, Any]:
+    """--runs unpaced runs, their median, then one run paced at --latency-at of it.
+
+    With the broker's `pid`, each run also reports the broker's CPU time per message
+    (sent and received), which a busy machine disturbs far less than throughput."""
     mode = "pre-settled" if args.presettled else "at-least-once"
     print(
         f"== {name}: {url}  ({args.pairs} pair(s), {args.size} B, {mode}"
@@ -213,12 +227,21 @@ def measure(name: str, url: str, address: str, args: argparse.Namespace) -> dict
     )
     runs = []
     for n in range(1, args.runs + 1):
+        before = cpu_seconds(pid) if pid else 0.0
         result = run_client(url, f"{address}.{n}", args, None)
+        if pid:
+            used = cpu_seconds(pid) - before
+            messages = (args.count + args.warmup) * args.pairs
+            result["broker_cpu_us_per_message"] = used / messages * 1e6
         runs.append(result)
         print(line(f"run {n}", result), flush=True)
     median_receive = statistics.median(r["receive_rate"] for r in runs)
     median_send = statistics.median(r["send_rate"] for r in runs)
-    print(f"median         send {median_send:>9,.0f} msg/s   receive {median_receive:>9,.0f} msg/s")
+    median_cpu = statistics.median(r.get("broker_cpu_us_per_message", 0.0) for r in runs)
+    print(
+        f"median         send {median_send:>9,.0f} msg/s   receive {median_receive:>9,.0f} msg/s"
+        + (f"   broker CPU {median_cpu:.2f} us/msg" if pid else "")
+    )
     paced = []
     rate = median_receive * args.latency_at
     for n in range(1, args.latency_runs + 1):
@@ -235,6 +258,7 @@ def measure(name: str, url: str, address: str, args: argparse.Namespace) -> dict
         "runs": runs,
         "median_send_rate": median_send,
         "median_receive_rate": median_receive,
+        "median_broker_cpu_us_per_message": median_cpu if pid else None,
         "paced_rate": rate,
         "paced": paced,
         "p99_at_paced_ms": p99,
@@ -293,8 +317,8 @@ def main() -> int:
                 results.append(measure("scow perf sink", url, args.address, args))
         else:
             plugins = [p.strip() for p in args.plugins.split(",") if p.strip()]
-            with scow_broker(workdir, args.config, plugins) as url:
-                results.append(measure("scow", url, args.address, args))
+            with scow_broker(workdir, args.config, plugins) as (url, pid):
+                results.append(measure("scow", url, args.address, args, pid))
         if args.compare_proton_c:
             window = args.proton_c_window
             name = "proton-C broker.c" + (f" (WINDOW={window})" if window else "")

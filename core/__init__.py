@@ -21,6 +21,7 @@ from scow.core.descriptors import (
     PageStoreBackend,
     ProtocolType,
     QueueType,
+    StreamStoreBackend,
 )
 from scow.core.hookspecs import HOOK_API_VERSION
 from scow.core.interfaces import (
@@ -37,7 +38,13 @@ from scow.core.interfaces import (
     Queue,
     RecordInfo,
     Service,
+    StreamAppended,
+    StreamContents,
+    StreamRecord,
+    StreamSegment,
+    StreamStore,
 )
+from scow.core.large_messages import DEFAULT_MIN_LARGE_MESSAGE_SIZE, LargeHead, with_body
 from scow.core.management import ManagementOperation
 from scow.core.message import Entry, Message, MessageFormat, MessageRef
 from scow.core.model import (
@@ -71,6 +78,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_MIN_LARGE_MESSAGE_SIZE",
     "HOOK_API_VERSION",
     "PERMISSIONS",
     "AddressInfo",
@@ -88,6 +96,7 @@ __all__ = [
     "InvalidField",
     "Journal",
     "JournalBackend",
+    "LargeHead",
     "LoadResult",
     "ManagementOperation",
     "Message",
@@ -112,6 +121,12 @@ __all__ = [
     "RoutingType",
     "Service",
     "Setting",
+    "StreamAppended",
+    "StreamContents",
+    "StreamRecord",
+    "StreamSegment",
+    "StreamStore",
+    "StreamStoreBackend",
     "Transaction",
     "Unauthorized",
     "command_group",
@@ -120,4 +135,5 @@ __all__ = [
     "iter_frames",
     "parse_host_port",
     "valid_length",
+    "with_body",
 ]

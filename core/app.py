@@ -113,6 +113,7 @@ class Server:
             self.journals = plugins.unique("scow_register_journals", "journal backend")
             self.full_policies = plugins.unique("scow_register_full_policies", "full policy")
             self.page_stores = plugins.unique("scow_register_page_stores", "page store")
+            self.stream_stores = plugins.unique("scow_register_stream_stores", "stream store")
             self.protocol_types = plugins.unique("scow_register_protocols", "protocol")
         except PluginError as exc:
             raise StartupError(str(exc)) from exc
@@ -263,8 +264,9 @@ class Server:
             queue_types=self.queue_types,
             full_policies=self.full_policies,
             persistent=bool(storage.journals),
-            selector_compiler=lambda text: compile_selector(text).matches,
+            selector_compiler=compile_selector,
             page_stores=self.page_stores,
+            stream_stores=self.stream_stores,
         )
         broker.hooks = self.plugins.hook
         try:
@@ -293,6 +295,9 @@ class Server:
         self.services += self.plugins.collect("scow_services", broker=broker)
         for service in self.services:
             await service.start()
+        # every record that refers to a large message's file is known by now (the paging
+        # plugin's service read its pages): files left by a crash go before anything arrives
+        broker.large_messages.remove_orphans()
         for name, protocol in self.protocol_types.items():
             settings = self.config.section(name) if name in self.config.section_names else {}
             server = protocol.factory(broker, settings)
@@ -357,7 +362,9 @@ class Server:
         for service in reversed(self.services):
             await service.stop()
         if self.broker is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.broker.storage.stop)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self.broker.large_messages.close)
+            await loop.run_in_executor(None, self.broker.storage.stop)
             if self.ha is not None:
                 await self.ha.leave()  # while the store is still ours
         self._release_locks()

@@ -26,8 +26,12 @@ from scow.core.duplicates import (
     duplicate_error,
     id_key,
 )
+from scow.core.interfaces import after_all
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
+from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
     MEMORY_OVERHEAD,
+    Header,
     Message,
     MessageFormat,
     MessageRef,
@@ -50,11 +54,17 @@ from scow.core.model import (
 )
 from scow.core.queue_types import typed, with_defaults
 from scow.core.security import Security
+from scow.core.selector import Selector, SelectorFilter
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
     from scow.core.config import Config
-    from scow.core.descriptors import FullPolicyType, PageStoreBackend, QueueType
+    from scow.core.descriptors import (
+        FullPolicyType,
+        PageStoreBackend,
+        QueueType,
+        StreamStoreBackend,
+    )
     from scow.core.interfaces import Completion, Consumer
     from scow.core.storage import (
         PageRecovery,
@@ -105,14 +115,17 @@ class Broker:
         queue_types: Mapping[str, QueueType],
         full_policies: Mapping[str, FullPolicyType],
         persistent: bool,
-        selector_compiler: Callable[[str], Any],
+        selector_compiler: Callable[[str], Selector],
         page_stores: Mapping[str, PageStoreBackend] | None = None,
+        stream_stores: Mapping[str, StreamStoreBackend] | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
         self.queue_types = dict(queue_types)
         self.full_policies = dict(full_policies)
         self.page_stores = dict(page_stores or {})
+        #: Where stream queues may keep their records, by backend name.
+        self.stream_stores = dict(stream_stores or {})
         #: The paging plugin's manager, once an address pages (see `scow.plugins.paging`).
         self.page_manager: Any = None
         #: How stored messages are read back (the protocol plugin's), set at recovery.
@@ -161,6 +174,12 @@ class Broker:
         self.moves_waiting = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
+        #: The files of large messages' bodies (`scow.core.large_messages`).
+        self.large_messages = LargeMessageStore(
+            Path(str(broker_cfg.get("data-dir", "./data")))
+            / str(broker_cfg.get("large-messages-directory", LARGE_MESSAGES_DIRECTORY)),
+            sync=persistent and bool(broker_cfg.get("large-message-sync", True)),
+        )
         self._connection_numbers = itertools.count(1)
 
     # ------------------------------------------------------------------ settings and ids
@@ -527,15 +546,42 @@ class Broker:
         the message is only checked now and routed at commit. `check_duplicates=False`
         routes a message whatever its duplicate id (a message moved back, not resent).
         """
-        address = self.address_for(address_name, routing_type)
+        if data.__class__ is not bytes and (body := large_body(data)) is not None:
+            if tx is not None:
+                body.acquire()  # the transaction holds it until it ends
+            elif not body.synced and on_stored is not None:
+                # confirmed once both its file and its record are durable
+                stored = _after_files([body], on_stored)
+                status = self._send(
+                    data, address_name, fmt, routing_type, stored, None, check_duplicates
+                )
+                if status is RouteStatus.PENDING:
+                    return status
+                stored()
+                return status if body.synced else RouteStatus.PENDING
+        return self._send(data, address_name, fmt, routing_type, on_stored, tx, check_duplicates)
+
+    def _send(
+        self,
+        data: bytes,
+        address_name: str,
+        fmt: MessageFormat,
+        routing_type: RoutingType | None,
+        on_stored: Completion | None,
+        tx: Transaction | None,
+        check_duplicates: bool,
+    ) -> RouteStatus:
+        address = self.addresses.get(address_name)  # address_for, inlined: per message
+        if address is None:
+            address = self.address_for(address_name, routing_type)
         if tx is not None:
             tx.sends.append((data, address_name, fmt, routing_type))
             return RouteStatus.ROUTED
-        if check_duplicates:
-            duplicate_id = fmt.duplicate_id(data)
-            if duplicate_id is not None:
-                return self._send_once(data, address, fmt, routing_type, on_stored, duplicate_id)
-        routed = self._route(data, address, fmt, routing_type)
+        # inspect() also looks for a duplicate id: a message without one costs no more
+        header = fmt.inspect(data)
+        if header[3] is not None and check_duplicates:
+            return self._send_once(data, address, fmt, routing_type, on_stored, header)
+        routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):
             return routed
         message, queues, full = routed
@@ -552,16 +598,17 @@ class Broker:
         fmt: MessageFormat,
         routing_type: RoutingType | None,
         on_stored: Completion | None,
-        duplicate_id: object,
+        header: Header,
     ) -> RouteStatus:
-        """Send a message that carries a duplicate id: dropped (but accepted) when its
-        address's cache holds the id, else routed as a transaction of its own, so that
-        the message and its id are journaled together: both durable, or neither."""
+        """Send a message that carries a duplicate id (`header[3]`): dropped (but
+        accepted) when its address's cache holds the id, else routed as a transaction of
+        its own, so that the message and its id are journaled together: both durable, or
+        neither."""
         cache = self._id_cache(address.name)
         if cache is None:  # detection is off for this address
             return self.send(data, address.name, fmt, routing_type, on_stored, None,
                              check_duplicates=False)  # fmt: skip
-        key = id_key(duplicate_id, address.name)
+        key = id_key(header[3], address.name)
         if key in cache:
             self.messages_duplicate += 1
             log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
@@ -571,7 +618,7 @@ class Broker:
                 waiting.append(on_stored)
                 return RouteStatus.PENDING
             return RouteStatus.DUPLICATE
-        routed = self._route(data, address, fmt, routing_type)
+        routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):  # it goes nowhere, but its id counts (Artemis)
             self._admit_alone(cache, address.name, key)
             return routed
@@ -677,6 +724,10 @@ class Broker:
         pager = address.pager
         if pager is not None and (full or pager.paging):
             return pager.page(message, queues, on_stored, None)
+        if address.keepers and message.kind.durable and self.persistent:
+            kept = [q for q in queues if q.durable and q in address.keepers]
+            if kept:
+                return self._accept_kept(message, queues, kept, address, on_stored)
         message, journaled = self._store(message, queues, address, on_stored, None)
         for queue in queues:
             queue.enqueue(message)
@@ -684,19 +735,49 @@ class Broker:
             return RouteStatus.PENDING
         return RouteStatus.ROUTED
 
+    def _accept_kept(
+        self,
+        message: Message,
+        queues: list[Any],
+        kept: list[Any],
+        address: AddressInfo,
+        on_stored: Completion | None,
+    ) -> RouteStatus:
+        """Accept a durable message some of whose queues keep their own durable copy
+        (`keeps_durable_copy`): journaled for the other durable queues only, so it is
+        written once for each store; `on_stored` runs once the journal and every keeper
+        have it."""
+        others = [q for q in queues if q not in kept]
+        parts = len(kept) + any(q.durable for q in others)
+        done = None if on_stored is None else after_all(parts, on_stored)
+        message, _journaled = self._store(message, others, address, done, None, refs=len(queues))
+        for queue in queues:
+            if queue in kept:
+                queue.keep(message, done)
+            else:
+                queue.enqueue(message)
+        return RouteStatus.ROUTED if done is None else RouteStatus.PENDING
+
+    def release_kept(self, ref: MessageRef) -> None:
+        """A queue that keeps its own durable copy (`keeps_durable_copy`) has that copy
+        and is done holding `ref` in memory: free it (no journal record to touch)."""
+        self._release_memory(ref)
+
     def _route(
         self,
         data: bytes,
         address: AddressInfo,
         fmt: MessageFormat,
         routing_type: RoutingType | None,
+        header: Header,
     ) -> RouteStatus | tuple[Message, list[Any], bool]:
-        """The message, the queues it goes to and whether the address is full; or why it
-        goes nowhere."""
-        durable, priority, ttl = fmt.inspect(data)
+        """The message (whose `fmt.inspect` is `header`), the queues it goes to and
+        whether the address is full; or why it goes nowhere."""
+        durable, priority, ttl, _duplicate_id = header
         settings = address.settings
         message = Message(0, data, address.name, fmt, durable=durable, priority=priority)
-        message.expiration = _expiration(ttl, settings)
+        if ttl > 0 or settings.expiry_delay >= 0:
+            message.expiration = _expiration(ttl, settings)
         full = address.full_policy is not None and address.is_full()
         if full:
             verdict = address.full_policy.admit(message)
@@ -718,7 +799,7 @@ class Broker:
         for queue in queues:  # a queue may refuse what it cannot hold: nothing is stored yet
             if queue.admit is not None:
                 queue.admit(message)
-        message.id = self.next_id()
+        message.id = self.storage.next_id()
         self.messages_routed += 1
         return message, queues, full
 
@@ -727,7 +808,7 @@ class Broker:
     ) -> list[Any]:
         """Every matching multicast queue plus one matching anycast queue (round robin)."""
         targets: list[Any] = []
-        if routing_type is not RoutingType.ANYCAST:
+        if routing_type is not RoutingType.ANYCAST and address.multicast:
             targets = [q for q in address.multicast if q.filter is None or q.filter(message)]
         if (
             routing_type is RoutingType.MULTICAST
@@ -766,12 +847,13 @@ class Broker:
         address: AddressInfo,
         on_stored: Completion | None,
         tx_id: int | None,
+        refs: int = 0,
     ) -> tuple[Message, bool]:
         """Journal `message` if durable, then account for it.
 
-        Returns the message to enqueue in `queues` (shared when there are several) and
-        whether it was journaled. Raises StorageFull, with nothing accounted, when the
-        journal has no room for it.
+        Returns the message to enqueue in `queues` (shared when there are several, or
+        held by `refs` queues in all when given) and whether it was journaled. Raises
+        StorageFull, with nothing accounted, when the journal has no room for it.
         """
         durable_ids = []
         if message.kind.durable and self.persistent:
@@ -787,7 +869,10 @@ class Broker:
                     on_stored,
                     tx_id=tx_id,
                 )
-        size = len(message.data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
+        data = message.data
+        if data.__class__ is not bytes and (body := large_body(data)) is not None:
+            body.acquire()
+        size = len(data) + MEMORY_OVERHEAD  # address.add_memory, inlined: per message
         address.size += size
         address.message_count += 1
         limits = self.limits
@@ -795,7 +880,7 @@ class Broker:
         limits.messages += 1
         if limits.size > limits.flow_above:
             self.flow_to_disk(message)  # type: ignore[misc]
-        return message.shared(len(queues), len(durable_ids)), bool(durable_ids)
+        return message.shared(refs or len(queues), len(durable_ids)), bool(durable_ids)
 
     def _in_journal(self, ref: MessageRef) -> bool:
         """Whether `ref` (not paged) has its place in a journal record of its message."""
@@ -816,14 +901,20 @@ class Broker:
         another message of the transaction carries too): Artemis's rule.
         """
         ids = self._ids_of(tx)  # first: a duplicate refuses the commit before anything
+        bodies = _large_bodies(tx)
+        if bodies:
+            on_done = _after_files(bodies, on_done)
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
         paged: list[tuple[Message, list[Any], Any]] = []
         for data, address_name, fmt, routing_type in tx.sends:
             address = self.address_for(address_name, routing_type)
-            result = self._route(data, address, fmt, routing_type)
+            result = self._route(data, address, fmt, routing_type, fmt.inspect(data))
             if not isinstance(result, RouteStatus):
                 _place(result, address, kept, paged)
-        return self._commit_routed(tx, on_done, ids, kept, paged)
+        status = self._commit_routed(tx, on_done, ids, kept, paged)
+        for body in bodies:  # its messages hold their files now (`_store`, the pages)
+            body.release()
+        return status
 
     def _commit_routed(
         self,
@@ -837,7 +928,7 @@ class Broker:
         those for pages, and the duplicate ids they carry (checked)."""
         # The journal first: it may refuse (StorageFull) while nothing is visible yet.
         visible: list[tuple[Message, list[Any]]] = []
-        stored_sizes: list[tuple[int, AddressInfo]] = []
+        stored: list[tuple[Message, AddressInfo]] = []
         journaled_acks: list[MessageRef] = []
         journaled = False
         try:
@@ -847,11 +938,10 @@ class Broker:
                 if prepare is not None:
                     prepare()
             for message, queues, address in kept:
-                size = len(message.data)
-                shared, stored = self._store(message, queues, address, None, tx.id)
-                stored_sizes.append((size, address))
+                shared, in_journal = self._store(message, queues, address, None, tx.id)
+                stored.append((message, address))
                 visible.append((shared, queues))
-                journaled |= stored
+                journaled |= in_journal
             if paged and self.persistent:
                 self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
                 journaled = True
@@ -862,7 +952,7 @@ class Broker:
             admitted = self._journal_ids(tx, ids) if ids else []
             journaled |= any(rid for _, records in admitted for _, rid in records)
         except StorageFull:
-            self._abandon_commit(tx, stored_sizes, journaled_acks, len(kept) + len(paged))
+            self._abandon_commit(tx, stored, journaled_acks, len(kept) + len(paged))
             raise
         waiting = self._admit_ids(admitted) if ids else []
         barrier = _Barrier()
@@ -958,14 +1048,14 @@ class Broker:
     def _abandon_commit(
         self,
         tx: Transaction,
-        stored: list[tuple[int, AddressInfo]],
+        stored: list[tuple[Message, AddressInfo]],
         acks: list[MessageRef],
         routed: int,
     ) -> None:
         """Storage refused part of a commit: undo the part it took (the caller rolls the
         transaction back, so its acknowledged messages go back to their queues)."""
-        for size, address in stored:
-            self._unaccount(size, address)
+        for message, address in stored:
+            self._unaccount(message, address)
         for ref in acks:
             self._restore_stored_ref(ref)
         self.messages_routed -= routed
@@ -976,9 +1066,11 @@ class Broker:
                 # its records stay uncommitted: recovery rolls them back
                 log.warning("transaction rollback not journaled: storage full", tx=tx.id)
 
-    def _unaccount(self, size: int, address: AddressInfo) -> None:
+    def _unaccount(self, message: Message, address: AddressInfo) -> None:
         """The reverse of `_store`'s accounting, for a message never enqueued."""
-        size += MEMORY_OVERHEAD
+        if (body := large_body(message.data)) is not None:
+            body.release()
+        size = len(message.data) + MEMORY_OVERHEAD
         address.size -= size
         address.message_count -= 1
         limits = self.limits
@@ -987,6 +1079,8 @@ class Broker:
 
     def rollback(self, tx: Transaction) -> None:
         """Forget the transaction's messages; its acknowledged messages go back (+1 count)."""
+        for body in _large_bodies(tx):
+            body.release()
         acks, tx.acks, tx.sends = tx.acks, [], []
         for ref in sorted(acks, key=lambda r: r.message.id):
             self.release(ref, delivered=True)
@@ -1072,12 +1166,15 @@ class Broker:
         return self._attach(consumer, queue, None)
 
     def compile_filter(self, selector: str) -> Callable[[Message], bool]:
-        """A message filter from a selector; InvalidField names what is wrong in it."""
+        """A message filter from a selector; InvalidField names what is wrong in it.
+
+        The filter keeps its `Selector` (`.selector`): page cursors evaluate it on paged
+        records' bytes and against page summaries, without building messages."""
         try:
             compiled = self.compile_selector(selector)
         except ValueError as exc:
             raise InvalidField(str(exc)) from exc
-        return lambda message: compiled(message.lookup())
+        return SelectorFilter(compiled)
 
     def _attach(self, consumer: Consumer, queue: Any, selector: str | None) -> Any:
         spec: QueueSpec = queue.spec
@@ -1125,10 +1222,12 @@ class Broker:
         if tx is not None:
             tx.acks.append(ref)
             return
-        try:
-            self._journal_ack(ref, None)
-        except StorageFull as exc:
-            self._ack_not_stored(ref, exc)
+        # _journal_ack's own test, first: most acknowledgements have nothing to journal
+        if ref.__class__ is PagedRef or (ref.message.kind.durable and ref.queue.durable):
+            try:
+                self._journal_ack(ref, None)
+            except StorageFull as exc:
+                self._ack_not_stored(ref, exc)
         self._settle_ack(ref)
 
     def _settle_ack(self, ref: MessageRef) -> None:
@@ -1241,6 +1340,9 @@ class Broker:
         if ref.__class__ is PagedRef:
             ref.cursor.settle(ref)
         if last:
+            data = message.data
+            if data.__class__ is not bytes and (body := large_body(data)) is not None:
+                body.release()
             address = self.addresses.get(message.kind.address)
             if address is not None:
                 size = (
@@ -1309,7 +1411,7 @@ class Broker:
         if target and target != queue.address:
             queues = self._dead_letter_targets(target, message)
             if queues:
-                data = message.format.annotate(
+                annotated = message.format.annotate(
                     message.data,
                     {
                         f"{prefix}ADDRESS": message.address,
@@ -1318,6 +1420,7 @@ class Broker:
                         **extra,
                     },
                 )
+                data = with_head(message.data, annotated)  # a large one keeps its file
                 copy = Message(
                     self.next_id(),
                     data,
@@ -1448,9 +1551,25 @@ class Broker:
         queues = [(by_id[qid], count) for qid, count in rec.queues.items() if qid in by_id]
         if not queues:
             return []
+        data = rec.data
+        if rec.large is not None:
+            body = self.large_messages.recovered(*rec.large)
+            if body is None:
+                # deleted after its last acknowledgement, before the record's deletion
+                # reached the journal (or never synced, so never accepted)
+                path = self.large_messages.path_of(rec.large[0])
+                log.warning(
+                    "large message dropped: its file is missing or short",
+                    message=rec.id,
+                    file=str(path),
+                )
+                self.storage.acknowledge(rec.id, queues[0][0].id, True)
+                return []
+            body.acquire()
+            data = LargeHead(rec.data, body)
         message = Message(
             rec.id,
-            rec.data,
+            data,
             rec.address,
             fmt,
             durable=True,
@@ -1504,6 +1623,7 @@ class Broker:
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
             "messages-duplicate": self.messages_duplicate,
+            "large-messages": self.large_messages.stats(),
         }
 
     def address_stats(self, address: AddressInfo) -> dict[str, Any]:
@@ -1538,6 +1658,21 @@ def _place(
         paged.append((message, queues, pager))
     else:
         kept.append((message, queues, address))
+
+
+def _large_bodies(tx: Transaction) -> list[Any]:
+    """The files of the large messages a transaction sends (it holds each)."""
+    return [body for send in tx.sends if (body := large_body(send[0])) is not None]
+
+
+def _after_files(bodies: list[Any], on_done: Completion) -> Completion:
+    """`on_done`, held back until every file in `bodies` is synced (large-message-sync)."""
+    barrier = _Barrier()
+    for body in bodies:
+        body.when_synced(barrier.add())
+    done = barrier.add()
+    barrier.arm(on_done)
+    return done
 
 
 class _Barrier:

@@ -30,6 +30,7 @@ from scow.core.address_settings import (
     validate_settings,
 )
 from scow.core.duplicates import DEFAULT_ID_CACHE_SIZE
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 
 __all__ = [
     "ADDRESS_SETTINGS_SECTION",
@@ -298,6 +299,19 @@ BROKER_SECTION = ConfigSection(
             True,
             "Journal the duplicate-id caches with the messages they admit, so that they "
             "survive a restart or a crash; false keeps them in memory only.",
+        ),
+        Setting(
+            "large-messages-directory",
+            str,
+            LARGE_MESSAGES_DIRECTORY,
+            "Directory of large messages' bodies (one file each), relative to data-dir.",
+        ),
+        Setting(
+            "large-message-sync",
+            bool,
+            True,
+            "Sync a durable large message's file before the message is accepted; false "
+            "leaves it to the operating system (a crash may lose accepted large messages).",
         ),
         Setting(
             "message-expiry-scan-period",

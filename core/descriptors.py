@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
-    from scow.core.interfaces import FullPolicy, Journal, PageStore, ProtocolServer, Queue
+    from scow.core.interfaces import (
+        FullPolicy,
+        Journal,
+        PageStore,
+        ProtocolServer,
+        Queue,
+        StreamStore,
+    )
     from scow.core.message import MessageFormat
     from scow.core.model import AddressInfo, QueueSpec
 
@@ -79,6 +86,23 @@ class PageStoreBackend:
     #: `max_page_size(settings)`: the largest page the store takes, capping every
     #: address's page-size-bytes (Artemis's jdbc-max-page-size-bytes); None: no cap.
     max_page_size: Callable[[Mapping[str, Any]], int] | None = None
+
+
+@dataclass(frozen=True)
+class StreamStoreBackend:
+    """Storage for stream queues (the spark plugin's), chosen by `[spark] stream-store`.
+
+    `factory(data_dir, stream, segment_bytes, settings)` builds (without opening) the
+    store of one stream: segments of about `segment_bytes`; `settings` is the backend's
+    own validated config section (may be empty). By default a broker keeps its streams
+    in the store its journal uses: the backend named like `[broker] journal`.
+    """
+
+    name: str
+    factory: Callable[[Path, str, int, Mapping[str, Any]], StreamStore]
+    doc: str = ""
+    #: The config section whose validated values the factory receives, if any.
+    config_section: str | None = None
 
 
 @dataclass(frozen=True)

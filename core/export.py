@@ -11,10 +11,16 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
   {"type": "message", "id": int, "address": str, "expiration": int (ms, 0 = never),
    "priority": int, "queues": {"<queue name>": <delivery count>, ...},
    "data": "<base64 of the encoded message, exactly as the producer sent it>",
-   "paged": true (only for messages that were in their address's pages)}
+   "paged": true (only for messages that were in their address's pages),
+   "large": true, "head-size": n (only for large messages: the data's first n bytes
+   are the sections before the body; import writes it to a large message file)}
   {"type": "duplicate-id", "address": str, "id": "<base64 of the id's key: a tag byte,
    1 string (UTF-8) or 2 binary, then the id>"}
-  {"type": "end", "addresses": n, "queues": n, "messages": n, "duplicate-ids": n}
+  {"type": "stream", "queue": str, "cursors": {"<name>": [<sequence>, <last used ms>]}}
+  {"type": "stream-record", "queue": str, "sequence": int, "enqueued": int (ms),
+   "data": "<base64 of the message as the stream delivers it>"}
+  {"type": "end", "addresses": n, "queues": n, "messages": n, "duplicate-ids": n,
+   "streams": n, "stream-records": n}
 
 Addresses come before queues, queues before messages: the journal's in journal order,
 then the paged ones in page order. An import puts paged messages back into pages when
@@ -23,6 +29,14 @@ The duplicate-id caches come last, each address's oldest id first, so that produ
 resending to the imported broker are still deduplicated (an import keeps them whatever
 its persist-id-cache; a broker with it false drops them at its start). A file without
 them (written before they were exported) imports as one with empty caches.
+Streams (queues of queue-type "stream", whose records live in their own store) come
+after them, each with its cursors and then its records in sequence order; an import
+appends them with their sequence numbers and enqueue times to the importer's stream
+store, whichever it is (so export and import move streams between segment files and a
+database). A journaled message that a stream's store already holds (a crash came between
+the two) is exported once, as the stream's record.
+A large message's line holds its whole message (its file's body after its head), so
+export and import hold one such message in memory at a time.
 Ids are not portable: an import gives everything new ids. The trailing "end" line lets an
 import tell a complete file from a truncated one. Prepared (undecided) transactions are
 not exported.
@@ -34,23 +48,52 @@ import base64
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import IO, Any
 
+from scow.core.interfaces import StreamStore
+from scow.core.large_messages import LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 
 FORMAT = "scow-export"
 VERSION = 1
 
 
+#: Records read from a stream's store per read while exporting, and appended per append
+#: while importing.
+STREAM_BATCH = 1000
+STREAM_TYPE = "stream"
+
+#: Builds (unopened) the store of a stream queue: (queue name, queue arguments).
+OpenStream = Callable[[str, Mapping[str, Any]], StreamStore]
+
+
 class ExportError(Exception):
     """The file is not an export this version can read, or it is incomplete."""
 
 
+def _streams(recovered: Recovered, open_stream: OpenStream | None) -> list[StreamStore]:
+    if open_stream is None:
+        return []
+    return [
+        open_stream(queue["name"], queue.get("arguments", {}))
+        for queue in recovered.queues
+        if queue.get("queue-type") == STREAM_TYPE
+    ]
+
+
 def export_lines(
-    recovered: Recovered, paged: Iterable[RecoveredMessage] = ()
+    recovered: Recovered,
+    paged: Iterable[RecoveredMessage] = (),
+    streams: Iterable[StreamStore] = (),
+    large_messages: Path | None = None,
 ) -> Iterator[dict[str, Any]]:
+    """The lines of an export (see the module docstring); `streams` are opened and read
+    here (and closed by the caller); `large_messages` is the directory of large
+    messages' files."""
     yield {"format": FORMAT, "version": VERSION, "created": int(time.time() * 1000)}
+    stored = {store.name: store.open() for store in streams}
     for address in recovered.addresses:
         yield {"type": "address", **{k: v for k, v in address.items() if k != "id"}}
     names = {}
@@ -59,10 +102,18 @@ def export_lines(
         yield {"type": "queue", **{k: v for k, v in queue.items() if k != "id"}}
     exported = 0
     for message in itertools.chain(recovered.messages, paged):
-        queues = {names[qid]: count for qid, count in message.queues.items() if qid in names}
+        queues = {
+            names[qid]: count
+            for qid, count in message.queues.items()
+            if qid in names
+            and not (names[qid] in stored and message.id in stored[names[qid]].recent_ids)
+        }
         if not queues:
             continue
         exported += 1
+        data = message.data
+        if message.large is not None:
+            data = _whole_large_message(message, large_messages)
         line = {
             "type": "message",
             "id": message.id,
@@ -70,10 +121,13 @@ def export_lines(
             "expiration": message.expiration,
             "priority": message.priority,
             "queues": queues,
-            "data": base64.b64encode(message.data).decode("ascii"),
+            "data": base64.b64encode(data).decode("ascii"),
         }
         if message.paged:
             line["paged"] = True
+        if message.large is not None:
+            line["large"] = True
+            line["head-size"] = len(message.data)
         yield line
     for duplicate in recovered.duplicate_ids:
         yield {
@@ -81,26 +135,78 @@ def export_lines(
             "address": duplicate.address,
             "id": base64.b64encode(duplicate.key).decode("ascii"),
         }
+    records = 0
+    for store in streams:
+        yield {"type": "stream", "queue": store.name, "cursors": store.load_cursors()}
+        for seq, enqueued, data in _stream_records(store, stored[store.name].next_seq):
+            records += 1
+            yield {
+                "type": "stream-record",
+                "queue": store.name,
+                "sequence": seq,
+                "enqueued": enqueued,
+                "data": base64.b64encode(data).decode("ascii"),
+            }
     yield {
         "type": "end",
         "addresses": len(recovered.addresses),
         "queues": len(recovered.queues),
         "messages": exported,
         "duplicate-ids": len(recovered.duplicate_ids),
+        "streams": len(stored),
+        "stream-records": records,
     }
+
+
+def _whole_large_message(message: RecoveredMessage, directory: Path | None) -> bytes:
+    """A large message's head followed by the body its file holds."""
+    assert message.large is not None
+    file_id, head_size, length = message.large
+    if directory is None:
+        raise ExportError(f"message {message.id} is large: its file's directory is not known")
+    path = directory / f"{file_id}.msg"
+    try:
+        with open(path, "rb") as f:
+            f.seek(head_size)
+            body = f.read(length - head_size)
+    except OSError as exc:
+        raise ExportError(f"message {message.id}: its file {path}: {exc}") from None
+    if len(body) != length - head_size:
+        raise ExportError(f"message {message.id}: its file {path} is short")
+    return message.data + body
+
+
+def _stream_records(store: StreamStore, end: int) -> Iterator[tuple[int, int, bytes]]:
+    seq = 0
+    while seq < end:
+        got, seq = store.read(seq, end, STREAM_BATCH)
+        if not got:
+            return
+        yield from got
 
 
 def export(
     storage: StorageManager,
     out: IO[str],
     paged: Callable[[Recovered], Iterable[RecoveredMessage]] | None = None,
+    open_stream: OpenStream | None = None,
+    large_messages: Path | None = None,
 ) -> dict[str, int]:
-    """Write everything `storage` holds (and `paged(recovered)`) to `out`; returns counts."""
+    """Write everything `storage` holds (and `paged(recovered)`, and the records of its
+    streams, whose stores `open_stream` builds) to `out`; returns counts. `large_messages`
+    is the directory of the large messages' files."""
     end: dict[str, Any] = {}
     recovered = storage.load()
-    for line in export_lines(recovered, paged(recovered) if paged else ()):
-        out.write(json.dumps(line, separators=(",", ":")) + "\n")
-        end = line
+    streams = _streams(recovered, open_stream)
+    try:
+        for line in export_lines(
+            recovered, paged(recovered) if paged else (), streams, large_messages
+        ):
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+            end = line
+    finally:
+        for store in streams:
+            store.close()
     return {k: v for k, v in end.items() if k != "type"}
 
 
@@ -108,12 +214,30 @@ def import_(
     storage: StorageManager,
     source: IO[str],
     paged: Callable[[RecoveredMessage], None] | None = None,
+    open_stream: OpenStream | None = None,
+    large_messages: Path | None = None,
 ) -> dict[str, int]:
     """Load an export into `storage`, which must be empty; returns the counts read.
 
     Paged messages go to `paged` when given (it writes them into pages), else to the
-    journal like the others.
+    journal like the others. Stream records go to the stores `open_stream` builds; a file
+    that holds some needs it (ExportError otherwise). Large messages get their file in
+    `large_messages`.
     """
+    streams = _StreamImporter(open_stream)
+    try:
+        return _import(storage, source, paged, streams, large_messages)
+    finally:
+        streams.close()
+
+
+def _import(
+    storage: StorageManager,
+    source: IO[str],
+    paged: Callable[[RecoveredMessage], None] | None,
+    streams: _StreamImporter,
+    large_messages: Path | None,
+) -> dict[str, int]:
     existing = storage.load()
     if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
         raise ExportError("the target data dir is not empty: import needs a fresh one")
@@ -124,7 +248,14 @@ def import_(
             f"version={header.get('version')!r})"
         )
     queue_ids: dict[str, int] = {}
-    counts = {"addresses": 0, "queues": 0, "messages": 0, "duplicate-ids": 0}
+    counts = {
+        "addresses": 0,
+        "queues": 0,
+        "messages": 0,
+        "duplicate-ids": 0,
+        "streams": 0,
+        "stream-records": 0,
+    }
     complete = False
     for number, text in enumerate(source, start=2):
         line = _parse(text, number)
@@ -135,15 +266,23 @@ def import_(
         elif kind == "queue":
             queue_ids[line["name"]] = record_id = storage.next_id()
             storage.store_queue(record_id, line)
+            streams.declared(line)
             counts["queues"] += 1
         elif kind == "message":
-            _import_message(storage, line, queue_ids, number, paged)
+            _import_message(storage, line, queue_ids, number, paged, large_messages)
             counts["messages"] += 1
         elif kind == "duplicate-id":
             _import_duplicate_id(storage, line, number)
             counts["duplicate-ids"] += 1
+        elif kind == "stream":
+            streams.cursors(line, number)
+            counts["streams"] += 1
+        elif kind == "stream-record":
+            streams.record(line, number)
+            counts["stream-records"] += 1
         elif kind == "end":
-            line.setdefault("duplicate-ids", 0)  # a file from before they were exported
+            for added in ("duplicate-ids", "streams", "stream-records"):
+                line.setdefault(added, 0)  # a file from before they were exported
             complete = line == counts
             if not complete:
                 raise ExportError(f"line {number}: the file says {line} but holds {counts}")
@@ -161,17 +300,24 @@ def _import_message(
     queue_ids: dict[str, int],
     number: int,
     paged: Callable[[RecoveredMessage], None] | None,
+    large_messages: Path | None,
 ) -> None:
     try:
         qids = {queue_ids[name]: count for name, count in line["queues"].items()}
     except KeyError as exc:
         raise ExportError(f"line {number}: message names unknown queue {exc}") from None
     message_id = storage.next_id()
+    data = base64.b64decode(line["data"])
+    if line.get("large"):
+        data = _import_large(storage, data, line.get("head-size"), number, large_messages)
     if line.get("paged") and paged is not None:
-        data = base64.b64decode(line["data"])
         address, expiration = line["address"], line["expiration"]
         priority = line.get("priority", 4)
-        paged(RecoveredMessage(message_id, address, expiration, priority, data, qids, True))
+        large = None
+        if isinstance(data, LargeHead):
+            body = data.body
+            large = (body.file_id, body.head_size, body.length)
+        paged(RecoveredMessage(message_id, address, expiration, priority, data, qids, True, large))
         return
     storage.store_message(
         message_id,
@@ -179,12 +325,105 @@ def _import_message(
         line["expiration"],
         line.get("priority", 4),
         list(qids),
-        base64.b64decode(line["data"]),
+        data,
         None,
     )
     for qid, count in qids.items():
         if count:
             storage.update_delivery_count(message_id, qid, count)
+
+
+def _import_large(
+    storage: StorageManager,
+    data: bytes,
+    head_size: Any,
+    number: int,
+    directory: Path | None,
+) -> LargeHead:
+    """Write an imported large message to a file of its own; its head, referring to it."""
+    if not isinstance(head_size, int) or not 0 <= head_size <= len(data):
+        raise ExportError(
+            f"line {number}: a large message needs a head-size between 0 and its "
+            f"{len(data)} bytes, not {head_size!r}"
+        )
+    if directory is None:
+        raise ExportError(f"line {number}: a large message, and no directory for its file")
+    store = LargeMessageStore(directory, sync=True)
+    view = memoryview(data)
+    return store.write_whole(
+        storage.next_id(), view[:head_size].tobytes(), view[head_size:], sync=True
+    )
+
+
+class _StreamImporter:
+    """Appends the stream records of an import to the stores of their queues."""
+
+    def __init__(self, open_stream: OpenStream | None) -> None:
+        self.open_stream = open_stream
+        self.arguments: dict[str, Mapping[str, Any]] = {}
+        self.stores: dict[str, StreamStore] = {}
+        self.pending: dict[str, list[tuple[int, int, int, bytes]]] = {}
+
+    def declared(self, queue: Mapping[str, Any]) -> None:
+        if queue.get("queue-type") == STREAM_TYPE:
+            self.arguments[queue["name"]] = queue.get("arguments", {})
+
+    def _store(self, line: Mapping[str, Any], number: int) -> StreamStore:
+        name = line.get("queue")
+        store = self.stores.get(name)  # type: ignore[arg-type]
+        if store is not None:
+            return store
+        if not isinstance(name, str) or name not in self.arguments:
+            raise ExportError(f"line {number}: stream names unknown stream queue {name!r}")
+        if self.open_stream is None:
+            raise ExportError(
+                f"line {number}: the file holds streams, and no stream store is enabled to "
+                "import them into (enable the spark plugin)"
+            )
+        store = self.stores[name] = self.open_stream(name, self.arguments[name])
+        store.open()
+        return store
+
+    def cursors(self, line: dict[str, Any], number: int) -> None:
+        try:
+            cursors = {str(n): (int(c[0]), int(c[1])) for n, c in line["cursors"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ExportError(f"line {number}: bad stream line ({exc!r})") from None
+        self._store(line, number).save_cursors(cursors)
+
+    def record(self, line: dict[str, Any], number: int) -> None:
+        name = self._store(line, number).name
+        try:
+            record = (
+                int(line["sequence"]),
+                int(line["enqueued"]),
+                0,  # no broker message id: nothing in the journal to match it with
+                base64.b64decode(line["data"], validate=True),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ExportError(f"line {number}: bad stream-record line ({exc!r})") from None
+        batch = self.pending.setdefault(name, [])
+        if batch and record[0] <= batch[-1][0]:
+            raise ExportError(
+                f"line {number}: stream {name!r}: sequence {record[0]} after {batch[-1][0]}: "
+                "records must come in ascending order"
+            )
+        batch.append(record)
+        if len(batch) >= STREAM_BATCH:
+            self._flush(name)
+
+    def _flush(self, name: str) -> None:
+        batch = self.pending.pop(name, [])
+        if batch:
+            self.stores[name].append(batch)
+
+    def close(self) -> None:
+        try:
+            for name in list(self.pending):
+                self._flush(name)
+        finally:
+            for store in self.stores.values():
+                store.close()
 
 
 def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: int) -> None:

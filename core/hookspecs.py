@@ -26,13 +26,14 @@ if TYPE_CHECKING:
         PageStoreBackend,
         ProtocolType,
         QueueType,
+        StreamStoreBackend,
     )
     from scow.core.interfaces import Service
     from scow.core.management import ManagementOperation
     from scow.core.model import ConnectionInfo
 
 #: The version of the hooks below and of what they take and return (see the module doc).
-HOOK_API_VERSION = "1.0"
+HOOK_API_VERSION = "1.1"
 
 hookspec = pluggy.HookspecMarker("scow")
 
@@ -78,6 +79,13 @@ def scow_register_journals() -> list[JournalBackend]:
 @hookspec
 def scow_register_page_stores() -> list[PageStoreBackend]:
     """Page store backends this plugin provides. Results are concatenated."""
+    raise NotImplementedError
+
+
+@hookspec
+def scow_register_stream_stores() -> list[StreamStoreBackend]:
+    """Stream store backends this plugin provides (where stream queues keep their
+    records). Results are concatenated; names must be unique."""
     raise NotImplementedError
 
 

@@ -7,7 +7,7 @@ satisfies one of these protocols; the hot path then calls that object directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -20,6 +20,20 @@ if TYPE_CHECKING:
 #: Called (on the event loop, or wherever the journal's dispatcher runs it) once the
 #: record it was passed with is as durable as asked for.
 Completion = Callable[[], None]
+
+
+def after_all(count: int, then: Completion) -> Completion:
+    """A completion to be called `count` times (once per part that must be durable);
+    `then` runs at the last call."""
+    left = count
+
+    def part() -> None:
+        nonlocal left
+        left -= 1
+        if left == 0:
+            then()
+
+    return part
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +181,97 @@ class PageStore(Protocol):
         """Release files and connections; idempotent."""
 
 
+# --------------------------------------------------------------------------- streams
+
+#: One stream record as stored: (sequence number, enqueue time in ms since the epoch,
+#: broker message id, the message's bytes as delivered).
+StreamRecord = tuple[int, int, int, bytes]
+
+
+@dataclass(slots=True)
+class StreamSegment:
+    """One segment of a stream: consecutive records, the unit of retention."""
+
+    #: Sequence number of its first record (a segment ends where the next one starts).
+    first: int
+    #: Bytes it holds (what retention-bytes counts).
+    size: int
+    #: Enqueue time of its first record (ms), or when it was made while it is empty.
+    first_time: int
+
+
+@dataclass(slots=True)
+class StreamContents:
+    """What `StreamStore.open` found."""
+
+    segments: list[StreamSegment] = field(default_factory=list)
+    #: The sequence number the next record gets (never reused, even past retention).
+    next_seq: int = 0
+    #: Broker message ids of the records of the last two segments: recovery skips the
+    #: journaled messages a crash left both there and in the journal.
+    recent_ids: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class StreamAppended:
+    """What one `StreamStore.append` did, for the stream's view of its segments."""
+
+    #: Segments the append began (a roll), in order.
+    new_segments: list[StreamSegment] = field(default_factory=list)
+    #: segment first sequence number -> its size now, for every segment it wrote to.
+    sizes: dict[int, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class StreamStore(Protocol):
+    """The records of one stream queue: appended in sequence order, read by position.
+
+    Records fill segments of about `segment_bytes` (given to the backend's factory); a
+    segment is deleted whole (retention), always the oldest ones. The store also keeps
+    the stream's named cursors (a small mapping written whole on each change).
+
+    Threads: one writer thread calls `append` and `delete_segments`; `read` and `seek`
+    run on reader threads at the same time (never on the event loop, since they may
+    read a whole segment or wait for a database).
+    """
+
+    #: The stream (queue) whose records these are.
+    name: str
+
+    def open(self) -> StreamContents:
+        """Open (creating if needed) and recover: a torn tail is cut off. Call once."""
+
+    def append(self, records: Sequence[StreamRecord]) -> StreamAppended:
+        """Write `records` (sequence numbers following the last ones) and make them
+        durable before returning. All or nothing: on an error (OSError for a full file
+        system, see `scow.core.disk_monitor.is_no_space`) nothing of them stays, and
+        the same records may be appended again."""
+
+    def read(self, seq: int, end: int, limit: int) -> tuple[list[tuple[int, int, bytes]], int]:
+        """Up to `limit` records from `seq` (or the first kept after it) below `end`:
+        [(sequence, enqueue time, bytes)], and the sequence number to read next. Records
+        of deleted segments are skipped (a gap)."""
+
+    def seek(self, when: int) -> int | None:
+        """The sequence number of the first record enqueued at or after `when` (ms);
+        None when there is none."""
+
+    def delete_segments(self, firsts: Sequence[int]) -> None:
+        """Delete the segments starting at `firsts` (the oldest ones) with their records."""
+
+    def load_cursors(self) -> dict[str, tuple[int, int]]:
+        """The stored cursors: name -> (sequence number, last used ms)."""
+
+    def save_cursors(self, cursors: Mapping[str, tuple[int, int]]) -> None:
+        """Replace the stored cursors, durably."""
+
+    def destroy(self) -> None:
+        """The stream was deleted: remove its records and cursors, and close."""
+
+    def close(self) -> None:
+        """Release files and connections; idempotent."""
+
+
 # --------------------------------------------------------------------------- queues
 
 
@@ -232,6 +337,8 @@ class Consumer(Protocol):
         """The broker ends the subscription (its queue is deleted): give back what is
         unsettled and tell the client why."""
 
+    # Optional: `drain_ready()`, answer a drain the queue held (see `holds_drain`).
+
 
 @runtime_checkable
 class Queue(Protocol):
@@ -241,7 +348,9 @@ class Queue(Protocol):
 
     A queue type that keeps its messages in its own storage, in bounded memory (a
     stream's segment files), declares the class attribute `stores_own_messages = True`
-    (optional: see `stores_own_messages`).
+    (optional: see `stores_own_messages`); one whose storage is also the durable record
+    of them declares `keeps_durable_copy = True` and has `keep(entry, on_stored)` (see
+    `keeps_durable_copy`).
     """
 
     spec: QueueSpec
@@ -346,6 +455,31 @@ def stores_own_messages(queue: Queue) -> bool:
     per message.
     """
     return getattr(queue, "stores_own_messages", False) is True
+
+
+def holds_drain(queue: Queue, consumer: Consumer) -> bool:
+    """True when `queue` answers `consumer`'s drain itself, later: it is reading off the
+    loop what the consumer's credit may take, and calls `consumer.drain_ready()` once
+    that is delivered (a stream). A queue says so with a `holds_drain(consumer)` method;
+    a protocol asks on each flow that drains, never per message."""
+    held = getattr(queue, "holds_drain", None)
+    return held is not None and bool(held(consumer))
+
+
+def keeps_durable_copy(queue: Queue) -> bool:
+    """True for a queue whose own storage is the durable record of what it is given (a
+    stream's synced segments), so that a durable message to it is written once.
+
+    Outside a transaction the broker does not journal a durable message for such a
+    queue: it calls `queue.keep(entry, on_stored)` instead of `enqueue`, and the queue
+    calls `on_stored` (when not None) once its copy is durable, then frees the entry
+    with `broker.release_kept`; it journals no acknowledgement for it. Transactional
+    sends (whose atomicity the journal gives) still reach it journaled, through
+    `enqueue`. A queue type says so with the class attribute `keeps_durable_copy = True`
+    (and must then store its own messages, `stores_own_messages`). Asked when a queue
+    is bound, never per message.
+    """
+    return getattr(queue, "keeps_durable_copy", False) is True and stores_own_messages(queue)
 
 
 # --------------------------------------------------------------------------- full policies

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from scow.core.broker import Broker
+from scow.core.large_messages import large_body, message_size
 from scow.core.message import Message
 from scow.core.model import (
     BrokerError,
@@ -270,21 +271,27 @@ class Management:
         return {"moved": moved}
 
     def browse_queue(self, name: str, limit: int = 10, preview: int = 256) -> list[dict[str, Any]]:
-        """The first `limit` messages waiting in memory, without taking them."""
+        """The first `limit` messages waiting in memory, without taking them. A large
+        message shows its size and headers; its body stays in its file (no preview)."""
         queue = self._queue(name)
         out = []
         for entry in itertools.islice(queue.waiting(), max(limit, 0)):
             message = entry.message
             message.restore()
+            large = large_body(message.data) is not None
+            described = message.format.describe(message.data, preview)
+            if large:
+                described["body-preview"] = ""
             out.append(
                 {
                     "id": message.id,
-                    "size": len(message.data),
+                    "size": message_size(message.data),
+                    "large": large,
                     "durable": message.durable,
                     "priority": message.priority,
                     "expiration": message.expiration,
                     "delivery-count": getattr(entry, "delivery_count", 0),
-                    **message.format.describe(message.data, preview),
+                    **described,
                 }
             )
         return out

@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+#: What `MessageFormat.inspect` reads: (durable, priority, ttl in ms or 0, the
+#: `_AMQ_DUPL_ID` duplicate id or None).
+Header = tuple[bool, int, int, object]
+
 
 class MessageFormat(Protocol):
     """How the broker reads and rewrites messages of one wire encoding.
@@ -22,11 +26,21 @@ class MessageFormat(Protocol):
 
     name: str
 
-    def inspect(self, data: bytes) -> tuple[bool, int, int]:
-        """(durable, priority, ttl in ms or 0) read from the message's header."""
+    def inspect(self, data: bytes) -> Header:
+        """(durable, priority, ttl in ms or 0, duplicate id or None), read once per message
+        sent: the header's fields, and the `_AMQ_DUPL_ID` application property
+        (duplicate detection). A message without that property must cost next to nothing
+        more (the AMQP format looks for the name's bytes before parsing anything)."""
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         """A function mapping selector identifiers to the message's field values."""
+
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        """The values selectors read by property name (`scow.core.selector.is_property_name`;
+        AMQP's application properties), from the message's bytes alone: paged messages
+        are summarized and filtered with it without becoming `Message`s. Raises
+        ValueError when they cannot be read. The mapping is read-only: a format may
+        hand the same one for messages whose properties are the same."""
 
     def for_delivery(self, message: Message, delivery_count: int) -> bytes:
         """The bytes to send to a consumer: the original with its delivery-count set."""
@@ -39,8 +53,7 @@ class MessageFormat(Protocol):
 
     def duplicate_id(self, data: bytes) -> object:
         """The message's `_AMQ_DUPL_ID` application property (duplicate detection), or
-        None. Called for every message sent: a message without it must cost next to
-        nothing (the AMQP format looks for the name's bytes before parsing anything)."""
+        None (as `inspect` reads it)."""
 
     def describe(self, data: bytes, preview: int) -> dict[str, Any]:
         """Headers, properties and the first `preview` characters of the body, as plain
@@ -49,9 +62,11 @@ class MessageFormat(Protocol):
 
 #: Estimated bytes of Python objects per message in memory, beyond its encoded bytes;
 #: counted in the memory figures that max-size-bytes and global-max-size limit.
-#: (A queued message is a 4-slot `Message`, its id and a deque slot: about 100 B, plus
-#: the bytes object's header; `benchmarks/paging_bench.py --only memory` measures it.)
-MEMORY_OVERHEAD = 150
+#: (A waiting message is mostly held compactly by its queue, as its bytes object and an
+#: 8-byte id: about 60 B with the bytes object's header; one held as an object, a 4-slot
+#: `Message` and its id, about 150 B. `benchmarks/paging_bench.py --only memory`
+#: measures it.)
+MEMORY_OVERHEAD = 100
 
 
 class OnDisk:

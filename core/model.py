@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scow.core.interfaces import keeps_durable_copy
 from scow.core.message import MEMORY_OVERHEAD
 
 if TYPE_CHECKING:
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
 class RoutingType(enum.Enum):
     ANYCAST = "ANYCAST"  # each message goes to one of the address's anycast queues
     MULTICAST = "MULTICAST"  # each message goes to every multicast queue
+
+    # Routing tests a set of these for every message: the members are singletons compared
+    # by identity, so the identity hash will do, in C (Enum's hashes the name in Python).
+    __hash__ = object.__hash__
 
 
 class RouteStatus(enum.Enum):
@@ -172,6 +177,9 @@ class AddressInfo:
     #: Bound queues by routing type, rebuilt on bind/unbind (routing reads them per message).
     anycast: list[Queue] = field(default_factory=list)
     multicast: list[Queue] = field(default_factory=list)
+    #: Bound queues whose own storage is the durable record of their messages (streams:
+    #: `keeps_durable_copy`), rebuilt on bind/unbind; empty for most addresses.
+    keepers: list[Queue] = field(default_factory=list)
     #: Estimated memory of the messages held for this address (once per message: its
     #: bytes plus MEMORY_OVERHEAD), and how many.
     size: int = 0
@@ -204,6 +212,7 @@ class AddressInfo:
         queues = self.queues.values()
         self.anycast = [q for q in queues if q.routing_type is RoutingType.ANYCAST]
         self.multicast = [q for q in queues if q.routing_type is RoutingType.MULTICAST]
+        self.keepers = [q for q in queues if keeps_durable_copy(q)]
 
     def add_memory(self, size: int) -> None:
         """A message of `size` bytes is now held in memory for this address."""

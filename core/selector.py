@@ -52,7 +52,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, NamedTuple
 
-__all__ = ["Lookup", "Selector", "SelectorError", "compile_selector"]
+__all__ = [
+    "Lookup",
+    "Selector",
+    "SelectorError",
+    "SelectorFilter",
+    "compile_selector",
+    "is_property_name",
+    "value_key",
+]
 
 #: Resolves an identifier to its value in one message, or None when it has none.
 Lookup = Callable[[str], object]
@@ -1058,18 +1066,100 @@ def _compile_logic(node: _Logic) -> _Eval:
     return chain
 
 
+# ---------------------------------------------------------------- what a match requires
+#
+# Page summaries (the paging plugin) record, per property name, the values a page's
+# messages hold; a selector that can only be TRUE when some property holds one of a few
+# values lets a reader skip a page whose summary has none of them. Both sides meet on
+# `value_key`: two values a selector's `=` finds equal always have the same key.
+
+#: What `Selector.requires` maps each identifier to: the keys one of which its value must have.
+Requirements = dict[str, frozenset[bytes]]
+
+
+def is_property_name(identifier: str) -> bool:
+    """True when callers resolve `identifier` to the application property of that name
+    (the convention above: not a `JMS...` name, no dotted prefix)."""
+    return "." not in identifier and not identifier.startswith("JMS")
+
+
+def value_key(value: object) -> bytes | None:
+    """A stable key for `value` such that values a selector's `=` finds equal share it
+    (`1` and `1.0`, a str and a str subclass); None for a value that no key can stand
+    for (a type compared by Python equality, or NaN), which callers must treat as "any".
+
+    Stable across processes (no `hash()`), so keys can be stored.
+    """
+    if isinstance(value, bool):
+        return b"b1" if value else b"b0"
+    if isinstance(value, int):
+        return b"n" + str(int(value)).encode()
+    if isinstance(value, float):
+        number = float(value)
+        if number != number:
+            return None  # NaN equals nothing; "any" is the safe answer
+        if number.is_integer():
+            return b"n" + str(int(number)).encode()
+        return b"n" + repr(number).encode()
+    if isinstance(value, str):
+        return b"s" + str(value).encode("utf-8", "surrogatepass")
+    return None
+
+
+def _requirements(node: _Node) -> Requirements:
+    """Identifier -> the keys one of which its value must have for `node` to be TRUE;
+    empty when nothing so simple is required (LIKE, ranges, NOT, OR of other names...)."""
+    if isinstance(node, _Compare) and node.op == "=":
+        left, right = node.left, node.right
+        if isinstance(left, _Lit):
+            left, right = right, left
+        if isinstance(left, _Ident) and isinstance(right, _Lit):
+            key = value_key(right.value)
+            if key is not None:
+                return {left.name: frozenset((key,))}
+        return {}
+    if isinstance(node, _In) and not node.negated and isinstance(node.operand, _Ident):
+        item_keys = [value_key(item) for item in node.items]
+        if None in item_keys:
+            return {}
+        return {node.operand.name: frozenset(k for k in item_keys if k is not None)}
+    if isinstance(node, _Logic):
+        parts = [_requirements(operand) for operand in node.operands]
+        merged: Requirements = {}
+        if node.is_and:  # every operand's requirements hold together
+            for part in parts:
+                for name, keys in part.items():
+                    merged[name] = merged[name] & keys if name in merged else keys
+            return merged
+        # OR: only a name every operand constrains, to any of their values
+        for name in set.intersection(*(set(part) for part in parts)):
+            merged[name] = frozenset().union(*(part[name] for part in parts))
+        return merged
+    return {}
+
+
 # ----------------------------------------------------------------------------- public
 
 
 class Selector:
     """A compiled selector; build one with `compile_selector`."""
 
-    __slots__ = ("_evaluate", "identifiers", "text")
+    __slots__ = ("_evaluate", "identifiers", "requires", "text")
 
-    def __init__(self, text: str, evaluate: _Eval, identifiers: frozenset[str]) -> None:
+    def __init__(
+        self,
+        text: str,
+        evaluate: _Eval,
+        identifiers: frozenset[str],
+        requires: Requirements | None = None,
+    ) -> None:
         self.text = text
         #: The identifiers the selector reads, for callers that resolve them up front.
         self.identifiers = identifiers
+        #: What any message it matches must hold: identifier -> `value_key`s, one of which
+        #: the identifier's value has. Empty when it cannot say (LIKE, ranges, OR of
+        #: unrelated conditions...); an empty key set means nothing can match.
+        self.requires: Requirements = requires or {}
         self._evaluate = evaluate
 
     def matches(self, lookup: Lookup) -> bool:
@@ -1083,6 +1173,26 @@ class Selector:
 
     def __repr__(self) -> str:
         return f"Selector({self.text!r})"
+
+
+class SelectorFilter:
+    """A selector as a message filter (a consumer's or a queue's `filter`).
+
+    Called with a message; `selector` stays reachable for readers that evaluate it
+    without building a message (paged records: `selector.matches` over their bytes).
+    """
+
+    __slots__ = ("_evaluate", "selector")
+
+    def __init__(self, selector: Selector) -> None:
+        self.selector = selector
+        self._evaluate = selector._evaluate
+
+    def __call__(self, message: Any) -> bool:
+        return self._evaluate(message.lookup()) is True
+
+    def __repr__(self) -> str:
+        return f"SelectorFilter({self.selector.text!r})"
 
 
 def compile_selector(text: str) -> Selector:
@@ -1100,4 +1210,6 @@ def compile_selector(text: str) -> Selector:
 def _compile_cached(text: str) -> Selector:
     parser = _Parser(text)
     tree = parser.parse()
-    return Selector(text, _compile_condition(tree), frozenset(parser.identifiers))
+    return Selector(
+        text, _compile_condition(tree), frozenset(parser.identifiers), _requirements(tree)
+    )

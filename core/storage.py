@@ -7,6 +7,9 @@ update looks like as records, and turns recovered records back into broker state
 Message journal records:
   MESSAGE        add     id = message id; address, expiration, the queue ids it was
                          routed to, and the message bytes
+  LARGE_MESSAGE  add     a large message (`scow.core.large_messages`): its file's id, the
+                         length of the head in it and its length, then as MESSAGE with
+                         the head for the bytes; its other records are a MESSAGE's
   ACK_REF        update  a queue acknowledged it (written only while other queues hold it)
   DELIVERY_COUNT update  (queue id, delivery count), replaceable
   (delete)               the last reference went away
@@ -37,9 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransaction
+from scow.core.large_messages import large_body
 
 MESSAGE = 10
 ACK_REF = 11
+LARGE_MESSAGE = 13
 DELIVERY_COUNT = 12
 CURSOR_PAGE = 20
 CURSOR_ACK = 21
@@ -61,6 +66,8 @@ _QID = struct.Struct(">Q")
 _COUNT = struct.Struct(">QI")
 _CURSOR_PAGE = struct.Struct(">QQ")
 _ADDRESS_LEN = struct.Struct(">H")
+# file id, head size in the file, file length
+_LARGE = struct.Struct(">QQQ")
 
 
 def encode_message_record(
@@ -95,6 +102,28 @@ def decode_message_record(
     else:
         queues = dict.fromkeys(struct.unpack_from(f">{qcount}Q", record, pos), 0)
     return RecoveredMessage(0, address, expiration, priority, record[pos + 8 * qcount :], queues)
+
+
+def encode_large_ref(file_id: int, head_size: int, length: int) -> bytes:
+    """What a LARGE_MESSAGE record (or a page record) holds before the message's record."""
+    return _LARGE.pack(file_id, head_size, length)
+
+
+def decode_large_record(
+    record: bytes, addresses: dict[bytes, str] | None = None
+) -> RecoveredMessage:
+    """The message a LARGE_MESSAGE record holds, its head for data."""
+    message = decode_message_record(record[_LARGE.size :], addresses)
+    message.large = _LARGE.unpack_from(record)
+    return message
+
+
+def _decode_any(
+    rec_type: int, record: bytes, addresses: dict[bytes, str] | None = None
+) -> RecoveredMessage:
+    if rec_type == LARGE_MESSAGE:
+        return decode_large_record(record, addresses)
+    return decode_message_record(record, addresses)
 
 
 def encode_duplicate_id(address: str, key: bytes) -> bytes:
@@ -133,6 +162,9 @@ class RecoveredMessage:
     queues: dict[int, int] = field(default_factory=dict)
     #: Stored in its address's pages, not in the journal.
     paged: bool = False
+    #: A large message: (file id, head size, file length) of its body's file; `data`
+    #: is its head.
+    large: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -202,7 +234,7 @@ class StorageManager:
         # records are what frees space, so they keep the room that is left.
         hold_back = getattr(messages, "hold_back", None)
         if hold_back is not None:
-            hold_back({MESSAGE, PAGE_TX, DUPLICATE_ID})
+            hold_back({MESSAGE, LARGE_MESSAGE, PAGE_TX, DUPLICATE_ID})
         # The two journals sync apart: a message must not be confirmed before the bindings
         # records it relies on (its auto-created queue, the id block covering its id) are
         # durable too, or a crash right after the confirmation loses it. Records appended
@@ -340,12 +372,16 @@ class StorageManager:
         tx_id: int | None = None,
     ) -> None:
         record = encode_message_record(address, expiration, priority, queue_ids, data)
+        kind = MESSAGE
+        if data.__class__ is not bytes and (body := large_body(data)) is not None:
+            kind = LARGE_MESSAGE
+            record = encode_large_ref(body.file_id, body.head_size, body.length) + record
         if tx_id is not None:
-            self.messages.append_add_tx(tx_id, message_id, MESSAGE, record)
+            self.messages.append_add_tx(tx_id, message_id, kind, record)
             return
         if on_done is not None and self._bindings_durable < self._bindings_appended:
             on_done = self.after_bindings(on_done)
-        self.messages.append_add(message_id, MESSAGE, record, sync=self.sync, on_done=on_done)
+        self.messages.append_add(message_id, kind, record, sync=self.sync, on_done=on_done)
 
     def acknowledge(
         self, message_id: int, queue_id: int, last: bool, *, tx_id: int | None = None
@@ -474,8 +510,8 @@ def _messages_from(result: LoadResult) -> list[RecoveredMessage]:
     by_id: dict[int, RecoveredMessage] = {}
     addresses: dict[bytes, str] = {}
     for rec in result.records:
-        if rec.type == MESSAGE and not rec.is_update:
-            message = decode_message_record(rec.data, addresses)
+        if (rec.type == MESSAGE or rec.type == LARGE_MESSAGE) and not rec.is_update:
+            message = _decode_any(rec.type, rec.data, addresses)
             message.id = rec.id
             by_id[rec.id] = message
             continue
@@ -525,8 +561,8 @@ def _duplicate_ids_from(result: LoadResult) -> list[RecoveredDuplicateId]:
 def _prepared_from(tx: PreparedTransaction) -> RecoveredPrepared:
     out = RecoveredPrepared(tx.tx_id)
     for rec in tx.records:
-        if rec.type == MESSAGE and not rec.is_update:
-            message = decode_message_record(rec.data)
+        if rec.type in (MESSAGE, LARGE_MESSAGE) and not rec.is_update:
+            message = _decode_any(rec.type, rec.data)
             message.id = rec.id
             out.messages.append(message)
         elif rec.type == ACK_REF:

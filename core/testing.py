@@ -31,12 +31,14 @@ from scow.core.config import Config, load_config, read_plugin_list, to_toml
 from scow.core.journal_suite import JournalConformance
 from scow.core.page_store_suite import PageStoreConformance
 from scow.core.plugins import PluginManager
+from scow.core.stream_store_suite import StreamStoreConformance
 
 __all__ = [
     "BrokerProcess",
     "BrokerThread",
     "JournalConformance",
     "PageStoreConformance",
+    "StreamStoreConformance",
     "amqp_client",
     "broker_config",
     "wait_for",

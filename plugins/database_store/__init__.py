@@ -1,7 +1,8 @@
-"""The `database-store` plugin: the journal and the page store in a SQL database.
+"""The `database-store` plugin: the journal, the page store and streams in a SQL database.
 
 Enable it with `[plugins] enable = [..., "database-store"]`, then choose it with
-`[broker] journal = "database"` and/or `[paging] store = "database"`; `[database]` says
+`[broker] journal = "database"` (which keeps the spark plugin's streams there too, unless
+`[spark] stream-store` says otherwise) and/or `[paging] store = "database"`; `[database]` says
 where (SQLite file `scow.db` under the data dir by default, PostgreSQL for production).
 `scow database print|export|import` read and fill a broker's database like `scow data`
 does its files, so export and import move a broker between files and a database. With
@@ -20,13 +21,13 @@ import structlog
 
 from scow.core import hookimpl
 from scow.core.config import ConfigSection
-from scow.core.descriptors import JournalBackend, PageStoreBackend
+from scow.core.descriptors import JournalBackend, PageStoreBackend, StreamStoreBackend
 from scow.plugins.database_store.settings import SECTION, resolve
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
     from scow.core.ha import StoreLock
-    from scow.core.interfaces import PageStore, Service
+    from scow.core.interfaces import PageStore, Service, StreamStore
     from scow.plugins.database_store import database
     from scow.plugins.database_store.journal import DatabaseJournal
 
@@ -63,6 +64,14 @@ def _discover(directory: Path, settings: Mapping[str, Any]) -> list[str]:
     from scow.plugins.database_store import page_store
 
     return page_store.discover(directory, settings)
+
+
+def _open_stream_store(
+    data_dir: Path, name: str, segment_bytes: int, settings: Mapping[str, Any]
+) -> StreamStore:
+    from scow.plugins.database_store import stream_store
+
+    return stream_store.open_store(data_dir, name, segment_bytes, settings)
 
 
 class OutageGuard:
@@ -111,7 +120,8 @@ def _uses_database(broker: Broker) -> bool:
     config = broker.config
     journal = config.section("broker")["journal"] == NAME
     paging = "paging" in config.section_names and config.section("paging")["store"] == NAME
-    return bool(journal or paging)
+    streams = "spark" in config.section_names and config.section("spark")["stream-store"] == NAME
+    return bool(journal or paging or streams)
 
 
 @hookimpl
@@ -142,6 +152,18 @@ def scow_register_page_stores() -> list[PageStoreBackend]:
             "pages as rows of a SQL table (page size capped by jdbc-max-page-size-bytes)",
             config_section=SECTION.name,
             max_page_size=lambda settings: int(settings["jdbc-max-page-size-bytes"]),
+        )
+    ]
+
+
+@hookimpl
+def scow_register_stream_stores() -> list[StreamStoreBackend]:
+    return [
+        StreamStoreBackend(
+            NAME,
+            _open_stream_store,
+            "stream records as rows of a SQL table, one per record",
+            config_section=SECTION.name,
         )
     ]
 

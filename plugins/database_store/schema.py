@@ -5,7 +5,9 @@ in the order `seq` gives: an add, an update (replaceable or not), or, for a prep
 transaction, its records, its deletes and the prepare itself (`tx_id` set). A committed
 record has no `tx_id`; a delete removes the rows of its id. The page store keeps a
 directory of addresses and one row per page and sync (`start` is the row's byte offset
-in its page). The node manager table holds the lock row (the holder, the schema version
+in its page). Streams have a directory too (with each stream's cursors, as JSON) and
+one row per record (`segment`: the first sequence number of its segment, the unit of
+retention). The node manager table holds the lock row (the holder, the schema version
 and the HA state) and, from id 1000 on, one row per HA member's announcement.
 """
 
@@ -60,6 +62,23 @@ class Schema:
             sa.DDL("ALTER TABLE %(fullname)s ALTER COLUMN data SET STORAGE EXTERNAL").execute_if(
                 dialect="postgresql"
             ),
+        )
+        self.streams = sa.Table(
+            tables.streams,
+            self.metadata,
+            sa.Column("stream_id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("name", sa.Text, nullable=False, unique=True),
+            sa.Column("cursors", sa.Text, nullable=False),
+        )
+        self.stream_records = sa.Table(
+            f"{tables.streams}_DATA",
+            self.metadata,
+            sa.Column("stream_id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("segment", sa.BigInteger, nullable=False),
+            sa.Column("enqueued", sa.BigInteger, nullable=False),
+            sa.Column("message_id", sa.BigInteger, nullable=False),
+            sa.Column("data", sa.LargeBinary, nullable=False),
         )
         self.node_manager = sa.Table(
             tables.node_manager,

@@ -88,6 +88,12 @@ SECTION = ConfigSection(
             "Table listing paged addresses; their pages go to <name>_DATA.",
         ),
         Setting(
+            "stream-table-name",
+            str,
+            "STREAMS",
+            "Table listing stream queues and their cursors; their records go to <name>_DATA.",
+        ),
+        Setting(
             "node-manager-store-table-name",
             str,
             "NODE_MANAGER_STORE",
@@ -95,7 +101,7 @@ SECTION = ConfigSection(
             "state) and the HA members' announcements.",
         ),
     ),
-    "The database store (plugin database-store): journal and pages in a SQL database.",
+    "The database store (plugin database-store): journal, pages and streams in a SQL database.",
 )
 
 DEFAULT_SQLITE_FILE = "scow.db"
@@ -113,6 +119,7 @@ class Tables:
     bindings: str = "BINDINGS"
     messages: str = "MESSAGES"
     page_store: str = "PAGE_STORE"
+    streams: str = "STREAMS"
     node_manager: str = "NODE_MANAGER_STORE"
 
 
@@ -179,6 +186,7 @@ def resolve(section: Mapping[str, Any], data_dir: Path) -> DatabaseSettings:
         bindings=_table(values, "bindings-table-name"),
         messages=_table(values, "message-table-name"),
         page_store=_table(values, "page-store-table-name"),
+        streams=_table(values, "stream-table-name"),
         node_manager=_table(values, "node-manager-store-table-name"),
     )
     if values["jdbc-lock-renew-period"] >= values["jdbc-lock-expiration"]:

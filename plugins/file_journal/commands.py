@@ -11,7 +11,8 @@ from pathlib import Path
 from scow.core import app
 from scow.core.cli import command_group
 from scow.core.data_lock import DataDirLocked, offline
-from scow.core.export import ExportError, export, import_
+from scow.core.export import ExportError, OpenStream, export, import_
+from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.storage import (
     ACK_REF,
     ADDRESS,
@@ -21,6 +22,7 @@ from scow.core.storage import (
     DELIVERY_COUNT,
     DUPLICATE_ID,
     ID_BLOCK,
+    LARGE_MESSAGE,
     MESSAGE,
     PAGE_TX,
     QUEUE,
@@ -36,6 +38,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 RECORD_TYPES = {
     MESSAGE: "MESSAGE",
+    LARGE_MESSAGE: "LARGE_MESSAGE",
     ACK_REF: "ACK_REF",
     DELIVERY_COUNT: "DELIVERY_COUNT",
     ADDRESS: "ADDRESS",
@@ -112,11 +115,25 @@ def cmd_print(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_streams(data_dir: Path) -> OpenStream:
+    """What builds the stores of a data dir's streams: segment files (spark's file store)."""
+    from scow.plugins.spark import segments
+    from scow.plugins.spark.plugin import opener
+
+    return opener(segments.BACKEND, data_dir, {})
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     storage = _storage(args.data_dir)
     try:
         with open(args.output, "w", encoding="utf-8") as out:
-            counts = export(storage, out, lambda r: page_tools.paged_messages(args.data_dir, r))
+            counts = export(
+                storage,
+                out,
+                lambda r: page_tools.paged_messages(args.data_dir, r),
+                _file_streams(args.data_dir),
+                large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
+            )
     finally:
         storage.stop()
     print(f"exported {counts} to {args.output}")
@@ -129,7 +146,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         pages = page_tools.PageImporter(args.data_dir, storage)
         try:
             with open(args.input, encoding="utf-8") as source:
-                counts = import_(storage, source, pages.add)
+                counts = import_(
+                    storage,
+                    source,
+                    pages.add,
+                    _file_streams(args.data_dir),
+                    large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
+                )
         finally:
             pages.close()
             storage.stop()

@@ -1,8 +1,9 @@
 """`scow data print|export|import --config F`: the storage a broker's config selects.
 
-They open the journal and page store the config selects (`[broker] journal`, `[paging]
-store`), whichever plugin provides them, so `scow data export` from a broker on files and
-`scow data import --config db.toml` move it into a database, and back the other way.
+They open the journal, page store and stream store the config selects (`[broker]
+journal`, `[paging] store`, `[spark] stream-store`), whichever plugin provides them, so
+`scow data export` from a broker on files and `scow data import --config db.toml` move it
+into a database, and back the other way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from scow.core import app
 from scow.core.config import Config
 from scow.core.data_lock import offline
 from scow.core.duplicates import describe_id
-from scow.core.export import export, import_
+from scow.core.export import OpenStream, export, import_
 from scow.core.interfaces import PageStore
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.storage import Recovered, StorageManager
@@ -65,6 +66,20 @@ def _page_stores(plugins: PluginManager, config: Config) -> Iterator[PageStore] 
     return stores()
 
 
+def _stream_opener(plugins: PluginManager, config: Config) -> OpenStream | None:
+    """What builds the stores of the streams, on the stream store the config selects;
+    None without the spark plugin (no streams)."""
+    stores = plugins.unique("scow_register_stream_stores", "stream store")
+    if not stores:
+        return None
+    from scow.plugins.spark.plugin import stream_store_opener
+
+    try:
+        return stream_store_opener(stores, config)
+    except ValueError as exc:
+        raise app.StartupError(str(exc)) from None
+
+
 def _data_dir(config: Config) -> Path:
     return Path(str(config.section("broker")["data-dir"]))
 
@@ -110,6 +125,11 @@ def _counts(recovered: Recovered) -> str:
     )
 
 
+def _large_messages(config: Config) -> Path:
+    """The directory of the broker's large message files."""
+    return _data_dir(config) / str(config.section("broker")["large-messages-directory"])
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     with _opened(args) as (plugins, config, storage):
         stores = _page_stores(plugins, config)
@@ -118,6 +138,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 storage,
                 out,
                 lambda r: page_tools.paged_messages(_data_dir(config), r, stores),
+                _stream_opener(plugins, config),
+                large_messages=_large_messages(config),
             )
     print(f"exported {counts} to {args.output}")
     return 0
@@ -125,10 +147,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     with (
-        _opened(args, writing=True) as (_plugins, _config, storage),
+        _opened(args, writing=True) as (plugins, config, storage),
         open(args.input, encoding="utf-8") as f,
     ):
         # paged messages go to the journal: the broker pages them again if needed
-        counts = import_(storage, f)
+        counts = import_(
+            storage,
+            f,
+            open_stream=_stream_opener(plugins, config),
+            large_messages=_large_messages(config),
+        )
     print(f"imported {counts}")
     return 0

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from scow.core.large_messages import hold_body
 from scow.core.message import Message, PagedRef
 from scow.core.page_frames import iter_frames
-from scow.plugins.paging.record import HEAD
+from scow.plugins.paging.record import HEAD, LARGE, head_of, message_data
+from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
-    from scow.core.interfaces import Completion, Consumer, Queue
+    from scow.core.interfaces import Completion, Consumer, PageStore, Queue
     from scow.core.message import MessageRef
     from scow.plugins.paging.pager import AddressPager
 
@@ -41,17 +44,65 @@ DRAIN_BATCH = 1024
 
 
 class _Window:
-    """Bytes of one page read from the store, starting at byte `start` of the page."""
+    """Records of one page read from the store, from byte `start` of the page on.
 
-    __slots__ = ("data", "page", "start")
+    Built by the reader thread (`_read_window`): the frames are walked, the headers
+    unpacked and the payloads of the records routed to the cursor's queue cut out
+    there, so the loop only checks what may have changed since (acknowledgements,
+    commits, what was taken ahead) and hands the queue what it takes.
+    """
 
-    def __init__(self, page: int, start: int, data: bytes) -> None:
+    __slots__ = ("end", "offsets", "page", "records", "start")
+
+    def __init__(self, page: int, start: int, end: int, records: list[_Record]) -> None:
         self.page = page
         self.start = start
-        self.data = data
+        #: The page offset just past the bytes read.
+        self.end = end
+        self.records = records
+        self.offsets = [record[0] for record in records]
 
     def covers(self, page: int, offset: int) -> bool:
-        return page == self.page and self.start <= offset < self.start + len(self.data)
+        return page == self.page and self.start <= offset < self.end
+
+    def from_offset(self, offset: int) -> list[_Record]:
+        """The records at and after page offset `offset`."""
+        return self.records[bisect_left(self.offsets, offset) :]
+
+
+#: (page offset, offset of the next record, header, payload if routed to the queue):
+#: the message's bytes, or the `Message` itself in a window read to be taken in order
+_Record = tuple[int, int, tuple, Any]
+
+
+def _read_window(
+    store: PageStore,
+    page: int,
+    offset: int,
+    queue_id: int,
+    build: Callable[[tuple, bytes], Message] | None,
+) -> _Window:
+    """Read `page` from `offset` and parse its records for queue `queue_id`, each made a
+    message by `build` if given (runs in the reader thread: nothing here touches the
+    loop's state)."""
+    buf = store.read(page, offset)
+    unpack = HEAD.unpack_from
+    size = HEAD.size
+    records: list[_Record] = []
+    for start, pstart, pend in iter_frames(buf, verified=True):
+        head = unpack(buf, pstart)
+        n = head[5]
+        ids_at = pstart + size
+        if n == 1:
+            routed = int.from_bytes(buf[ids_at : ids_at + 8], "big") == queue_id
+        else:
+            routed = queue_id in _ids(buf, ids_at, n)
+        payload = buf[ids_at + 8 * n : pend] if routed else None
+        # a large message's body is held by the loop's store: the loop builds that one
+        if payload is not None and build is not None and not head[3] & LARGE:
+            payload = build(head, payload)
+        records.append((offset + start, offset + pend, head, payload))
+    return _Window(page, offset, offset + len(buf), records)
 
 
 class QueueCursor:
@@ -90,9 +141,16 @@ class QueueCursor:
         self.closed = False
         #: Page reads from the store (a cursor that keeps up never reads).
         self.reads = 0
+        #: Pages (or their unread rest) selectors passed over by the page's summary.
+        self.pages_skipped = 0
         self._windows: dict[str, _Window] = {}
+        #: The address settings `_batch` was worked out for, and (bytes, messages) of a
+        #: quarter of the read limits (0: no limit).
+        self._batch_for: Any = None
+        self._batch = (0, 0)
         self._reading = False
-        self._filling = False
+        #: A fill is scheduled for the end of this loop turn (or under way).
+        self._fill_due = False
         self._scan = (self.page, self.offset)
         self._scan_key: tuple[int, ...] = ()
         #: page -> when its next message expires, as far as expire_scan has seen
@@ -159,33 +217,35 @@ class QueueCursor:
         """Room for a quarter of the read limits: refilling one message per acknowledgement
         would cost a read pass per message."""
         messages, size = self._allowance()
-        settings = self.pager.address.settings
-        limits = [
-            limit
-            for limit in (settings.max_read_page_bytes, settings.prefetch_page_bytes)
-            if limit > 0
-        ]
-        count_limits = [
-            limit
-            for limit in (settings.max_read_page_messages, settings.prefetch_page_messages)
-            if limit > 0
-        ]
         if size <= 0 or messages <= 0:
             return False
-        if limits and size < min(limits) // 4:
-            return False
-        return not (count_limits and messages < min(count_limits) // 4)
+        settings = self.pager.address.settings
+        if settings is not self._batch_for:  # asked on every fill: worked out once
+            self._batch_for = settings
+            self._batch = (
+                _quarter(settings.max_read_page_bytes, settings.prefetch_page_bytes),
+                _quarter(settings.max_read_page_messages, settings.prefetch_page_messages),
+            )
+        batch_bytes, batch_messages = self._batch
+        return size >= batch_bytes and messages >= batch_messages
 
     # ------------------------------------------------------------------ reading
 
     def fill(self) -> None:
-        if self._filling or self._reading or self.closed or not self.backlog:
+        """Read into the queue what its read limits have room for, at the end of this
+        loop turn: the queue asks on every acknowledgement, and the acknowledgements
+        of one read from the socket then cost one pass, not one each."""
+        if self._fill_due or self.closed or not self.backlog:
             return
-        self._filling = True
-        try:
-            self._fill()
+        self._fill_due = True
+        self.pager.manager.loop.call_soon(self._fill_now)
+
+    def _fill_now(self) -> None:
+        try:  # what it hands the queue asks to fill again: no need while it fills
+            if not (self._reading or self.closed or not self.backlog):
+                self._fill()
         finally:
-            self._filling = False
+            self._fill_due = False
 
     def _fill(self) -> None:
         pager = self.pager
@@ -203,10 +263,26 @@ class QueueCursor:
                     return  # waiting for writes to become visible
                 self._next_page()
                 continue
+            if self._selected_out(page):
+                self._scan_ahead()  # what they match lies further on, if anywhere
+                return
             window = self._window("main", page, offset)
             if window is None:
                 return  # a read is on its way; it calls fill again
             self._take(window, end)
+
+    def _selected_out(self, page: int) -> bool:
+        """True when every consumer with credit has a selector and the page's summary
+        proves none of them matches in it: read into memory, it would only fill memory."""
+        if self.purging is not None or self.drain_to_queue:
+            return False
+        ready = [c for c in self.queue.consumers() if c.credit() > 0]
+        if not _selective(ready):
+            return False
+        info = self.pager.pages.get(page)
+        if info is None or not self._record_filter(ready).skips(info.summary):
+            return False
+        return self._wanted() is None
 
     def _page_done(self, page: int, offset: int) -> bool:
         info = self.pager.pages.get(page)
@@ -243,7 +319,7 @@ class QueueCursor:
         if (
             window is not None
             and window.covers(page, offset)
-            and (window.start + len(window.data) >= end or self._reading)
+            and (window.end >= end or self._reading)
         ):
             return window  # while another read is on its way, take what this one has
         if self._reading:
@@ -251,43 +327,42 @@ class QueueCursor:
         self._reading = True
         self.reads += 1
 
-        def done(data: bytes) -> None:
+        def done(window: _Window) -> None:
             self._reading = False
             if not self.closed:
-                self._windows[slot] = _Window(page, offset, data)
+                self._windows[slot] = window
                 if self.purging is not None or self.drain_to_queue:
                     self.fill()  # reads on whether or not anyone consumes
                 else:
                     self.queue.dispatch()  # fills consumers and browsers, whoever asked
 
-        self.pager.manager.read(self.pager.store, page, offset, done)
+        # what the main window holds is taken in order: it comes as messages, made in
+        # the reader thread; the others' records may never become messages
+        build = self._message if slot == "main" else None
+        self.pager.manager.read(
+            _read_window, (self.pager.store, page, offset, self.queue.id, build), done
+        )
         return None
 
     def _records(
         self, window: _Window, page: int, offset: int, end: int, keep_taken: bool = False
-    ) -> Any:
-        """(offset, next offset, header, payload start, payload end) of records to take."""
-        buf = window.data
-        base = window.start
-        queue_id = self.queue.id
+    ) -> Iterator[_Record]:
+        """(offset, next offset, header, payload) of the records from `offset` up to
+        `end`; the payload is None for those the queue must not take (routed elsewhere,
+        uncommitted, acknowledged, taken ahead, or not durable on a recovered page)."""
         committed = self.pager.committed_txs
         acked = self.acked.get(page)
         taken = self.taken
         recovered = page < self.pager.first_page  # written before this start: durable only
-        for start, pstart, pend in iter_frames(buf, offset - base, verified=True):
-            at = base + start
+        for record in window.from_offset(offset):
+            at, _next, head, payload = record
             if at >= end:
                 return
-            head = HEAD.unpack_from(buf, pstart)
-            n = head[5]
-            ids_at = pstart + HEAD.size
-            if n == 1:
-                routed = int.from_bytes(buf[ids_at : ids_at + 8], "big") == queue_id
-            else:
-                routed = queue_id in _ids(buf, ids_at, n)
+            if payload is None:
+                yield record
+                continue
             skip = (
-                not routed
-                or (head[2] and head[2] not in committed)
+                (head[2] and head[2] not in committed)
                 or (recovered and not head[3] & 1)
                 or (acked is not None and at in acked)
             )
@@ -295,25 +370,25 @@ class QueueCursor:
                 if not keep_taken:
                     taken.discard((page, at))
                 skip = True
-            yield at, base + pend, head, None if skip else ids_at + 8 * n, pend
+            yield (at, _next, head, None) if skip else record
 
     def _take(self, window: _Window, end: int) -> None:
         page = self.page
         messages, size = self._allowance()  # counted down, asked again only when spent
         held = self.held
-        for at, next_offset, head, data_at, data_end in self._records(
-            window, page, self.offset, end
-        ):
+        for at, next_offset, head, message in self._records(window, page, self.offset, end):
             self.offset = next_offset
-            if data_at is None:
+            if message is None:
                 continue
             if held and held[0].message.id < head[0]:
                 self._release_held(head[0])
-            self._deliver(page, at, head, window.data[data_at:data_end])
+            if head[3] & LARGE:  # left as bytes by the reader thread
+                message = self._message(head, message)
+            self._deliver_message(page, at, message)
             if not self.backlog:
                 return
             messages -= 1
-            size -= data_end - data_at
+            size -= len(message.data)
             if messages <= 0 or size <= 0:
                 messages, size = self._allowance()
                 if messages <= 0 or size <= 0:
@@ -323,7 +398,11 @@ class QueueCursor:
         self._deliver_message(page, at, self._message(head, data))
 
     def _message(self, head: tuple, data: bytes) -> Message:
+        """The message of a record (also called in the reader thread, but for a large
+        message)."""
         message_id, expiration, _tx, flags, priority, _n = head
+        if flags & LARGE:
+            data = message_data(flags, data, self.pager.broker.large_messages)
         return Message(
             message_id,
             data,
@@ -352,51 +431,90 @@ class QueueCursor:
             self._scan = (self.page, self.offset)
         page, offset = max(self._scan, (self.page, self.offset))
         budget = SCAN_BATCH
+        selecting = self._record_filter(ready) if wanted is None else None
         try:
             while wanted is not None or ready:
                 readable = self._readable(page, offset)
                 if readable is None:
                     return
                 page, offset, end = readable
+                if selecting is not None and self._skips(selecting, page):
+                    offset = end
+                    continue
                 window = self._window("scan", page, offset)
                 if window is None:
                     return
-                for at, next_offset, head, data_at, data_end in self._records(
-                    window, page, offset, end
-                ):
+                for at, next_offset, head, data in self._records(window, page, offset, end):
                     offset = next_offset
                     budget -= 1
-                    if data_at is not None:
-                        message = self._message(head, window.data[data_at:data_end])
-                        if wanted is not None:
-                            takes = wanted(message) and any(
-                                c.filter is None or c.filter(message) for c in consumers
-                            )
-                        else:
-                            takes = any(c.filter(message) for c in ready)  # type: ignore[misc]
-                        if takes:
-                            self.taken.add((page, at))
-                            self._deliver_message(page, at, message)
-                            wanted = self._wanted()
-                            ready = [c for c in ready if c.credit() > 0]
-                            if wanted is None and not _selective(ready):
-                                return
+                    # a record no selector accepts by its bytes never becomes a Message
+                    if (
+                        data is not None
+                        and (
+                            selecting is None
+                            or selecting.accepts(head_of(head[3], data)) is not False
+                        )
+                        and self._scan_take(page, at, head, data, wanted, consumers, ready)
+                    ):
+                        wanted = self._wanted()
+                        ready = [c for c in ready if c.credit() > 0]
+                        if wanted is None and not _selective(ready):
+                            return
+                        selecting = self._record_filter(ready) if wanted is None else None
                     if budget <= 0:
                         asyncio.get_running_loop().call_soon(self.fill)
                         return
         finally:
             self._scan = (page, offset)
 
+    def _scan_take(
+        self,
+        page: int,
+        at: int,
+        head: tuple,
+        data: bytes,
+        wanted: Callable[[Message], bool] | None,
+        consumers: list[Consumer],
+        ready: list[Consumer],
+    ) -> bool:
+        """Take the record ahead of the position if the queue wants it first or a
+        consumer with credit selects it; True when taken."""
+        message = self._message(head, data)
+        if wanted is not None:
+            takes = wanted(message) and any(
+                c.filter is None or c.filter(message) for c in consumers
+            )
+        else:
+            takes = any(c.filter(message) for c in ready)  # type: ignore[misc]
+        if takes:
+            self.taken.add((page, at))
+            self._deliver_message(page, at, message)
+        return takes
+
+    def _record_filter(self, consumers: list[Consumer]) -> RecordFilter:
+        return RecordFilter([c.filter for c in consumers], self.pager.manager.properties)
+
+    def _skips(self, selecting: RecordFilter, page: int) -> bool:
+        """True (and counted) when the page's summary proves no selector matches in it."""
+        info = self.pager.pages.get(page)
+        if info is None or not selecting.skips(info.summary):
+            return False
+        self.pages_skipped += 1
+        return True
+
     def _wanted(self) -> Callable[[Message], bool] | None:
         """What the queue wants ahead of the position, while it may hold up to its read
         limits again in messages taken ahead."""
+        wanted = self.queue.wanted_from_pages(self.highest_paged_priority())
+        if wanted is None:
+            return None  # first: asked on every fill, and nearly always None
         settings = self.pager.address.settings
         messages, size = self._allowance()
         if (0 < settings.max_read_page_bytes <= -size) or (
             0 < settings.max_read_page_messages <= -messages
         ):
             return None
-        return self.queue.wanted_from_pages(self.highest_paged_priority())
+        return wanted
 
     def note_paged(self, message: Message) -> None:
         """One more message for the queue waits in pages."""
@@ -425,10 +543,12 @@ class QueueCursor:
         self.backlog -= 1
         self.backlog_bytes -= len(message.data)
         if self.priorities_known:
-            self.paged_priorities[_priority(message)] -= 1
+            priority = message.kind.priority  # the hot path reads the kind directly
+            self.paged_priorities[priority if 0 <= priority <= 9 else min(max(priority, 0), 9)] -= 1
         elif not self.backlog:
             self.priorities_known = True  # the recovered backlog is read: counts from now
         self.pager.address.add_memory(len(message.data))
+        hold_body(message.data)
         purging = self.purging
         if purging is not None and message.id <= purging:
             if not self.backlog:
@@ -466,22 +586,28 @@ class QueueCursor:
             return
         page, offset = max(self._browsing.get(browser, (0, 0)), (self.page, self.offset))
         slot = f"browse-{id(browser)}"
+        selecting = self._record_filter([browser]) if browser.filter is not None else None
         try:
             while browser.credit() > 0:
                 readable = self._readable(page, offset)
                 if readable is None:
                     return
                 page, offset, end = readable
+                if selecting is not None and self._skips(selecting, page):
+                    offset = end
+                    continue
                 window = self._window(slot, page, offset)
                 if window is None:
                     return
-                for at, next_offset, head, data_at, data_end in self._records(
+                for at, next_offset, head, data in self._records(
                     window, page, offset, end, keep_taken=True
                 ):
                     offset = next_offset
-                    if data_at is None:
+                    if data is None:
                         continue
-                    message = self._message(head, window.data[data_at:data_end])
+                    if selecting is not None and selecting.accepts(head_of(head[3], data)) is False:
+                        continue
+                    message = self._message(head, data)
                     if browser.filter is None or browser.filter(message):
                         browser.deliver(PagedRef(message, self.queue, self, page, at))
                         if browser.credit() <= 0:
@@ -521,15 +647,15 @@ class QueueCursor:
             if window is None:
                 return  # read on its way; the next scan goes on
             upcoming = 0
-            for at, _next, head, data_at, data_end in self._records(
+            for at, _next, head, data in self._records(
                 window, page, offset, pager.visible_end(page), keep_taken=True
             ):
                 expiration = head[1]
-                if data_at is None or not expiration or (page, at) in self.taken:
+                if data is None or not expiration or (page, at) in self.taken:
                     continue
                 if expiration <= now:
                     self.taken.add((page, at))
-                    self._deliver(page, at, head, window.data[data_at:data_end])
+                    self._deliver(page, at, head, data)
                 elif not upcoming or expiration < upcoming:
                     upcoming = expiration
             self._next_expiry[page] = upcoming or 1 << 62
@@ -597,7 +723,13 @@ class QueueCursor:
             "messages-held": len(self.held),
             "pages-pending": len(self.pending),
             "page-reads": self.reads,
+            "pages-skipped": self.pages_skipped,
         }
+
+
+def _quarter(*limits: int) -> int:
+    """A quarter of the smallest limit set (> 0); 0 when none is."""
+    return min((limit for limit in limits if limit > 0), default=0) // 4
 
 
 def _selective(consumers: list[Consumer]) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from scow.core.storage import PageRecovery
 
 log = structlog.get_logger("scow.paging")
+T = TypeVar("T")
 
 
 def _run_all(completions: list[Completion]) -> None:
@@ -51,6 +52,8 @@ class _Scan:
     #: queue id -> {key: id of the newest paged message with it}, for the queues that
     #: supersede paged messages by a key (`page_key`, last-value queues)
     newest: dict[int, dict[object, int]] = field(default_factory=dict)
+    #: (file id, head size, length) of each large message the durable queues still hold.
+    large: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class PagingManager:
@@ -109,14 +112,21 @@ class PagingManager:
         assert fmt is not None, "no protocol plugin gave the broker a message format"
         return fmt
 
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        """A paged message's properties, read from its bytes (for selectors)."""
+        return self.message_format().properties(data)
+
     def open_store(self, address: str) -> PageStore:
         return self.backend.factory(self.directory, address, self.store_settings)
 
     # ------------------------------------------------------------------ IO
 
-    def read(self, store: PageStore, page: int, offset: int, done: Callable[[bytes], None]) -> None:
-        """Read off the loop; `done(data)` runs on the loop."""
-        future = self.reader.submit(store.read, page, offset)
+    def read(
+        self, reader: Callable[..., T], args: tuple[Any, ...], done: Callable[[T], None]
+    ) -> None:
+        """Run `reader(*args)` (a page read, and whatever parsing goes with it) in the
+        reader thread; `done(result)` runs on the loop."""
+        future = self.reader.submit(reader, *args)
         future.add_done_callback(lambda f: self.loop.call_soon_threadsafe(done, f.result()))
 
     def delete_page(self, pager: AddressPager, page: int, info: PageInfo) -> None:
@@ -134,6 +144,9 @@ class PagingManager:
         ]
         for tx_id in txs:
             pager.committed_txs.discard(tx_id)
+        large = self.broker.large_messages
+        for file_id in info.large:
+            large.page_release(file_id)
 
         def forget() -> None:
             if not self.broker.persistent:
@@ -209,6 +222,12 @@ class PagingManager:
 
     def _apply(self, pager: AddressPager, scan: _Scan, recovery: PageRecovery | None) -> None:
         pager.pages = scan.pages
+        large = self.broker.large_messages
+        for file_id, head_size, length in scan.large:
+            try:
+                large.paged_body(file_id, head_size, length)  # its page holds it from now
+            except OSError as exc:
+                log.warning("a paged large message's file is missing", reason=str(exc))
         pager.paged_bytes = sum(info.size for info in scan.pages.values())
         pager.write_page = pager.first_page = max(scan.pages, default=0) + 1
         pager.write_offset = 0
@@ -305,12 +324,17 @@ def _scan_store(
     """
     scan = _Scan()
     queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
+    properties = origin[1].properties if origin is not None else None
     if keyed:
         assert origin is not None
         records = _keyed_records(store, queue_ids_durable, acked, committed, scan, keyed, origin)
     else:
-        records = durable_records(store, set(queue_ids_durable), acked, committed, scan.pages)
+        records = durable_records(
+            store, set(queue_ids_durable), acked, committed, scan.pages, properties
+        )
     for rec in records:
+        if rec.large is not None:
+            scan.large.append(rec.large)
         size = len(rec.data)
         for queue_id in rec.queue_ids:
             figures = queues[queue_id]
@@ -337,7 +361,10 @@ def _keyed_records(
     address, fmt = origin
     newest: dict[int, dict[object, int]] = {queue_id: {} for queue_id in keyed}
     scan.newest = newest
-    for rec in durable_records(store, set(queue_ids_durable), {}, committed, scan.pages):
+    records = durable_records(
+        store, set(queue_ids_durable), {}, committed, scan.pages, fmt.properties
+    )
+    for rec in records:
         message: Message | None = None
         holders = []
         for queue_id in rec.queue_ids:

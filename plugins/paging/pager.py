@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.disk_monitor import describe_no_room, is_no_space, out_of_space
-from scow.core.interfaces import stores_own_messages
+from scow.core.interfaces import after_all, stores_own_messages
+from scow.core.large_messages import hold_body, large_body
 from scow.core.message import Message, PagedRef, SharedMessage
 from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus, StorageFull
 from scow.core.page_frames import HEADER_SIZE
 from scow.plugins.paging import record
 from scow.plugins.paging.cursor import QueueCursor
+from scow.plugins.paging.summary import PageSummary
 from scow.plugins.paging.writer import RETRY
 
 if TYPE_CHECKING:
@@ -59,6 +61,10 @@ class PageInfo:
     txs: set[int] = field(default_factory=set)
     #: The earliest expiration of a message in it (0: none expires).
     expires: int = 0
+    #: The property values its messages hold; None when not known (it proves nothing).
+    summary: PageSummary | None = field(default_factory=PageSummary)
+    #: Files of the large messages its records refer to (released when it is deleted).
+    large: list[int] = field(default_factory=list)
 
     def note_expiration(self, expiration: int) -> None:
         if expiration and (not self.expires or expiration < self.expires):
@@ -282,18 +288,23 @@ class AddressPager:
         if paged and self._refused_by_page_limit():
             paged = []  # dropped where it would be paged; the streams still keep it
         broker = self.broker
-        durable_ids = (
-            [q.id for q in own if q.durable] if message.durable and broker.persistent else []
-        )
+        stored = message.durable and broker.persistent
+        # outside a transaction a queue keeping its own durable copy is not journaled for
+        keepers = self.address.keepers if stored and tx_id is None else ()
+        kept = [q for q in own if q.durable and q in keepers]
+        durable_ids = [q.id for q in own if q.durable and q not in kept] if stored else []
         # Who calls on_stored: within a transaction the page write (the journal's commit
-        # covers the rest); otherwise the journal's add and the page's sync, once both ran.
+        # covers the rest); otherwise the journal's add, each keeper's copy and the page's
+        # sync, once all ran.
         page_done: Completion | None = on_stored
         own_done: Completion | None = None
-        if tx_id is None and on_stored is not None and durable_ids:
-            if paged and message.durable and any(q.durable for q in paged):
-                page_done, own_done = _halves(on_stored)
-            else:
-                page_done, own_done = None, on_stored
+        keep_done: Completion | None = None
+        if tx_id is None and on_stored is not None and (durable_ids or kept):
+            paged_durable = bool(paged) and message.durable and any(q.durable for q in paged)
+            done = after_all(paged_durable + bool(durable_ids) + len(kept), on_stored)
+            page_done = done if paged_durable else None
+            own_done = done if durable_ids else None
+            keep_done = done if kept else None
         if durable_ids:
             try:
                 broker.storage.store_message(
@@ -323,14 +334,18 @@ class AddressPager:
             else message.shared(refs, stored_refs)
         )
         self.address.add_memory(len(message.data))
+        hold_body(held.data)
         if tx_id is not None:
             self._open_txs.setdefault(tx_id, []).append(["own", own, held])
             if not paged and on_stored is not None:
                 on_stored()  # nothing paged: the journal's commit is all there is to wait for
             return RouteStatus.PENDING
         for queue in own:
-            queue.enqueue(held)
-        return RouteStatus.PENDING if own_done is not None else status
+            if queue in kept:
+                queue.keep(held, keep_done)
+            else:
+                queue.enqueue(held)
+        return RouteStatus.PENDING if own_done or keep_done else status
 
     def _write(
         self,
@@ -359,9 +374,18 @@ class AddressPager:
         if info is None:
             info = self.pages[page] = PageInfo(page)
         end = offset + HEADER_SIZE + len(data)
+        if (body := large_body(message.data)) is not None:
+            self.broker.large_messages.page_hold(body)
+            info.large.append(body.file_id)
         info.records += 1
         info.size = end
         info.note_expiration(message.expiration)
+        summary = info.summary
+        if summary is not None and summary.complete:
+            try:
+                summary.add(message.kind.format.properties(message.data))
+            except ValueError:
+                summary.unknown()  # unreadable properties: selectors read this page
         self.paged_bytes += end - offset
         self.write_offset = end
         self.messages_paged += 1
@@ -401,6 +425,7 @@ class AddressPager:
 
     def _enqueue_direct(self, message: Message, refs: list[PagedRef]) -> None:
         self.address.add_memory(len(message.data))
+        hold_body(message.data)
         for ref in refs:
             ref.queue.enqueue(ref)
 
@@ -452,8 +477,14 @@ class AddressPager:
         return info.visible if info is not None else 0
 
     def _roll(self) -> None:
-        """Close the head page and open the next; cursors at the head move with it."""
+        """Close the head page (its summary is its last record) and open the next;
+        cursors at the head move with it."""
         old, end = self.write_page, self.write_offset
+        info = self.pages.get(old)
+        if info is not None and info.summary is not None and info.records:
+            # past the page's size: cursors stop before it, recovery reads it back
+            summary = record.encode_summary(info.summary.encode())
+            self.manager.writer.submit(self.store, old, summary, False, None)
         self.write_page += 1
         self.write_offset = 0
         for cursor in self.cursors.values():
@@ -528,15 +559,3 @@ class AddressPager:
             "messages-refused-page-full": self.messages_refused,
             "cursors": {name: c.stats() for name, c in self.cursors.items()},
         }
-
-
-def _halves(then: Completion) -> tuple[Completion, Completion]:
-    """Two completions; `then` runs once both have run."""
-    left = [2]
-
-    def half() -> None:
-        left[0] -= 1
-        if not left[0]:
-            then()
-
-    return half, half

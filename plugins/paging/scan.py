@@ -6,13 +6,14 @@ with the queues that have not acknowledged them; nothing else of a page is kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from scow.core.interfaces import PageStore
 from scow.core.page_frames import iter_frames
 from scow.plugins.paging.pager import PageInfo
-from scow.plugins.paging.record import HEAD
+from scow.plugins.paging.record import DURABLE, HEAD, LARGE, SUMMARY, head_of, large_ref
+from scow.plugins.paging.summary import PageSummary
 
 
 @dataclass(slots=True)
@@ -24,7 +25,10 @@ class PagedRecord:
     priority: int
     #: The routed queues (of those asked for) that still hold it.
     queue_ids: list[int]
+    #: The message's bytes; a large message's head.
     data: memoryview
+    #: A large message's (file id, head size, length); None for others.
+    large: tuple[int, int, int] | None = None
 
 
 def durable_records(
@@ -33,18 +37,29 @@ def durable_records(
     acked: Mapping[tuple[int, int], set[int]],
     committed: set[int],
     pages: dict[int, PageInfo] | None = None,
+    properties: Callable[[bytes], Mapping[str, object]] | None = None,
 ) -> Iterator[PagedRecord]:
     """Durable committed records routed to any of `queue_ids` and not acknowledged there.
 
     `acked` maps (queue id, page) to acknowledged offsets; when `pages` is given, it is
-    filled with each page's record count, size and transactions.
+    filled with each page's record count, size, transactions and summary: the one stored
+    in the page, else one rebuilt from its durable messages with `properties` (the
+    message format's), else none.
     """
     for page in store.page_numbers():
         buf = memoryview(store.read(page))
-        info = PageInfo(page)
-        for start, pstart, pend in iter_frames(buf):
-            info.records += 1
+        info = PageInfo(page, summary=None)
+        frames = list(iter_frames(buf))
+        if frames and HEAD.unpack_from(buf, frames[-1][1])[3] & SUMMARY:
+            _start, pstart, pend = frames.pop()
             info.size = info.visible = pend
+            info.summary = PageSummary.decode(buf[pstart + HEAD.size : pend])
+        elif properties is not None and pages is not None:
+            info.summary = _rebuilt(buf, frames, properties)
+        for start, pstart, pend in frames:
+            info.records += 1
+            info.size = max(info.size, pend)
+            info.visible = info.size
             message_id, expiration, tx_id, flags, priority, n = HEAD.unpack_from(buf, pstart)
             info.note_expiration(expiration)
             if tx_id:
@@ -61,6 +76,41 @@ def durable_records(
                         holders.append(queue_id)
             if holders:
                 data = buf[ids_at + 8 * n : pend]
-                yield PagedRecord(page, start, message_id, expiration, priority, holders, data)
+                ref = None
+                if flags & LARGE:
+                    ref = large_ref(data)
+                    info.large.append(ref[0])
+                yield PagedRecord(
+                    page,
+                    start,
+                    message_id,
+                    expiration,
+                    priority,
+                    holders,
+                    head_of(flags, data),
+                    ref,
+                )
         if pages is not None:
             pages[page] = info
+
+
+def _rebuilt(
+    buf: memoryview,
+    frames: list[tuple[int, int, int]],
+    properties: Callable[[bytes], Mapping[str, object]],
+) -> PageSummary:
+    """The summary of a page stored without one, from its durable messages (the only
+    ones a recovered page delivers)."""
+    summary = PageSummary()
+    for _start, pstart, pend in frames:
+        _id, _expiration, _tx, flags, _priority, n = HEAD.unpack_from(buf, pstart)
+        if flags & DURABLE:
+            try:
+                summary.add(
+                    properties(bytes(head_of(flags, buf[pstart + HEAD.size + 8 * n : pend])))
+                )
+            except ValueError:
+                summary.unknown()
+                break
+    summary.close()
+    return summary

@@ -86,6 +86,7 @@ def paged_messages(
                 bytes(rec.data),
                 queues,
                 paged=True,
+                large=rec.large,
             )
         store.close()
 

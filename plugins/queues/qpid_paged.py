@@ -461,6 +461,10 @@ class PagedWaiting(Unaware):
         loaded pages (and the memory bound) stay as they are."""
         return self._walk(-1)
 
+    def held(self) -> Iterator[Entry]:
+        """As `__iter__`: entries in loaded pages are the objects kept, copies otherwise."""
+        return self._walk(-1)
+
     def remove_if(
         self, predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None = None
     ) -> list[Entry]:

@@ -277,8 +277,9 @@ class StandardQueue:
         return [entry.as_ref(self) for entry in taken]
 
     def waiting(self) -> Iterator[Entry]:
-        """The waiting entries in delivery order, as they are (bodies may be on disk)."""
-        return iter(self._messages)
+        """The waiting entries in delivery order, as they are (bodies may be on disk);
+        messages held compactly become objects for good (`Waiting.held`)."""
+        return self._messages.held()
 
     def browse(self) -> Iterator[MessageRef]:
         return iter([entry.as_ref(self) for entry in self._messages])

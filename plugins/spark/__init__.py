@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from scow.core import hookimpl
 from scow.core.config import ConfigSection
-from scow.core.descriptors import QueueType
-from scow.plugins.spark import staging, stream
+from scow.core.descriptors import QueueType, StreamStoreBackend
+from scow.plugins.spark import segments, staging, stream
 from scow.plugins.spark.plugin import SECTION, Streams
 
 if TYPE_CHECKING:
@@ -54,6 +54,11 @@ def scow_register_queue_types() -> list[QueueType]:
             arguments=staging.STAGING_ARGUMENTS,
         ),
     ]
+
+
+@hookimpl
+def scow_register_stream_stores() -> list[StreamStoreBackend]:
+    return [segments.BACKEND]
 
 
 @hookimpl

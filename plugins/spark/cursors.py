@@ -1,21 +1,17 @@
 """Named cursors of one stream: a position per reader (a Spark query), kept by the broker.
 
 A cursor only moves forward (moving it to where it is, or behind, changes nothing), so a
-replayed commit is harmless. Cursors are kept in `cursors.json` beside the segments,
-replaced atomically (write, fsync, rename) on each change: changes come once per
-micro-batch, not per message. A cursor neither moved nor read for `ttl` ms is dropped,
-so an abandoned job does not hold retention back forever.
+replayed commit is harmless. Cursors are kept by the stream's store (`StreamStore.
+save_cursors`, written whole on each change): changes come once per micro-batch, not per
+message. A cursor neither moved nor read for `ttl` ms is dropped, so an abandoned job
+does not hold retention back forever.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
-
-FILE_NAME = "cursors.json"
 
 
 def now_ms() -> int:
@@ -25,13 +21,15 @@ def now_ms() -> int:
 class Cursors:
     """name -> (sequence number of the next message to read, last used ms)."""
 
-    def __init__(self, directory: Path, ttl_ms: int) -> None:
-        self.path = directory / FILE_NAME
+    def __init__(
+        self,
+        stored: Mapping[str, tuple[int, int]],
+        save: Callable[[dict[str, tuple[int, int]]], None],
+        ttl_ms: int,
+    ) -> None:
         self.ttl_ms = ttl_ms
-        self._cursors: dict[str, list[int]] = {}
-        if self.path.exists():
-            for name, value in json.loads(self.path.read_text()).items():
-                self._cursors[name] = [int(value["sequence"]), int(value["used"])]
+        self._store = save
+        self._cursors: dict[str, list[int]] = {n: [s, u] for n, (s, u) in stored.items()}
 
     def __len__(self) -> int:
         return len(self._cursors)
@@ -82,9 +80,4 @@ class Cursors:
         return {n: {"sequence": c[0], "used": c[1]} for n, c in sorted(self._cursors.items())}
 
     def _save(self) -> None:
-        partial = self.path.with_suffix(".tmp")
-        with open(partial, "w") as f:
-            json.dump(self.describe(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, self.path)
+        self._store({n: (c[0], c[1]) for n, c in self._cursors.items()})

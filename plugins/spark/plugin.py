@@ -10,18 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scow.core.config import ConfigSection, Setting
+from scow.core.config import ConfigError, ConfigSection, Setting
 from scow.core.model import InvalidField, NotFound
 from scow.plugins.spark import staging
 from scow.plugins.spark.cursors import now_ms
-from scow.plugins.spark.stream import StreamQueue
+from scow.plugins.spark.stream import DEFAULT_SEGMENT_BYTES, StreamQueue
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
+    from scow.core.config import Config
+    from scow.core.descriptors import StreamStoreBackend
+    from scow.core.interfaces import StreamStore
     from scow.core.management import ManagementOperation
     from scow.core.model import QueueSpec
 
@@ -38,6 +42,14 @@ SECTION = ConfigSection(
             minimum=1,
         ),
         Setting(
+            "stream-store",
+            str,
+            "",
+            "Where stream queues keep their records, by stream store name (file, database, "
+            "or a plugin's); empty: the store of [broker] journal (the database journal "
+            "keeps streams in the database), else file.",
+        ),
+        Setting(
             "housekeeping-period",
             int,
             1000,
@@ -50,6 +62,45 @@ SECTION = ConfigSection(
 )
 
 _STREAMS: weakref.WeakKeyDictionary[Any, Streams] = weakref.WeakKeyDictionary()
+#: Threads reading streams for consumers (reads mostly wait on a disk or a database).
+READERS = 4
+
+
+def stream_store_opener(
+    stores: Mapping[str, StreamStoreBackend], config: Config
+) -> Callable[[str, Mapping[str, Any]], StreamStore]:
+    """What builds the store of a stream queue (name, arguments) on the stream store
+    `[spark] stream-store` names, by default the one named like `[broker] journal` (else
+    file); ConfigError naming the setting and the stores available."""
+    name = config.section("spark")["stream-store"] if "spark" in config.section_names else ""
+    if not name:
+        journal = str(config.section("broker")["journal"])
+        name = journal if journal in stores else "file"
+    backend = stores.get(name)
+    if backend is None:
+        available = ", ".join(sorted(stores)) or "none"
+        raise ConfigError(
+            f"[spark] stream-store = {name!r}: no enabled plugin provides it "
+            f"(available: {available})",
+            path=config.path,
+            section="spark",
+            key="stream-store",
+        )
+    section = backend.config_section
+    settings = config.section(section) if section in config.section_names else {}
+    return opener(backend, Path(str(config.section("broker")["data-dir"])), settings)
+
+
+def opener(
+    backend: StreamStoreBackend, data_dir: Path, settings: Mapping[str, Any]
+) -> Callable[[str, Mapping[str, Any]], StreamStore]:
+    """What builds the store of a stream queue (name, arguments) on `backend`."""
+
+    def open_stream(queue: str, arguments: Mapping[str, Any]) -> StreamStore:
+        segment_bytes = int(arguments.get("segment-bytes", DEFAULT_SEGMENT_BYTES))
+        return backend.factory(data_dir, queue, segment_bytes, settings)
+
+    return open_stream
 
 
 class Streams:
@@ -63,6 +114,9 @@ class Streams:
         self.period = int(settings.get("housekeeping-period", 1000)) / 1000
         ttl = int(settings.get("staging-ttl", staging.DEFAULT_STAGING_TTL))
         self.sinks = staging.Sinks(broker, ttl)
+        self.open_store = stream_store_opener(broker.stream_stores, broker.config)
+        #: Reads and seeks of every stream run here, off the loop.
+        self.reads = ThreadPoolExecutor(READERS, thread_name_prefix="scow-stream-reader")
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -73,7 +127,9 @@ class Streams:
         return streams
 
     def new_queue(self, spec: QueueSpec) -> StreamQueue:
-        queue = StreamQueue(spec, self.broker, self.data_dir, self._forget)
+        store = self.open_store(spec.name, dict(spec.arguments))
+        place = self.data_dir / "streams"
+        queue = StreamQueue(spec, self.broker, store, place, self.reads, self._forget)
         self.queues[spec.name] = queue
         return queue
 
@@ -121,6 +177,7 @@ class Streams:
         for queue in list(self.queues.values()):
             await loop.run_in_executor(None, queue.stop)
         await asyncio.sleep(0)  # the writers' last completions run
+        self.reads.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ management
 

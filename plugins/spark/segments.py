@@ -1,33 +1,37 @@
-"""A stream's log: append-only segment files of CRC'd frames, indexed sparsely.
+"""The file stream store: a stream's records in append-only segment files of CRC'd frames.
 
-Each record is one message as it will be delivered: `RECORD` (sequence number, enqueue
-time in ms, broker message id) and the message's bytes, framed by
-`scow.core.page_frames`. A segment file is named by the sequence number of its first
-record, so sequence numbers are contiguous within a stream and a sealed segment ends
-where the next one starts. A segment is the unit of retention: whole files are deleted.
+Each record is `RECORD` (sequence number, enqueue time in ms, broker message id) and the
+message's bytes as delivered, framed by `scow.core.page_frames`. A segment file is named
+by the sequence number of its first record, so a sealed segment ends where the next one
+starts; whole files are deleted (retention). The stream's cursors are `cursors.json`
+beside the segments, replaced atomically (write, fsync, rename).
 
-Threads: the event loop owns the list of segments and the visible end, and reads (see
-`StreamQueue._serve` for why there); the `Log`'s writer thread appends and syncs (group
-commit) and deletes files, keeping its own figures of the segment it writes. The sparse
-index of a segment (a (sequence, offset, time) entry every `INDEX_EVERY` bytes) is built
-at open for the last two segments, and for older ones by their first read (one scan).
+Threads: the writer thread appends, syncs and deletes; readers read at the same time.
+Both share the list of segments (under a lock): a reader takes a snapshot, and sees a
+segment's records up to the size its last synced append left. The sparse index of a
+segment (a (sequence, offset, time) entry every `INDEX_EVERY` bytes) is built at open for
+the last two segments, as appends go, and for older ones by their first read (one scan
+of the file, on the reader's thread).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import hashlib
+import json
 import os
-import queue
+import shutil
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
 from scow.core import disk_monitor
-from scow.core.disk_monitor import is_no_space
+from scow.core.descriptors import StreamStoreBackend
+from scow.core.interfaces import StreamAppended, StreamContents, StreamRecord, StreamSegment
 from scow.core.page_frames import HEADER_SIZE, frame_all, iter_frames
 from scow.plugins.spark.records import RECORD
 
@@ -38,28 +42,33 @@ INDEX_EVERY = 32 << 10
 #: Bytes read per positioned read.
 READ_CHUNK = 256 << 10
 SUFFIX = ".seg"
-#: Seconds between attempts to write what a full file system refused.
-RETRY = 1.0
+CURSORS_FILE = "cursors.json"
+
+_IndexEntry = tuple[int, int, int]
 
 
 @dataclass(slots=True)
-class Segment:
-    """One segment file: its first sequence number and its sparse index."""
+class _Segment:
+    """One segment file: its first sequence number, synced size and sparse index."""
 
     first: int
     path: Path
     size: int = 0
     #: (sequence, offset, enqueue time) every INDEX_EVERY bytes; None until built.
-    index: list[tuple[int, int, int]] | None = None
+    index: list[_IndexEntry] | None = None
     first_time: int = 0
 
-    def build_index(self) -> list[tuple[int, int, int]]:
-        """Scan the file for its index (reader thread, or at open)."""
-        if self.index is not None:
-            return self.index
+    def info(self) -> StreamSegment:
+        return StreamSegment(self.first, self.size, self.first_time)
+
+    def build_index(self) -> list[_IndexEntry]:
+        """The index, scanning the file for it the first time (a reader's thread)."""
+        index = self.index
+        if index is not None:
+            return index
         with open(self.path, "rb") as f:
             data = f.read(self.size)
-        index: list[tuple[int, int, int]] = []
+        index = []
         last = -INDEX_EVERY
         for start, payload, _end in iter_frames(data, verified=True):
             if start - last >= INDEX_EVERY:
@@ -71,68 +80,285 @@ class Segment:
 
 
 @dataclass(slots=True)
-class Written:
-    """What one write batch did, handed back to the loop."""
+class _Undo:
+    """The writer's figures before an append, and the files the append sealed and made."""
 
-    last_seq: int
-    new_segments: list[Segment] = field(default_factory=list)
-    #: index entries for segments already known to the loop: (segment first, entry)
-    index: list[tuple[int, tuple[int, int, int]]] = field(default_factory=list)
-    sizes: dict[int, int] = field(default_factory=dict)
-    tokens: list[object] = field(default_factory=list)
-
-
-def _segment_path(directory: Path, first: int) -> Path:
-    return directory / f"{first:020d}{SUFFIX}"
+    fd: int
+    size: int
+    mark: int
+    segments: int
+    sealed: list[int] = field(default_factory=list)
+    made: list[tuple[int, Path]] = field(default_factory=list)
 
 
-def open_segments(directory: Path) -> tuple[list[Segment], int, set[int]]:
-    """The segments in `directory`, the next sequence number, and the broker message ids
-    of the last two segments (for recovery to skip messages already stored).
+class FileStreamStore:
+    """One stream's segment files under `directory` (see the module docstring)."""
 
-    The last segment's torn or corrupt tail is cut off.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    segments = []
-    for path in sorted(directory.glob(f"*{SUFFIX}")):
-        try:
-            first = int(path.stem)
-        except ValueError:
-            continue
-        segments.append(Segment(first, path, path.stat().st_size))
-    next_seq = segments[-1].first if segments else 0
-    ids: set[int] = set()
-    for position, segment in enumerate(segments[-2:]):
-        last = position == len(segments[-2:]) - 1
-        data = segment.path.read_bytes()
-        index: list[tuple[int, int, int]] = []
-        mark = -INDEX_EVERY
-        end = 0
-        for start, payload, frame_end in iter_frames(data):
-            seq, enqueued, message_id = RECORD.unpack_from(data, payload)
-            ids.add(message_id)
-            if start - mark >= INDEX_EVERY:
-                index.append((seq, start, enqueued))
-                mark = start
-            end = frame_end
+    def __init__(self, directory: Path, name: str, segment_bytes: int, sync: bool = True) -> None:
+        self.directory = directory
+        self.name = name
+        self.segment_bytes = segment_bytes
+        self.sync = sync
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._fd = -1  # the last segment's, for appends
+        self._mark = -INDEX_EVERY  # offset of the last segment's last index entry
+
+    # ------------------------------------------------------------------ opening
+
+    def open(self) -> StreamContents:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        segments = []
+        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+            try:
+                first = int(path.stem)
+            except ValueError:
+                continue
+            segments.append(_Segment(first, path, path.stat().st_size))
+        next_seq = segments[-1].first if segments else 0
+        ids: set[int] = set()
+        tail = segments[-2:]
+        for position, segment in enumerate(tail):
+            last = position == len(tail) - 1
+            data = segment.path.read_bytes()
+            index: list[_IndexEntry] = []
+            mark = -INDEX_EVERY
+            end = 0
+            for start, payload, frame_end in iter_frames(data):
+                seq, enqueued, message_id = RECORD.unpack_from(data, payload)
+                ids.add(message_id)
+                if start - mark >= INDEX_EVERY:
+                    index.append((seq, start, enqueued))
+                    mark = start
+                end = frame_end
+                if last:
+                    next_seq = seq + 1
             if last:
-                next_seq = seq + 1
-        if last and end < len(data):
-            log.warning("stream segment tail cut", segment=str(segment.path), at=end)
-            with open(segment.path, "r+b") as f:
-                f.truncate(end)
-                os.fsync(f.fileno())
-        segment.size = end if last else segment.size
-        segment.index = index
-    for segment in segments:
-        if segment.index:
-            segment.first_time = segment.index[0][2]
-        else:
-            segment.first_time = _first_time(segment)
-    return segments, next_seq, ids
+                if end < len(data):
+                    log.warning("stream segment tail cut", segment=str(segment.path), at=end)
+                    with open(segment.path, "r+b") as f:
+                        f.truncate(end)
+                        os.fsync(f.fileno())
+                segment.size = end
+                self._mark = mark
+            segment.index = index
+        for segment in segments:
+            segment.first_time = segment.index[0][2] if segment.index else _first_time(segment)
+        self._segments = segments
+        if segments:
+            self._fd = os.open(segments[-1].path, os.O_WRONLY | os.O_CLOEXEC)
+        return StreamContents([s.info() for s in segments], next_seq, ids)
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, records: Sequence[StreamRecord]) -> StreamAppended:
+        appended = StreamAppended()
+        segments = self._segments
+        undo = _Undo(self._fd, segments[-1].size if segments else 0, self._mark, len(segments))
+        size = undo.size
+        first = segments[-1].first if segments else -1
+        frames: list[bytes] = []
+        index: list[tuple[int, _IndexEntry]] = []  # (segment first, entry), applied when in
+        pack = RECORD.pack
+        try:
+            for seq, enqueued, message_id, data in records:
+                if self._fd < 0 or size >= self.segment_bytes:
+                    self._write(frames, size)
+                    if self._fd >= 0:
+                        appended.sizes[first] = size
+                    first, size = seq, 0
+                    self._roll(seq, enqueued, appended, undo)
+                record = pack(seq, enqueued, message_id) + data
+                if size - self._mark >= INDEX_EVERY:
+                    index.append((first, (seq, size, enqueued)))
+                    self._mark = size
+                frames.append(record)
+                size += HEADER_SIZE + len(record)
+            self._write(frames, size)
+            if self.sync:
+                os.fdatasync(self._fd)
+        except OSError:
+            self._undo(undo)
+            raise
+        for fd in undo.sealed:
+            os.close(fd)
+        appended.sizes[first] = size
+        with self._lock:
+            by_first = {s.first: s for s in self._segments[max(undo.segments - 1, 0) :]}
+            for segment_first, entry in index:
+                segment_index = by_first[segment_first].index
+                if segment_index is not None:
+                    segment_index.append(entry)
+            for segment_first, segment_size in appended.sizes.items():
+                by_first[segment_first].size = segment_size
+        return appended
+
+    def _roll(self, first: int, now: int, appended: StreamAppended, undo: _Undo) -> None:
+        if self._fd >= 0:
+            if self.sync:
+                os.fdatasync(self._fd)
+            undo.sealed.append(self._fd)  # closed once the append is in
+        # the disk monitor checks now, with room for a whole segment (not at its next scan)
+        disk_monitor.allocating(self.directory, self.segment_bytes)
+        path = self.directory / f"{first:020d}{SUFFIX}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        undo.made.append((fd, path))
+        self._fd = fd
+        if self.sync:
+            _sync_directory(self.directory)
+        self._mark = -INDEX_EVERY
+        segment = _Segment(first, path, index=[], first_time=now)
+        with self._lock:
+            self._segments.append(segment)
+        appended.new_segments.append(segment.info())
+
+    def _write(self, frames: list[bytes], end: int) -> None:
+        """Write `frames`, which end at byte `end` of the last segment."""
+        if not frames:
+            return
+        data = frame_all(frames)
+        frames.clear()
+        offset = end - len(data)
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view = view[n:]
+            offset += n
+
+    def _undo(self, undo: _Undo) -> None:
+        """Put the store back as it was before a failed append: no hole, no new file."""
+        with self._lock:
+            del self._segments[undo.segments :]
+        for fd, path in undo.made:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+        self._fd, self._mark = undo.fd, undo.mark
+        if self._fd >= 0:
+            try:
+                os.ftruncate(self._fd, undo.size)  # frees the space; writes go at offsets
+            except OSError:
+                log.exception("stream segment not cut back", directory=str(self.directory))
+
+    def delete_segments(self, firsts: Sequence[int]) -> None:
+        gone = set(firsts)
+        with self._lock:
+            # never the one appended to: retention keeps the last segment
+            doomed = [s for s in self._segments[:-1] if s.first in gone]
+            self._segments = [s for s in self._segments if s not in doomed]
+        for segment in doomed:
+            segment.path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ reading
+
+    def read(self, seq: int, end: int, limit: int) -> tuple[list[tuple[int, int, bytes]], int]:
+        out: list[tuple[int, int, bytes]] = []
+        with self._lock:
+            segments = [(s, s.size) for s in self._segments]
+        if not segments:
+            return out, seq
+        seq = max(seq, segments[0][0].first)  # retention removed what came before: a gap
+        at = bisect.bisect_right([s.first for s, _size in segments], seq) - 1
+        while at < len(segments) and len(out) < limit and seq < end:
+            segment, size = segments[at]
+            with contextlib.suppress(FileNotFoundError):  # deleted by retention meanwhile
+                seq = _read_segment(segment, size, seq, end, limit, out)
+            if len(out) >= limit or seq >= end:
+                break  # stopped inside this segment: go on from `seq` next time
+            at += 1
+            if at < len(segments):
+                seq = max(seq, segments[at][0].first)
+        return out, seq
+
+    def seek(self, when: int) -> int | None:
+        with self._lock:
+            segments = [(s, s.size) for s in self._segments]
+        at = max(bisect.bisect_right([s.first_time for s, _size in segments], when) - 1, 0)
+        for segment, size in segments[at:]:
+            try:
+                index = segment.build_index()
+                i = max(bisect.bisect_left([e[2] for e in index], when) - 1, 0)
+                offset = index[i][1] if index else 0
+                with open(segment.path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(size - offset)
+            except FileNotFoundError:
+                continue
+            for _start, payload, _end in iter_frames(data, verified=True):
+                seq, enqueued, _mid = RECORD.unpack_from(data, payload)
+                if enqueued >= when:
+                    return int(seq)
+        return None
+
+    # ------------------------------------------------------------------ cursors
+
+    def load_cursors(self) -> dict[str, tuple[int, int]]:
+        path = self.directory / CURSORS_FILE
+        if not path.exists():
+            return {}
+        stored = json.loads(path.read_text())
+        return {n: (int(c["sequence"]), int(c["used"])) for n, c in stored.items()}
+
+    def save_cursors(self, cursors: Mapping[str, tuple[int, int]]) -> None:
+        path = self.directory / CURSORS_FILE
+        partial = path.with_suffix(".tmp")
+        with open(partial, "w") as f:
+            json.dump({n: {"sequence": s, "used": u} for n, (s, u) in cursors.items()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _first_time(segment: Segment) -> int:
+def _read_segment(
+    segment: _Segment, size: int, seq: int, end: int, limit: int, out: list[tuple[int, int, bytes]]
+) -> int:
+    """Append to `out` the records of `segment` from `seq` below `end` (up to `limit` in
+    `out`); the sequence number to read next."""
+    index = segment.build_index()
+    i = bisect.bisect_right(index, (seq, 1 << 62, 0)) - 1
+    offset = index[i][1] if i >= 0 else 0
+    fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while len(out) < limit and seq < end and offset < size:
+            data = os.pread(fd, min(READ_CHUNK, size - offset), offset)
+            consumed = 0
+            for _start, payload, frame_end in iter_frames(data, verified=True):
+                rseq, enqueued, _mid = RECORD.unpack_from(data, payload)
+                consumed = frame_end
+                if rseq < seq:
+                    continue
+                if rseq >= end or len(out) >= limit:
+                    return int(rseq)
+                out.append((rseq, enqueued, data[payload + RECORD.size : frame_end]))
+                seq = rseq + 1
+            if consumed == 0:  # one record larger than a chunk: read it whole
+                head = os.pread(fd, HEADER_SIZE, offset)
+                data = os.pread(fd, HEADER_SIZE + int.from_bytes(head[:4], "big"), offset)
+                for _start, payload, frame_end in iter_frames(data, verified=True):
+                    rseq, enqueued, _mid = RECORD.unpack_from(data, payload)
+                    if rseq >= seq:
+                        out.append((rseq, enqueued, data[payload + RECORD.size : frame_end]))
+                        seq = rseq + 1
+                    consumed = frame_end
+                if consumed == 0:
+                    break
+            offset += consumed
+    finally:
+        os.close(fd)
+    return seq
+
+
+def _first_time(segment: _Segment) -> int:
     """The enqueue time of the segment's first record; for an empty one (rolled just
     before a stop), when the file was made, so time retention does not take it as old."""
     with open(segment.path, "rb") as f:
@@ -142,302 +368,27 @@ def _first_time(segment: Segment) -> int:
     return int(RECORD.unpack_from(head, HEADER_SIZE)[1])
 
 
-_Item = tuple[int, int, bytes, object]
+def _sync_directory(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
-@dataclass(slots=True)
-class _Undo:
-    """The writer's figures before a batch, and the files the batch sealed and made."""
-
-    fd: int
-    first: int
-    size: int
-    mark: int
-    sealed: list[int] = field(default_factory=list)
-    made: list[tuple[int, Path]] = field(default_factory=list)
+def directory_name(queue_name: str) -> str:
+    """A file name for the queue: safe characters kept, a hash keeps names distinct."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in queue_name)[:100]
+    return f"{safe}-{hashlib.sha256(queue_name.encode()).hexdigest()[:12]}"
 
 
-class Log:
-    """The writer side of one stream's segments: a thread that appends and syncs.
-
-    `append(seq, message_id, data, token)` queues a record (sequence numbers given in
-    order by the loop); the thread writes what is queued, fdatasyncs once, and calls
-    `on_written(Written)` (which must hand over to the loop itself). The thread keeps its
-    own figures of the segment it writes: `Segment` objects belong to the loop.
-
-    A batch lands whole or not at all: a write, sync or new segment the file system
-    refuses for lack of space undoes the batch (the segment cut back to where it was,
-    segments it made removed) and holds its records, with everything queued after them,
-    to be written again every `RETRY` seconds (at once when more comes) until space
-    returns. Meanwhile the disk monitor holds producers back (`out_of_space`), and no
-    token is handed back, so the stream acknowledges nothing that is not on disk; a
-    segment never has a hole that would hide what follows it.
-    """
-
-    def __init__(
-        self,
-        directory: Path,
-        active: Segment | None,
-        segment_bytes: int,
-        sync: bool,
-        on_written: Callable[[Written], None],
-        annotate: Callable[[bytes, int, int], bytes],
-    ) -> None:
-        self.directory = directory
-        self.segment_bytes = segment_bytes
-        self.sync = sync
-        self.on_written = on_written
-        self.annotate = annotate
-        self._fd = -1
-        self._first = -1  # the active segment's first sequence number
-        self._size = 0
-        self._mark = -INDEX_EVERY
-        if active is not None:
-            self._fd = os.open(active.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._first, self._size = active.first, active.size
-            self._mark = active.index[-1][1] if active.index else -INDEX_EVERY
-        self._last_time = 0
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self.errors = 0
-        #: Records a full file system refused, waiting to be written again (their number).
-        self.held = 0
-        self._owner = f"stream {directory}"
-        self._thread = threading.Thread(
-            target=self._run, name=f"scow-stream-{directory.name}", daemon=True
-        )
-        self._thread.start()
-
-    def append(self, seq: int, message_id: int, data: bytes, token: object) -> None:
-        self._queue.put((seq, message_id, data, token))
-
-    def delete(self, paths: list[Path]) -> None:
-        """Delete whole segment files (retention) on the writer thread."""
-        self._queue.put((-1, 0, b"", paths))
-
-    def close(self) -> None:
-        """Write what is queued, stop the thread, close the file. Idempotent."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def _run(self) -> None:
-        get, get_nowait = self._queue.get, self._queue.get_nowait
-        held: list[_Item] = []
-        problem: str | None = None  # why held records wait (reported to the disk monitor)
-        while True:
-            batch, held = held, []
-            stopping = False
-            try:  # with records held, new work tries again at once, else every RETRY s
-                item = get(timeout=RETRY if batch else None)
-                while item is not None:
-                    batch.append(item)
-                    item = get_nowait()
-                stopping = True
-            except queue.Empty:
-                pass
-            try:
-                held = self._write(batch)
-            except OSError:
-                self.errors += 1
-                log.exception("stream write failed", directory=str(self.directory))
-            self.held = len(held)
-            if held and problem is None:
-                problem = disk_monitor.describe_no_room(self.directory, "a stream write")
-                log.warning(
-                    "stream write refused: file system full; producers held back and the "
-                    "write tried again until space returns",
-                    directory=str(self.directory),
-                    records=len(held),
-                )
-                disk_monitor.out_of_space(self.directory, self._owner, problem)
-            elif not held and problem is not None:
-                problem = None
-                log.info("stream writes go on: the file system has room again")
-                disk_monitor.out_of_space(self.directory, self._owner, None)
-            if stopping:
-                if held:
-                    # still journaled (not acknowledged): recovery appends them again
-                    log.error(
-                        "stream records not written at shutdown: file system full",
-                        directory=str(self.directory),
-                        records=len(held),
-                    )
-                    disk_monitor.out_of_space(self.directory, self._owner, None)
-                return
-
-    def _roll(self, first: int, now: int, written: Written, undo: _Undo) -> None:
-        if self._fd >= 0:
-            if self.sync:
-                os.fdatasync(self._fd)
-            undo.sealed.append(self._fd)  # closed once the batch is in
-            written.sizes[self._first] = self._size
-        # the disk monitor checks now, with room for a whole segment (not at its next scan)
-        disk_monitor.allocating(self.directory, self.segment_bytes)
-        path = _segment_path(self.directory, first)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        undo.made.append((fd, path))
-        self._fd = fd
-        if self.sync:
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        self._first, self._size, self._mark = first, 0, -INDEX_EVERY
-        written.new_segments.append(Segment(first, path, index=[], first_time=now))
-
-    def _write(self, batch: list[_Item]) -> list[_Item]:
-        """Write and sync `batch`; the records a full file system refused (the whole batch's,
-        in order), or [] once they are in."""
-        records: list[bytes] = []
-        items: list[_Item] = []
-        for item in batch:
-            if item[0] < 0:  # retention: older segments than any a write touches
-                for path in item[3]:  # type: ignore[attr-defined]
-                    path.unlink(missing_ok=True)
-            else:
-                items.append(item)
-        if not items:
-            return []
-        written = Written(last_seq=-1)
-        undo = _Undo(self._fd, self._first, self._size, self._mark)
-        annotate, pack = self.annotate, RECORD.pack
-        try:
-            for seq, message_id, data, token in items:
-                now = max(int(time.time() * 1000), self._last_time)
-                self._last_time = now
-                if self._fd < 0 or self._size >= self.segment_bytes:
-                    self._flush(records)
-                    self._roll(seq, now, written, undo)
-                record = pack(seq, now, message_id) + annotate(data, seq, now)
-                if self._size - self._mark >= INDEX_EVERY:
-                    written.index.append((self._first, (seq, self._size, now)))
-                    self._mark = self._size
-                records.append(record)
-                self._size += HEADER_SIZE + len(record)
-                written.last_seq = seq
-                written.tokens.append(token)
-            self._flush(records)
-            if self.sync:
-                os.fdatasync(self._fd)
-        except OSError as exc:
-            self._undo(undo)
-            if is_no_space(exc):
-                return items
-            raise  # the batch is dropped, still journaled: recovery appends it again
-        for fd in undo.sealed:
-            os.close(fd)
-        written.sizes[self._first] = self._size
-        self.on_written(written)
-        return []
-
-    def _undo(self, undo: _Undo) -> None:
-        """Put the log back as it was before a batch that failed: no hole, no new file."""
-        for fd, path in undo.made:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-        self._fd, self._first, self._size, self._mark = undo.fd, undo.first, undo.size, undo.mark
-        if self._fd >= 0:
-            try:
-                os.ftruncate(self._fd, self._size)  # frees the space; writes go at offsets
-            except OSError:
-                log.exception("stream segment not cut back", directory=str(self.directory))
-
-    def _flush(self, records: list[bytes]) -> None:
-        if not records:
-            return
-        data = frame_all(records)
-        records.clear()
-        offset = self._size - len(data)
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(self._fd, view, offset)
-            view = view[n:]
-            offset += n
+def open_store(
+    data_dir: Path, name: str, segment_bytes: int, settings: Mapping[str, object]
+) -> FileStreamStore:
+    """The file backend's factory: `<data-dir>/streams/<name, made safe>`."""
+    return FileStreamStore(data_dir / "streams" / directory_name(name), name, segment_bytes)
 
 
-def read_range(
-    segments: list[Segment], seq: int, end: int, limit: int
-) -> tuple[list[tuple[int, int, bytes]], int]:
-    """Up to `limit` records from sequence `seq` (or the first kept after it) below `end`:
-    [(sequence, enqueue time, message bytes)], and the sequence number to read next.
-
-    Only records below `end` (synced ones) are returned; a segment deleted meanwhile is
-    skipped (retention made a gap).
-    """
-    out: list[tuple[int, int, bytes]] = []
-    if not segments:
-        return out, seq
-    if seq < segments[0].first:
-        seq = segments[0].first  # retention removed what came before: a gap
-    at = bisect.bisect_right([s.first for s in segments], seq) - 1
-    while at < len(segments) and len(out) < limit and seq < end:
-        segment = segments[at]
-        index = segment.index if segment.index is not None else segment.build_index()
-        i = bisect.bisect_right(index, (seq, 1 << 62, 0)) - 1
-        offset = index[i][1] if i >= 0 else 0
-        size = segment.size
-        try:
-            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            at += 1  # deleted by retention meanwhile
-            continue
-        try:
-            while len(out) < limit and seq < end and offset < size:
-                data = os.pread(fd, min(READ_CHUNK, size - offset), offset)
-                consumed = 0
-                for _start, payload, frame_end in iter_frames(data, verified=True):
-                    rseq, enqueued, _mid = RECORD.unpack_from(data, payload)
-                    consumed = frame_end
-                    if rseq < seq:
-                        continue
-                    if rseq >= end or len(out) >= limit:
-                        return out, rseq
-                    out.append((rseq, enqueued, data[payload + RECORD.size : frame_end]))
-                    seq = rseq + 1
-                if consumed == 0:
-                    if len(data) >= READ_CHUNK:  # one record larger than a chunk
-                        head = os.pread(fd, HEADER_SIZE, offset)
-                        length = int.from_bytes(head[:4], "big")
-                        data = os.pread(fd, HEADER_SIZE + length, offset)
-                        for _s, payload, frame_end in iter_frames(data, verified=True):
-                            rseq, enqueued, _mid = RECORD.unpack_from(data, payload)
-                            if rseq >= seq:
-                                out.append(
-                                    (rseq, enqueued, data[payload + RECORD.size : frame_end])
-                                )
-                                seq = rseq + 1
-                            consumed = frame_end
-                    if consumed == 0:
-                        break
-                offset += consumed
-        finally:
-            os.close(fd)
-        at += 1
-        if at < len(segments):
-            seq = max(seq, segments[at].first)
-    return out, seq
-
-
-def seek_time(segments: list[Segment], when: int, next_seq: int) -> int:
-    """The sequence number of the first record enqueued at or after `when` (ms)."""
-    if not segments:
-        return next_seq
-    at = max(bisect.bisect_right([s.first_time for s in segments], when) - 1, 0)
-    while at < len(segments):
-        segment = segments[at]
-        index = segment.build_index()
-        i = max(bisect.bisect_left([e[2] for e in index], when) - 1, 0)
-        offset = index[i][1] if index else 0
-        with open(segment.path, "rb") as f:
-            f.seek(offset)
-            data = f.read(segment.size - offset)
-        for _start, payload, _end in iter_frames(data, verified=True):
-            seq, enqueued, _mid = RECORD.unpack_from(data, payload)
-            if enqueued >= when:
-                return int(seq)
-        at += 1
-    return next_seq
+BACKEND = StreamStoreBackend(
+    "file", open_store, "segment files, one folder per stream, under <data-dir>/streams"
+)

@@ -2,46 +2,54 @@
 
 A message routed to a stream gets the next sequence number of the stream (never reused)
 and an enqueue time, both stored with it and written into it as the annotations
-`x-opt-sequence-number` and `x-opt-enqueued-time` (see `records`). The stream stores it in
-its own segment files (see `segments`) under `<data-dir>/streams/<queue>`; the broker
-journals a durable message first, as for any queue, and the stream acknowledges it once
-its own copy is synced, so the journal holds only what the segments may not have yet
-(recovery appends those again, skipping the ones the last segments already hold). A full
-file system holds the stream's writes (and, through the disk monitor, its producers) until
-space returns: what is held is acknowledged only once it is written (see `segments.Log`).
+`x-opt-sequence-number` and `x-opt-enqueued-time` (see `records`). The stream keeps its
+messages in a `StreamStore` its broker's store provides (segment files under
+`<data-dir>/streams/<queue>`, or database rows), appended by a writer thread (see
+`writer`). That store is the durable record of a durable message sent to the stream: the
+broker does not journal it, and the producer's acknowledgement waits for the store's
+sync (`keep`). A transaction's messages (and what the journal held at a crash) are
+journaled first, as for any queue, and acknowledged once the store has them; recovery
+appends those again, skipping the ones the last segments already hold. A store that
+refuses a write (a full file system) holds it, and what is held is acknowledged only once
+it is stored.
 
 Reads do not consume: each consumer reads from its own position, given as a source filter
 when it attaches (`scow:stream-offset`: "first", "last", "next", a sequence number or a
 timestamp; optional `scow:stream-end`: a sequence number (exclusive) or a timestamp).
-Settling a delivery removes nothing. Selectors still apply (gaps in the sequence numbers
-are normal). Retention deletes whole segments: past `retention-bytes`, older than
-`retention-time`, or (with `retention-cursors`) once every named cursor has passed them.
+Reads, seeks by time and selectors run on reader threads, never on the event loop: the
+loop gets the messages a consumer wants, ready to deliver, and a consumer's drain is
+answered once the read it waits for is in. Settling a delivery removes nothing. Gaps in
+the sequence numbers are normal (selectors, retention). Retention deletes whole
+segments: past `retention-bytes`, older than `retention-time`, or (with
+`retention-cursors`) once every named cursor has passed them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import shutil
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import InvalidField
-from scow.plugins.spark import segments as seglog
 from scow.plugins.spark.cursors import Cursors, now_ms
 from scow.plugins.spark.records import annotate
+from scow.plugins.spark.writer import StreamWriter, Written
 from scow.protocols.amqp.codec import Described, Timestamp
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
-    from scow.core.interfaces import Consumer, Cursor
+    from scow.core.interfaces import Completion, Consumer, Cursor, StreamSegment, StreamStore
     from scow.core.model import QueueSpec
 
-STREAM_DIRECTORY = "streams"
+log = structlog.get_logger("scow.stream")
+
 START_FILTER = "scow:stream-offset"
 END_FILTER = "scow:stream-end"
 #: RabbitMQ's name for the start filter, accepted as well.
@@ -49,6 +57,8 @@ RABBITMQ_START_FILTER = "rabbitmq:stream-offset-spec"
 START_NAMES = ("first", "last", "next")
 #: Records read ahead per consumer at most.
 READ_AHEAD = 4096
+#: Records a read with a selector scans at most for one the selector wants.
+SCAN_LIMIT = 16 * READ_AHEAD
 
 DEFAULT_SEGMENT_BYTES = 16 << 20
 DEFAULT_CURSOR_TTL = 7 * 24 * 3600 * 1000
@@ -58,7 +68,8 @@ ARGUMENTS = {
     "retention-time": "Delete segments whose messages are all older than this (ms); 0: no limit.",
     "retention-cursors": "true: delete segments every named cursor has passed.",
     "segment-bytes": (
-        f"Bytes per segment file, the unit of retention (default {DEFAULT_SEGMENT_BYTES})."
+        "Bytes per segment (a file, or a range of rows on the database store), the unit "
+        f"of retention (default {DEFAULT_SEGMENT_BYTES})."
     ),
     "cursor-ttl": (
         f"Drop a named cursor unused this long (ms; default {DEFAULT_CURSOR_TTL}; 0: never)."
@@ -95,12 +106,6 @@ class Retention:
     bytes: int = 0
     time_ms: int = 0
     cursors: bool = False
-
-
-def directory_name(queue_name: str) -> str:
-    """A file name for the queue: safe characters kept, a hash keeps names distinct."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in queue_name)[:100]
-    return f"{safe}-{hashlib.sha256(queue_name.encode()).hexdigest()[:12]}"
 
 
 def _filter_value(value: Any) -> Any:
@@ -143,24 +148,39 @@ def parse_position(queue: str, filters: Mapping[str, Any]) -> tuple[Any, Any]:
 
 
 class _Reader:
-    """One consumer's position and what was read ahead for it."""
+    """One consumer's position and the messages read ahead for it."""
 
-    __slots__ = ("buffer", "consumer", "end", "next")
+    __slots__ = ("buffer", "consumer", "end", "next", "reading")
 
     def __init__(self, consumer: Consumer, start: int, end: int) -> None:
         self.consumer = consumer
         self.next = start
         self.end = end
-        self.buffer: deque[tuple[int, int, bytes]] = deque()
+        self.buffer: deque[Message] = deque()
+        #: A read (or a seek) for it runs off the loop: its drain waits for the answer.
+        self.reading = False
+
+
+class _Kept:
+    """A message the stream's store is the durable record of (`keep`), until stored."""
+
+    __slots__ = ("entry", "on_stored")
+
+    def __init__(self, entry: Entry, on_stored: Completion | None) -> None:
+        self.entry = entry
+        self.on_stored = on_stored
 
 
 class StreamQueue:
-    """A stream: the Queue protocol over a segment log, reads by position."""
+    """A stream: the Queue protocol over a `StreamStore`, reads by position."""
 
     admit: Callable[[Message], None] | None = None
-    #: Its segments hold its messages: the address's pager hands it each message directly
+    #: Its store holds its messages: the address's pager hands it each message directly
     #: and gives it no cursor (see `scow.core.interfaces.stores_own_messages`)...
     stores_own_messages = True
+    #: ...and is their durable record: a durable message sent to it outside a
+    #: transaction is not journaled (see `scow.core.interfaces.keeps_durable_copy`)...
+    keeps_durable_copy = True
     #: ...except a draining one while its address's pages hold some of its messages
     #: (written there before streams were kept out of pages, or by a transaction the
     #: journal had no room for at commit).
@@ -170,7 +190,9 @@ class StreamQueue:
         self,
         spec: QueueSpec,
         broker: Broker,
-        data_dir: Path,
+        store: StreamStore,
+        place: Path,
+        reads: Executor,
         on_close: Callable[[StreamQueue], None],
     ) -> None:
         arguments = dict(spec.arguments)
@@ -187,22 +209,28 @@ class StreamQueue:
             arguments.get("retention-time", 0),
             arguments.get("retention-cursors", False),
         )
-        self.directory = data_dir / STREAM_DIRECTORY / directory_name(spec.name)
-        self.segments, self.next_seq, self._stored_ids = seglog.open_segments(self.directory)
+        self.store = store
+        contents = store.open()
+        self.segments: list[StreamSegment] = contents.segments
+        self.next_seq = contents.next_seq
+        self._stored_ids = contents.recent_ids
         self._assigned = self.next_seq
         self._recovering = True
-        self.cursors = Cursors(self.directory, arguments.get("cursor-ttl", DEFAULT_CURSOR_TTL))
+        self.cursors = Cursors(
+            store.load_cursors(),
+            store.save_cursors,
+            arguments.get("cursor-ttl", DEFAULT_CURSOR_TTL),
+        )
         self._loop = asyncio.get_running_loop()
+        self._reads = reads
         self._on_close = on_close
         self._readers: dict[Consumer, _Reader] = {}
         self._format: Any = broker.message_format
         self._address_info: Any = None
         self._closed = False
-        self.log = seglog.Log(
-            self.directory,
-            self.segments[-1] if self.segments else None,
-            arguments.get("segment-bytes", DEFAULT_SEGMENT_BYTES),
-            True,
+        self.writer = StreamWriter(
+            store,
+            place,
             lambda written: self._loop.call_soon_threadsafe(self._written, written),
             annotate,
         )
@@ -261,26 +289,36 @@ class StreamQueue:
             "messages-added": self.messages_added,
             "messages-delivered": self.messages_delivered,
             "segments-deleted": self.segments_deleted,
-            "write-errors": self.log.errors,
-            "writes-held": self.log.held,
+            "write-errors": self.writer.errors,
+            "writes-held": self.writer.held,
         }
 
     # ------------------------------------------------------------------ appending
 
     def enqueue(self, entry: Entry) -> None:
+        """A message the journal holds (a transaction's, recovery's, or not durable):
+        acknowledged once the store has it."""
         message = entry.message
-        if message.data.__class__ is not bytes:
-            message.restore()
-        if self._format is None:
-            self._format = message.kind.format
         if self._stored_ids and message.id in self._stored_ids:
             self._stored_ids.discard(message.id)  # stored before a crash: only the ack is due
             self._acknowledge(entry)
             return
+        self._append(message, entry)
+
+    def keep(self, entry: Entry, on_stored: Completion | None) -> None:
+        """A durable message whose only record is to be the store's: `on_stored` runs
+        once the store has made it durable (see `keeps_durable_copy`)."""
+        self._append(entry.message, _Kept(entry, on_stored))
+
+    def _append(self, message: Message, token: object) -> None:
+        if message.data.__class__ is not bytes:
+            message.restore()
+        if self._format is None:
+            self._format = message.kind.format
         seq = self._assigned
         self._assigned = seq + 1
         self.messages_added += 1
-        self.log.append(seq, message.id, message.data, entry)
+        self.writer.append(seq, message.id, message.data, token)  # type: ignore[arg-type]
 
     def recovered(self) -> None:
         """Recovery is over (the broker started): forget the ids that let it skip
@@ -295,34 +333,35 @@ class StreamQueue:
         if not self._recovering and (cursor is None or not cursor.backlog):
             self._stored_ids = set()
 
-    def _acknowledge(self, entry: Entry) -> None:
+    def _ref(self, entry: Entry) -> MessageRef:
         # a message routed to several queues is a SharedMessage: a Message, not a ref
-        ref = entry if isinstance(entry, MessageRef) else MessageRef(entry.message, self)
-        self.broker.acknowledge(ref)
+        return entry if isinstance(entry, MessageRef) else MessageRef(entry.message, self)
 
-    def _written(self, written: seglog.Written) -> None:
-        """Back on the loop: a batch is on disk; acknowledge it and let readers see it."""
+    def _acknowledge(self, entry: Entry) -> None:
+        self.broker.acknowledge(self._ref(entry))
+
+    def _written(self, written: Written) -> None:
+        """Back on the loop: a batch is stored; acknowledge it and let readers see it."""
+        broker = self.broker
         for token in written.tokens:
-            self._acknowledge(token)
+            if token.__class__ is _Kept:
+                kept: _Kept = token  # type: ignore[assignment]
+                if kept.on_stored is not None:
+                    kept.on_stored()
+                broker.release_kept(self._ref(kept.entry))
+            else:
+                self._acknowledge(token)  # type: ignore[arg-type]
         if self._stored_ids:
             self._forget_stored_ids()
         if self._closed:
             return
-        if written.new_segments:
-            self.segments = [*self.segments, *written.new_segments]
-        if written.index or written.sizes:
-            # the segment the batch began in and every one it rolled: a batch that rolled
-            # two or more left its first segment further back than the last two, and that
-            # one's final size unapplied hid its last records from positioned reads
-            touched = self.segments[-(len(written.new_segments) + 1) :]
-            by_first = {s.first: s for s in touched}
-            for first, entry in written.index:
-                segment = by_first.get(first)
-                if segment is not None and segment.index is not None:
-                    segment.index.append(entry)
-            for first, size in written.sizes.items():
-                if first in by_first:
-                    by_first[first].size = size
+        appended = written.appended
+        if appended.new_segments:
+            self.segments = [*self.segments, *appended.new_segments]
+        if appended.sizes:
+            # the segment the batch began in and every one it rolled
+            for segment in self.segments[-(len(appended.new_segments) + 1) :]:
+                segment.size = appended.sizes.get(segment.first, segment.size)
         if written.last_seq >= 0:
             self.next_seq = written.last_seq + 1
         self.apply_retention()
@@ -357,81 +396,146 @@ class StreamQueue:
             gone = segments[:drop]
             self.segments = segments[drop:]
             self.segments_deleted += drop
-            self.log.delete([s.path for s in gone])
+            self.writer.delete([s.first for s in gone])
         return drop
 
     # ------------------------------------------------------------------ reading
 
     def position(self, start: Any) -> int:
-        """The sequence number a start position means now."""
+        """The sequence number a start position that needs no read means now."""
         if start == "first":
             return self.first_seq
         if start == "next":
             return self._assigned
         if start == "last":
             return max(self.next_seq - 1, self.first_seq)
-        kind, value = start
-        if kind == "seq":
-            return int(value)
-        return self.seek(int(value))
+        return int(start[1])
 
     def seek(self, when: int) -> int:
-        """The first sequence number enqueued at or after `when` (ms since the epoch)."""
-        return seglog.seek_time(list(self.segments), when, self.next_seq)
+        """The first sequence number enqueued at or after `when` (ms since the epoch).
+
+        Reads the store: call it off the loop (management's SEEK is the exception).
+        """
+        found = self.store.seek(when)
+        return self.next_seq if found is None else found
 
     def add_consumer(self, consumer: Consumer) -> None:
         start, end = parse_position(self.name, getattr(consumer, "filters", None) or {})
-        first = self.position(start)
-        last = (1 << 63) if end is None else self.position(end)
         if self._address_info is None:
             self._address_info = self.broker.get_address(self.address)
-        reader = self._readers[consumer] = _Reader(consumer, first, last)
+        reader = self._readers[consumer] = _Reader(
+            consumer,
+            0 if _is_time(start) else self.position(start),
+            1 << 63 if end is None or _is_time(end) else self.position(end),
+        )
+        if _is_time(start) or _is_time(end):  # a position by time is a read of the store
+            reader.reading = True
+            future = self._reads.submit(self._locate, start, end)
+            future.add_done_callback(lambda f: self._from_reader(self._located, reader, f))
+            return
         self._serve(reader)
+
+    def _locate(self, start: Any, end: Any) -> tuple[int | None, int | None]:
+        """(reader thread) The sequence numbers of the positions given by time."""
+        return (
+            self.seek(start[1]) if _is_time(start) else None,
+            self.seek(end[1]) if _is_time(end) else None,
+        )
+
+    def _located(self, reader: _Reader, found: tuple[int | None, int | None]) -> None:
+        start, end = found
+        if start is not None:
+            reader.next = start
+        if end is not None:
+            reader.end = end
 
     def remove_consumer(self, consumer: Consumer) -> None:
         self._readers.pop(consumer, None)
+
+    def holds_drain(self, consumer: Consumer) -> bool:
+        """True while a read for `consumer` runs: its drain is answered when it is in
+        (`Consumer.drain_ready`), since the read may bring what its credit asks for."""
+        reader = self._readers.get(consumer)
+        return reader is not None and reader.reading
 
     def dispatch(self) -> None:
         for reader in list(self._readers.values()):
             self._serve(reader)
 
     def _serve(self, reader: _Reader) -> None:
-        """Deliver what the consumer's credit allows, reading on as needed.
+        """Deliver what the consumer's credit allows; start a read off the loop for more."""
+        if reader.buffer:
+            self._deliver(reader)
+        if reader.reading or reader.buffer or reader.consumer.credit() <= 0:
+            return
+        limit = min(self.next_seq, reader.end)
+        if reader.next >= limit:
+            return
+        reader.reading = True
+        future = self._reads.submit(self._read, reader.next, limit, reader.consumer.filter)
+        future.add_done_callback(lambda f: self._from_reader(self._read_in, reader, f))
 
-        Reads run here, on the loop: a positioned read is a pread of what the page cache
-        almost always holds, and a consumer's drain must see everything stored (its
-        answer follows this call at once).
-        """
-        consumer = reader.consumer
-        buffer = reader.buffer
-        while True:
-            if buffer:
-                self._deliver(reader)
-            limit = min(self.next_seq, reader.end)
-            if buffer or reader.next >= limit or consumer.credit() <= 0:
-                return
-            records, following = seglog.read_range(self.segments, reader.next, limit, READ_AHEAD)
-            reader.next = max(reader.next, following)
+    def _from_reader(
+        self, then: Callable[[_Reader, Any], None], reader: _Reader, future: Future[Any]
+    ) -> None:
+        """(reader thread) Hand a finished read back to the loop."""
+        self._loop.call_soon_threadsafe(self._reader_done, then, reader, future)
+
+    def _reader_done(
+        self, then: Callable[[_Reader, Any], None], reader: _Reader, future: Future[Any]
+    ) -> None:
+        reader.reading = False
+        if self._readers.get(reader.consumer) is not reader:
+            return  # the consumer left meanwhile
+        try:
+            then(reader, future.result())
+        except Exception:  # tried again at the next write or flow, not at once
+            log.exception("stream read failed", stream=self.name, at=reader.next)
+        else:
+            self._serve(reader)
+        if not reader.reading:
+            drain_ready = getattr(reader.consumer, "drain_ready", None)
+            if drain_ready is not None:
+                drain_ready()
+
+    def _read(
+        self, seq: int, end: int, selector: Callable[[Message], bool] | None
+    ) -> tuple[list[Message], int]:
+        """(reader thread) The messages from `seq` below `end` the selector wants, and
+        where to read next. Records a selector refuses never reach the loop; a read
+        scans up to SCAN_LIMIT records for one it wants."""
+        name, fmt, read = self.address, self._format, self.store.read
+        wanted: list[Message] = []
+        scanned = 0
+        while seq < end and not wanted and scanned < SCAN_LIMIT:
+            records, following = read(seq, end, READ_AHEAD)
+            seq = max(seq, following)
             if not records:
-                return
-            buffer.extend(records)
+                break
+            scanned += len(records)
+            for rseq, _enqueued, data in records:
+                message = Message(rseq, data, name, fmt)
+                if selector is None or selector(message):
+                    wanted.append(message)
+        return wanted, seq
+
+    def _read_in(self, reader: _Reader, read: tuple[list[Message], int]) -> None:
+        messages, following = read
+        reader.next = max(reader.next, following)
+        reader.buffer.extend(messages)
 
     def _deliver(self, reader: _Reader) -> None:
         consumer = reader.consumer
         buffer = reader.buffer
         credit = consumer.credit
         deliver = consumer.deliver
-        selector = consumer.filter
-        address, fmt, name = self._address_info, self._format, self.address
+        address = self._address_info
         browse = consumer.browse
         delivered = 0
         while buffer and credit() > 0:
-            seq, _enqueued, data = buffer.popleft()
-            message = Message(seq, data, name, fmt)
-            if selector is not None and not selector(message):
-                continue
+            message = buffer.popleft()
             if not browse and address is not None:
-                address.add_memory(len(data))  # given back when the consumer settles it
+                address.add_memory(len(message.data))  # given back when the consumer settles it
             deliver(MessageRef(message, self))
             delivered += 1
         self.messages_delivered += delivered
@@ -468,12 +572,17 @@ class StreamQueue:
     # ------------------------------------------------------------------ lifetime
 
     def stop(self) -> None:
-        """Write what is queued and stop the writer (broker shutdown)."""
-        self.log.close()
+        """Store what is queued and stop the writer (broker shutdown)."""
+        self.writer.close()
+        self.store.close()
 
     def close(self) -> None:
-        """Deleted: its segments and cursors go with it."""
-        self.log.close()
+        """Deleted: its records and cursors go with it."""
+        self.writer.close()
         self._closed = True
         self._on_close(self)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.store.destroy()
+
+
+def _is_time(position: Any) -> bool:
+    return isinstance(position, tuple) and position[0] == "time"

@@ -809,13 +809,13 @@ def _section_code(buf: Any, start: int) -> tuple[int, int]:
     return code, voff
 
 
-def application_property(data: Buffer, name: str) -> Any:
-    """The value of application property `name`, or None when the message has none.
+#: Distinct application-properties maps an `application_properties` cache holds.
+PROPERTIES_CACHE_SIZE = 256
 
-    Narrower than `MessageInfo.application_properties`: it reads the section headers up
-    to the application-properties (never the body) and, in that map, decodes the keys
-    and only the value asked for. Raises DecodeError on malformed data it reads.
-    """
+
+def _application_properties_map(data: Buffer) -> tuple[int, int, int, int] | None:
+    """(value offset, first entry, end, entry count) of the application-properties map,
+    found by reading section headers only; None when the message has none."""
     n = len(data)
     off = 0
     while off < n:
@@ -840,22 +840,100 @@ def application_property(data: Buffer, name: str) -> Any:
             count, p = _U32(data, start)[0], start + 4
         else:
             raise DecodeError("application-properties section must hold a map", voff, constructor)
-        if count & 1:
-            raise DecodeError(f"map has an odd number of elements ({count})", voff, constructor)
-        for _ in range(count // 2):
+    except (IndexError, struct.error):
+        raise DecodeError("truncated: application-properties end early", voff) from None
+    if count & 1:
+        raise DecodeError(f"map has an odd number of elements ({count})", voff, constructor)
+    return voff, p, end, count // 2
+
+
+def application_property(data: Buffer, name: str) -> Any:
+    """The value of application property `name`, or None when the message has none.
+
+    Narrower than `MessageInfo.application_properties`: it reads the section headers up
+    to the application-properties (never the body) and, in that map, decodes the keys
+    and only the value asked for. Raises DecodeError on malformed data it reads.
+    """
+    found = _application_properties_map(data)
+    if found is None:
+        return None
+    voff, p, end, entries = found
+    try:
+        for _ in range(entries):
             key, p = _DECODERS[data[p]](data, p + 1)
             if p < end and key == name:
                 value, p = _DECODERS[data[p]](data, p + 1)
             else:
                 value, p = None, _skip(data, p)
             if p > end:
-                raise DecodeError("a map entry ends past the map's size", voff, constructor)
+                raise DecodeError("a map entry ends past the map's size", voff, data[voff])
             if key == name:
                 return value
     except (IndexError, struct.error):
         raise DecodeError("truncated: application-properties end early", voff) from None
     except RecursionError:
         raise DecodeError("map values are nested too deeply", voff, data[voff]) from None
+    return None
+
+
+def application_properties(
+    data: Buffer, cache: dict[bytes, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The application-properties map ({} when absent), reading section headers only up
+    to it: what `MessageInfo.application_properties` gives, without scanning the body.
+    Raises DecodeError on malformed data it reads.
+
+    With `cache` (encoded map -> decoded map, up to `PROPERTIES_CACHE_SIZE` entries),
+    messages whose maps are byte for byte the same share one decoded dict: treat it as
+    read-only."""
+    found = _application_properties_map(data)
+    if found is None:
+        return {}
+    voff, p, end, entries = found
+    if cache is not None:
+        encoded = bytes(data[voff:end])
+        values = cache.get(encoded)
+        if values is None:
+            values = application_properties(data)
+            if len(cache) >= PROPERTIES_CACHE_SIZE:
+                cache.clear()  # values that repeat come back at once
+            cache[encoded] = values
+        return values
+    decoders = _DECODERS
+    values: dict[str, Any] = {}
+    try:
+        for _ in range(entries):
+            key, p = decoders[data[p]](data, p + 1)
+            value, p = decoders[data[p]](data, p + 1)
+            values[key] = value
+    except (IndexError, struct.error, KeyError, TypeError):
+        raise DecodeError("truncated or malformed application-properties", voff) from None
+    except RecursionError:
+        raise DecodeError("map values are nested too deeply", voff, data[voff]) from None
+    if p > end:
+        raise DecodeError("a map entry ends past the map's size", voff, data[voff])
+    return values
+
+
+def head_length(data: Buffer) -> int | None:
+    """How many of a message's first bytes `data` are its sections before the body
+    (header, annotations, properties, application properties): where its body starts.
+
+    None when those sections go on past the end of `data` (more of the message is
+    needed to tell). Raises DecodeError when what `data` holds of them is malformed.
+    """
+    n = len(data)
+    off = 0
+    try:
+        while off < n:
+            code, voff = _section_code(data, off)
+            if code >= DATA:  # a body section, or the footer of a message without a body
+                return off
+            off = _skip(data, voff)
+    except DecodeError as exc:
+        if exc.reason.startswith("truncated"):
+            return None
+        raise
     return None
 
 
@@ -1077,6 +1155,11 @@ def _parse_header(data: Any) -> tuple[Any, ...]:
     elif type(delivery_count) is not int:
         raise _header_error("delivery-count", delivery_count, "a uint", voff, data)
     return (durable, priority, ttl, first_acquirer, delivery_count)
+
+
+#: The header fields of an encoded message without a `MessageInfo` (routing reads them
+#: for every message sent).
+parse_header = _parse_header
 
 
 class MessageInfo:

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger("scow.amqp")
 
 
+#: Bytes of large messages' bodies one flush adds to the output before it lets the loop
+#: serve others (the rest follows in the next flush), and the socket's write buffer
+#: beyond which none is added (asyncio calls `pause_writing` past its own limit).
+STREAM_BUDGET = 4 << 20
+STREAM_BUFFERED = 2 << 20
+
+
 def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
@@ -66,6 +73,9 @@ class AmqpConnection(asyncio.Protocol):
         self._admitted = False
         #: Bytes of partial (still arriving) messages held by this connection's links.
         self.partial_bytes = 0
+        #: Consumer links streaming a large message from its file, fed as output drains.
+        self.streams: list[ConsumerLink] = []
+        self._writing_paused = False
 
     # ------------------------------------------------------------------ socket side
 
@@ -140,6 +150,14 @@ class AmqpConnection(asyncio.Protocol):
         self._process_events()
         self._cleanup()
 
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self.streams:
+            self.mark_dirty()
+
     def _close_socket(self) -> None:
         if self.socket is not None and not self.socket.is_closing():
             self.socket.close()
@@ -184,20 +202,43 @@ class AmqpConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         self._dirty = False
-        if self.closed:
+        if self.closed or not self._write_output():
             return
+        if self.streams and self._pump_streams():
+            if not self._write_output():
+                return
+            if self.streams:
+                self.mark_dirty()  # more to stream: after the loop has served the others
+        self._schedule_tick()
+
+    def _write_output(self) -> bool:
+        """Write what proton has to send; False once the connection is closed."""
         output = self.engine.output
         while True:
             data = output()
             if data is None:
                 self._close_socket()
                 self._cleanup()
-                return
+                return False
             if not data:
-                break
+                return True
             if self.socket is not None:
                 self.socket.write(data)
-        self._schedule_tick()
+
+    def _pump_streams(self) -> int:
+        """Add more of the large messages being streamed, as far as the socket has room;
+        returns the bytes added."""
+        socket = self.socket
+        if (
+            self._writing_paused
+            or socket is None
+            or socket.get_write_buffer_size() > STREAM_BUFFERED
+        ):
+            return 0
+        sent = 0
+        for link in list(self.streams):
+            sent += link.pump(STREAM_BUDGET // len(self.streams) + 1)
+        return sent
 
     def _schedule_tick(self) -> None:
         if not self.server.idle_timeout or self._timer is not None:
@@ -228,20 +269,25 @@ class AmqpConnection(asyncio.Protocol):
             self.engine.close_input()
 
     def _dispatch_events(self) -> None:
+        # Two events per message (its transfer in, its disposition back): everything the
+        # loop touches per event is a local.
         collector = self.engine.collector
         peek, pop, etype = engine.collector_peek, engine.collector_pop, engine.event_type
+        event_delivery, delivery_link = engine.event_delivery, engine.delivery_link
+        handler_of = self.links.get
+        DELIVERY, LINK_FLOW = engine.DELIVERY, engine.LINK_FLOW
         event = peek(collector)
         while event:
             kind = etype(event)
-            if kind == engine.DELIVERY:
-                delivery = engine.event_delivery(event)
-                handler = self.links.get(engine.delivery_link(delivery))
+            if kind == DELIVERY:
+                delivery = event_delivery(event)
+                handler = handler_of(delivery_link(delivery))
                 if type(handler) is ConsumerLink:
                     handler.on_disposition(delivery)
                 elif handler is not None:
                     handler.on_delivery(delivery)  # type: ignore[union-attr]
-            elif kind == engine.LINK_FLOW:
-                handler = self.links.get(engine.event_link(event))
+            elif kind == LINK_FLOW:
+                handler = handler_of(engine.event_link(event))
                 if type(handler) is ConsumerLink:
                     handler.on_flow()
             else:

@@ -10,7 +10,7 @@ that take and return Python values. Pointers are cffi cdata: hashable, false whe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from cproton_ffi import ffi, lib
@@ -88,6 +88,8 @@ _RECV_SIZE = 1 << 16
 _recv_buf = ffi.new("char[]", _RECV_SIZE)
 _OUT_SIZE = 1 << 18
 _out_buf = ffi.new("char[]", _OUT_SIZE)
+_CHUNK_SIZE = 1 << 20  # `receive_chunks`: a large message's bytes, written out as they come
+_chunk_buf = ffi.new("char[]", _CHUNK_SIZE)
 
 
 def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
@@ -103,9 +105,46 @@ def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
     return ffi.buffer(buf, got)[:] if got > 0 else b""
 
 
+def receive_chunks(link: CData, size: int) -> Iterator[memoryview]:
+    """The `size` bytes a delivery has pending, in pieces, without advancing the link
+    (a large message, written out as it arrives). Each piece is a view of a reused
+    buffer: valid until the next one is asked for."""
+    view = memoryview(ffi.buffer(_chunk_buf))
+    while size > 0:
+        got = lib.pn_link_recv(link, _chunk_buf, min(size, _CHUNK_SIZE))
+        if got <= 0:
+            return
+        size -= got
+        yield view[:got]
+
+
+def begin_send(link: CData, tag: bytes, data: bytes) -> CData:
+    """Start a delivery on `link` with the first part of its message; the rest follows
+    with `send_more`, and `link_advance` ends it."""
+    delivery = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
+    lib.pn_link_send(link, ffi.from_buffer(data), len(data))
+    return delivery
+
+
+def send_more(link: CData, data: bytes) -> None:
+    """More of the message of the delivery `begin_send` started."""
+    lib.pn_link_send(link, ffi.from_buffer(data), len(data))
+
+
+#: Bytes a session holds that the peer's window has not let out yet.
+session_outgoing_bytes = lib.pn_session_outgoing_bytes
+#: Abort a delivery whose message cannot be sent in full.
+delivery_abort = lib.pn_delivery_abort
+
+
 def send(link: CData, tag: bytes, data: bytes) -> CData:
     """Start a delivery on `link` carrying `data` in full; returns the delivery."""
-    delivery = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
+    return send_tagged(link, (len(tag), ffi.from_buffer(tag)), data)
+
+
+def send_tagged(link: CData, tag: CData, data: bytes) -> CData:
+    """`send` with a tag made by `new_tag` (proton copies it: rewrite it for the next)."""
+    delivery = lib.pn_delivery(link, tag)
     lib.pn_link_send(link, data, len(data))
     lib.pn_link_advance(link)
     return delivery
@@ -117,6 +156,11 @@ def disposition_failed(delivery: CData) -> tuple[bool, bool]:
     return bool(lib.pn_disposition_is_failed(remote)), bool(
         lib.pn_disposition_is_undeliverable(remote)
     )
+
+
+def rejection(delivery: CData) -> tuple[str | None, str | None]:
+    """The error condition of a remote `rejected` outcome."""
+    return condition_of(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery)))
 
 
 def set_modified(delivery: CData, *, failed: bool, undeliverable: bool = False) -> None:

@@ -8,13 +8,18 @@ from typing import Any
 from proton import Message as ProtonMessage
 
 from scow.core.duplicates import DUPLICATE_ID_PROPERTY
-from scow.core.message import Message
+from scow.core.message import Header, Message
 from scow.protocols.amqp import codec
 
 _DUPLICATE_ID_NAME = DUPLICATE_ID_PROPERTY.encode()
 #: Up to this size a message's bytes are searched whole for the property's name; past it,
 #: reading its section headers up to the application properties costs less.
 _SEARCH_WHOLE = 4096
+#: The descriptor codes of body sections (each section is a described value, `00 53 code`
+#: with the usual smallulong descriptor).
+_BODY_SECTIONS = frozenset((codec.DATA, codec.AMQP_SEQUENCE, codec.AMQP_VALUE))
+#: What `inspect` reads of a message that is only a body: the header's defaults, no id.
+_BODY_ONLY: Header = (False, 4, 0, None)
 
 
 class AmqpMessageFormat:
@@ -22,12 +27,31 @@ class AmqpMessageFormat:
 
     name = "amqp-1.0"
 
-    def inspect(self, data: bytes) -> tuple[bool, int, int]:
-        durable, priority, ttl, _first, _count = codec.MessageInfo(data).header
-        return durable, priority, ttl or 0
+    def __init__(self) -> None:
+        #: Encoded application-properties -> decoded, shared by `properties` callers.
+        self._properties: dict[bytes, dict[str, Any]] = {}
+
+    def inspect(self, data: bytes) -> Header:
+        # No duplicate id, nearly always. A message that begins with its body has neither
+        # a header nor application properties (both come before it): nothing to read.
+        # Others cost one search for the property's name (`find`: `in` costs twice as
+        # much) before anything is parsed.
+        try:
+            if data[2] in _BODY_SECTIONS and data[1] == 0x53 and data[0] == 0:
+                return _BODY_ONLY
+        except IndexError:
+            pass  # too short to be a message: parse_header says why
+        durable, priority, ttl, _first, _count = codec.parse_header(data)
+        if len(data) <= _SEARCH_WHOLE and data.find(_DUPLICATE_ID_NAME) < 0:
+            return durable, priority, ttl or 0, None
+        return durable, priority, ttl or 0, self._duplicate_id(data)
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         return codec.selector_lookup(codec.MessageInfo(message.data))
+
+    def properties(self, data: bytes) -> Mapping[str, object]:
+        # paged messages of one producer mostly carry the same few property maps
+        return codec.application_properties(data, self._properties)
 
     def for_delivery(self, message: Message, delivery_count: int) -> bytes:
         if delivery_count == 0:
@@ -41,9 +65,12 @@ class AmqpMessageFormat:
         return codec.MessageInfo(data).to
 
     def duplicate_id(self, data: bytes) -> object:
-        # nearly every message: one search (`find`: `in` costs twice as much), no parse
         if len(data) <= _SEARCH_WHOLE and data.find(_DUPLICATE_ID_NAME) < 0:
             return None
+        return self._duplicate_id(data)
+
+    @staticmethod
+    def _duplicate_id(data: bytes) -> object:
         try:  # reads the section headers and the application-properties' keys only
             return codec.application_property(data, DUPLICATE_ID_PROPERTY)
         except codec.DecodeError:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import struct
+from collections import deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from scow.core.interfaces import holds_drain
+from scow.core.large_messages import Arrival, LargeBody, LargeHead, LargeMessageStore
 from scow.core.model import BrokerError, RouteStatus, RoutingType
-from scow.protocols.amqp import engine
+from scow.protocols.amqp import codec, engine
 from scow.protocols.amqp.codec import Described
 from scow.protocols.amqp.format import AMQP_FORMAT
 from scow.protocols.amqp.transactions import (
@@ -30,8 +34,15 @@ _OUTCOMES = frozenset(
     (engine.ACCEPTED, engine.RELEASED, engine.MODIFIED, engine.REJECTED, TRANSACTIONAL_STATE)
 )
 _TAG = struct.Struct(">Q")
+_ACCEPTED = engine.ACCEPTED
 #: Target addresses an anonymous-relay link remembers its permission for.
 _RELAY_CACHE = 1024
+#: The sections before a large message's body are held in memory (the broker parses
+#: them); past this many bytes without its body beginning, the message is refused.
+MAX_LARGE_HEAD = 1 << 20
+#: A streaming delivery adds to its session only while the session holds less than this
+#: that the consumer's window has not let out yet.
+STREAM_WINDOW = 4 << 20
 
 
 def routing_hint(capabilities: frozenset[str]) -> RoutingType | None:
@@ -52,6 +63,47 @@ def selector_of(filters: dict[str, Any]) -> str | None:
 
 class _NoAddress(BrokerError):
     condition = "amqp:not-found"
+
+
+class _HeadTooLarge(BrokerError):
+    condition = "amqp:resource-limit-exceeded"
+
+
+class _LargeArrival:
+    """A large message arriving on a link: every byte to its file, its head kept too."""
+
+    __slots__ = ("file", "head", "head_size")
+
+    def __init__(self, store: LargeMessageStore, file_id: int) -> None:
+        self.file: Arrival = store.begin(file_id)
+        self.head = bytearray()
+        #: Where the body starts, once the head has arrived whole.
+        self.head_size: int | None = None
+
+    def take(self, link: Any, size: int) -> None:
+        """Write the `size` bytes the delivery has pending (raises OSError, DecodeError
+        or _HeadTooLarge, leaving the caller to abandon the file)."""
+        for chunk in engine.receive_chunks(link, size):
+            self.file.write(chunk)
+            if self.head_size is None:
+                self.head += chunk
+                self.head_size = codec.head_length(self.head)
+                if self.head_size is not None:
+                    del self.head[self.head_size :]
+                elif len(self.head) > MAX_LARGE_HEAD:
+                    raise _HeadTooLarge(
+                        f"a large message's sections before its body take more than "
+                        f"{MAX_LARGE_HEAD} bytes"
+                    )
+
+    def complete(self, sync: bool) -> LargeHead:
+        """The message has arrived whole: its head, with its body in its file."""
+        if self.head_size is None:  # no body: the message is its head
+            codec.scan_sections(self.head)  # raises DecodeError when it is malformed
+            self.head_size = len(self.head)
+        durable = codec.MessageInfo(bytes(self.head)).durable
+        body = self.file.complete(self.head_size, sync=sync and durable)
+        return LargeHead(bytes(self.head), body)
 
 
 #: Node properties that describe the node itself (qpidd's NodeProperties); every other
@@ -99,6 +151,7 @@ class ProducerLink:
 
     def __init__(self, conn: AmqpConnection, link: Any, target: engine.TerminusInfo) -> None:
         self.conn = conn
+        self.broker = conn.broker
         self.link = link
         self.address = target.address  # None: anonymous relay, routed by each message's `to`
         self.routing_type = routing_hint(target.capabilities)
@@ -110,6 +163,9 @@ class ProducerLink:
         self.max_size = conn.server.max_message_size
         #: Bytes of the partial message this link holds (counted in conn.partial_bytes).
         self.partial = 0
+        #: Messages from this size on are large; the one arriving, if any.
+        self.large_size = conn.server.min_large_message_size
+        self.arrival: _LargeArrival | None = None
         authorize = conn.authorize
         #: Anonymous relay under enforced permissions: target address -> the refusal
         #: (None: allowed), so each address is checked once per link.
@@ -129,6 +185,9 @@ class ProducerLink:
         if self.closed:
             return
         size = engine.delivery_pending(delivery)
+        if size >= self.large_size or self.arrival is not None:
+            self._receive_large(delivery, size)
+            return
         if self.max_size and size > self.max_size:
             self._too_large(size)
             return
@@ -143,7 +202,12 @@ class ProducerLink:
             engine.delivery_settle(delivery)
             engine.link_advance(link)
             return
-        data = engine.receive(link, delivery, size)
+        self._route(delivery, engine.receive(link, delivery, size))
+        if engine.link_credit(link) <= self.credit // 2:  # _replenish's first test, inlined
+            self._replenish()
+
+    def _route(self, delivery: Any, data: bytes) -> None:
+        """Send a message that has arrived whole into the broker, and answer its delivery."""
         presettled = engine.delivery_settled(delivery)
         address = self.address
         try:
@@ -153,30 +217,88 @@ class ProducerLink:
                     raise _NoAddress("anonymous relay: the message has no 'to' address")
                 if self.checked is not None:
                     self._authorize_relay(address)
-            transactional = transaction_of(self.conn, delivery)
-            if transactional is not None:
-                tx = transactional[0]
-                self.conn.broker.send(data, address, AMQP_FORMAT, self.routing_type, tx=tx)
+            if engine.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+                tx = transaction_of(self.conn, delivery)[0]  # type: ignore[index]
+                self.broker.send(data, address, AMQP_FORMAT, self.routing_type, tx=tx)
                 accept_in(delivery, tx)
             elif presettled:
-                self.conn.broker.send(data, address, AMQP_FORMAT, self.routing_type)
+                self.broker.send(data, address, AMQP_FORMAT, self.routing_type)
                 engine.delivery_settle(delivery)
             else:
-                status = self.conn.broker.send(
-                    data,
-                    address,
-                    AMQP_FORMAT,
-                    self.routing_type,
-                    self.conn.accepter(delivery, self),
-                )
+                accept = self.conn.accepter(delivery, self)
+                status = self.broker.send(data, address, AMQP_FORMAT, self.routing_type, accept)
                 if status is not RouteStatus.PENDING:
-                    engine.delivery_update(delivery, engine.ACCEPTED)
+                    engine.delivery_update(delivery, _ACCEPTED)
                     engine.delivery_settle(delivery)
         except BrokerError as exc:
             self._refuse(delivery, presettled, exc.condition, exc.description)
         except ValueError as exc:  # a message our codec cannot read
             self._refuse(delivery, presettled, "amqp:decode-error", str(exc))
+
+    def _receive_large(self, delivery: Any, size: int) -> None:
+        """Write what arrived of a large message to its file; route it once complete."""
+        arrival = self.arrival
+        link = self.link
+        if engine.delivery_aborted(delivery):
+            self._abandon_large()
+            engine.delivery_settle(delivery)
+            engine.link_advance(link)
+            return
+        if arrival is None:
+            if self.partial:
+                self._release_partial()  # counted while it was small: it is on disk now
+            store = self.conn.broker.large_messages
+            try:
+                arrival = self.arrival = _LargeArrival(store, self.conn.broker.next_id())
+            except OSError as exc:
+                self._large_failed(f"large message file not created in {store.directory}: {exc}")
+                return
+        total = arrival.file.written + size
+        if self.max_size and total > self.max_size:
+            self._abandon_large()
+            self._too_large(total)
+            return
+        try:
+            arrival.take(link, size)
+        except BrokerError as exc:
+            self._abandon_large()
+            self.conn.drop_link(link, exc.condition, exc.description)
+            return
+        except ValueError as exc:  # its head is malformed
+            self._abandon_large()
+            self.conn.drop_link(link, "amqp:decode-error", str(exc))
+            return
+        except OSError as exc:
+            self._large_failed(f"large message file {arrival.file.file_id}: {exc}")
+            return
+        if engine.delivery_partial(delivery):
+            return
+        engine.link_advance(link)
+        self.arrival = None
+        try:
+            data = arrival.complete(self.conn.broker.large_messages.sync)
+        except ValueError as exc:
+            arrival.file.abandon()
+            self._refuse(delivery, engine.delivery_settled(delivery), "amqp:decode-error", str(exc))
+        else:
+            body: LargeBody = data.body
+            body.acquire()  # held while it is routed: the file goes if nothing keeps it
+            try:
+                self._route(delivery, data)
+            finally:
+                body.release()
         self._replenish()
+
+    def _abandon_large(self) -> None:
+        if self.arrival is not None:
+            self.arrival.file.abandon()
+            self.arrival = None
+
+    def _large_failed(self, reason: str) -> None:
+        """The file system refused a large message: its link closes, the broker goes on."""
+        log.warning("large message refused", reason=reason)
+        self._abandon_large()
+        self.conn.drop_link(self.link, "amqp:resource-limit-exceeded", reason)
 
     def _authorize_relay(self, address: str) -> None:
         """Raise the refusal when this link may not send to `address` (checked once)."""
@@ -277,7 +399,19 @@ class ProducerLink:
         self.closed = True
         if self.partial:
             self._release_partial()
+        self._abandon_large()
         self._stop_waiting()
+
+
+class _Stream:
+    """A large message's delivery in progress: what is left of its file to send."""
+
+    __slots__ = ("chunks", "delivery", "ref")
+
+    def __init__(self, ref: MessageRef, delivery: Any, chunks: Iterator[bytes]) -> None:
+        self.ref = ref
+        self.delivery = delivery
+        self.chunks = chunks
 
 
 class ConsumerLink:
@@ -294,8 +428,14 @@ class ConsumerLink:
         self.unsettled: dict[Any, MessageRef] = {}
         self.presettled = engine.link_snd_settle_mode(link) == engine.SND_SETTLED
         self._tag = 0
+        #: The delivery tag proton copies from, rewritten in place for each message.
+        self._tag_struct, self._tag_view = engine.new_tag(_TAG.size)
         self.closed = False
         self.max_unsettled = conn.server.max_unsettled
+        #: The large message being streamed from its file, if any; what the queue hands
+        #: over meanwhile waits in `backlog` (a link sends one delivery at a time).
+        self.stream: _Stream | None = None
+        self.backlog: deque[MessageRef] = deque()
         broker = conn.broker
         caps = source.capabilities
         self.durable = False
@@ -329,6 +469,8 @@ class ConsumerLink:
         engine.open_link(link, address=address, dynamic=source.dynamic)
 
     def credit(self) -> int:
+        if self.stream is not None:
+            return 0
         credit: int = engine.link_credit(self.link)
         if self.max_unsettled:
             room = self.max_unsettled - len(self.unsettled)
@@ -336,10 +478,17 @@ class ConsumerLink:
         return credit
 
     def deliver(self, ref: MessageRef) -> None:
+        if self.stream is not None:
+            self.backlog.append(ref)
+            return
         message: Message = ref.message
         self._tag += 1
+        _TAG.pack_into(self._tag_view, 0, self._tag)
         data = message.kind.format.for_delivery(message, ref.delivery_count)
-        delivery = engine.send(self.link, _TAG.pack(self._tag), data)
+        if message.data.__class__ is LargeHead:
+            self._begin_stream(ref, data, message.data.body)  # type: ignore[attr-defined]
+            return
+        delivery = engine.send_tagged(self.link, self._tag_struct, data)
         if self.browse:
             engine.delivery_settle(delivery)
         elif self.presettled:
@@ -348,6 +497,83 @@ class ConsumerLink:
         else:
             self.unsettled[delivery] = ref
         self.conn.mark_dirty()
+
+    def _begin_stream(self, ref: MessageRef, head: bytes, body: LargeBody) -> None:
+        """Start the delivery of a large message: its head now, its body from its file
+        as the consumer's window and the socket let it out (`pump`)."""
+        delivery = engine.begin_send(self.link, _TAG.pack(self._tag), head)
+        self.stream = _Stream(ref, delivery, body.chunks())
+        if not (self.browse or self.presettled):
+            self.unsettled[delivery] = ref  # a close before its end gives it back
+        self.conn.streams.append(self)
+        self.conn.mark_dirty()
+
+    def pump(self, budget: int) -> int:
+        """Send up to about `budget` more bytes of the streaming message; returns how
+        many went to the session (0: the consumer's window is full)."""
+        stream = self.stream
+        assert stream is not None
+        link = self.link
+        session = engine.link_session(link)
+        sent = 0
+        while sent < budget and engine.session_outgoing_bytes(session) < STREAM_WINDOW:
+            try:
+                chunk = next(stream.chunks, None)
+            except OSError as exc:
+                self._abort_stream(str(exc))
+                return sent
+            if chunk is None:
+                self._end_stream()
+                break
+            engine.send_more(link, chunk)
+            sent += len(chunk)
+        return sent
+
+    def _end_stream(self) -> None:
+        stream = self.stream
+        assert stream is not None
+        engine.link_advance(self.link)
+        self._stop_stream()
+        if self.browse:
+            engine.delivery_settle(stream.delivery)
+        elif self.presettled:
+            engine.delivery_settle(stream.delivery)
+            self.conn.broker.acknowledge(stream.ref)
+        self._after_stream()
+
+    def _after_stream(self) -> None:
+        """Send what waited for the stream that ended; then the queue's next messages."""
+        while self.backlog and self.stream is None:
+            self.deliver(self.backlog.popleft())
+        if self.stream is None:
+            self.queue.dispatch()
+
+    def _abort_stream(self, reason: str) -> None:
+        """The body file could not be read: the delivery is aborted, the message put back
+        (a failed attempt, so one that never reads goes to the dead-letter address)."""
+        stream = self.stream
+        assert stream is not None
+        log.error("large message not delivered", queue=self.queue.name, reason=reason)
+        engine.delivery_abort(stream.delivery)
+        self._stop_stream()
+        if not self.browse:
+            self.unsettled.pop(stream.delivery, None)
+            self.conn.broker.release(stream.ref, delivered=True)
+        self._give_back_backlog()
+
+    def _stop_stream(self) -> None:
+        stream = self.stream
+        if stream is not None:
+            stream.chunks.close()  # closes its file
+            self.stream = None
+            if self in self.conn.streams:
+                self.conn.streams.remove(self)
+
+    def _give_back_backlog(self) -> None:
+        backlog, self.backlog = self.backlog, deque()
+        if not self.browse:
+            for ref in backlog:
+                self.conn.broker.release(ref, delivered=False)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -364,8 +590,14 @@ class ConsumerLink:
 
     def on_flow(self) -> None:
         self.queue.dispatch()
+        if engine.link_get_drain(self.link) and not holds_drain(self.queue, self):
+            engine.link_drained(self.link)
+
+    def drain_ready(self) -> None:
+        """The queue has what it held this link's drain for (see `holds_drain`)."""
         if engine.link_get_drain(self.link):
             engine.link_drained(self.link)
+            self.conn.mark_dirty()
 
     def on_disposition(self, delivery: Any) -> None:
         state = engine.delivery_remote_state(delivery)
@@ -373,7 +605,15 @@ class ConsumerLink:
         if not settled and state not in _OUTCOMES:
             return  # no outcome yet (or only `received`): the client still has it
         ref = self.unsettled.pop(delivery, None)
-        engine.delivery_settle(delivery)
+        stream = self.stream
+        if stream is not None and stream.delivery == delivery:
+            # settled before the whole message went (a consumer may refuse it early):
+            # the rest is not sent (an abort settles it on our side too)
+            self._stop_stream()
+            engine.delivery_abort(delivery)
+            self._after_stream()
+        else:
+            engine.delivery_settle(delivery)
         if ref is None:
             return
         if self.max_unsettled and len(self.unsettled) == self.max_unsettled - 1:
@@ -408,6 +648,11 @@ class ConsumerLink:
         self.closed = True
         queue = self.queue
         queue.remove_consumer(self)
+        stream = self.stream
+        self._stop_stream()
+        if stream is not None and self.presettled and not self.browse:
+            self.conn.broker.release(stream.ref, delivered=False)  # it never arrived whole
+        self._give_back_backlog()
         refs = sorted(self.unsettled.values(), key=lambda r: r.message.id)
         self.unsettled.clear()
         broker = self.conn.broker

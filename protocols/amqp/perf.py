@@ -57,14 +57,23 @@ class PerfError(Exception):
 # --------------------------------------------------------------------------- messages
 
 
-def make_message(size: int, *, durable: bool, duplicate_id: bool = False) -> tuple[bytes, int]:
+def make_message(
+    size: int,
+    *,
+    durable: bool,
+    duplicate_id: bool = False,
+    properties: dict[str, str] | None = None,
+) -> tuple[bytes, int]:
     """The encoded message with a `size`-byte data body, and the offset of its stamp;
-    `duplicate_id`: with an `_AMQ_DUPL_ID` to overwrite (at `id_offset`)."""
+    `duplicate_id`: with an `_AMQ_DUPL_ID` to overwrite (at `id_offset`); `properties`:
+    application properties every message carries (for selectors)."""
     if size < _STAMP.size:
         raise PerfError(f"--size {size}: a body needs at least {_STAMP.size} bytes for its stamp")
     body = bytes(range(1, 256)) * (size // 255 + 1)  # no zero bytes: no false section match
-    properties = {"_AMQ_DUPL_ID": _ID_PLACEHOLDER} if duplicate_id else None
-    data = encode_message(body[:size], durable=durable, application_properties=properties)
+    properties = dict(properties or {})
+    if duplicate_id:
+        properties["_AMQ_DUPL_ID"] = _ID_PLACEHOLDER
+    data = encode_message(body[:size], durable=durable, application_properties=properties or None)
     offset = stamp_offset(data)
     if offset is None:
         raise PerfError("encoded message has no data section")
@@ -253,7 +262,10 @@ class _Producer:
         self.max_pending = options["max_pending"] or self.total
         ids = options.get("duplicate_ids", False)
         message, self.offset = make_message(
-            options["size"], durable=options["durable"], duplicate_id=ids
+            options["size"],
+            durable=options["durable"],
+            duplicate_id=ids,
+            properties=options.get("properties"),
         )
         #: Where each message's duplicate id goes (-1: none), and its producer's prefix.
         self.id_offset = id_offset(message) if ids else -1
@@ -1116,6 +1128,15 @@ def _host_port(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def _property(value: str) -> tuple[str, str]:
+    name, equals, text = value.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(
+            f"--property {value!r}: expected NAME=VALUE, such as color=red"
+        )
+    return name, text
+
+
 def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
@@ -1137,6 +1158,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         "pairs": args.pairs,
         "durable": args.durable,
         "duplicate_ids": args.duplicate_ids,
+        "properties": dict(args.property),
         "presettled": args.presettled,
         "rate": args.rate or 0.0,
         "warmup": args.warmup,
@@ -1227,6 +1249,14 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "--duplicate-ids",
         action="store_true",
         help="give each message an _AMQ_DUPL_ID of its own (duplicate detection's cost)",
+    )
+    client.add_argument(
+        "--property",
+        type=_property,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an application property (string) on every message sent, repeatable",
     )
     client.add_argument(
         "--presettled",

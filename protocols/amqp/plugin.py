@@ -9,6 +9,7 @@ from typing import Any
 from scow.core import hookimpl
 from scow.core.config import ConfigSection, Setting
 from scow.core.descriptors import ProtocolType
+from scow.core.large_messages import DEFAULT_MIN_LARGE_MESSAGE_SIZE
 from scow.protocols.amqp.format import AMQP_FORMAT
 from scow.protocols.amqp.sasl import MECHANISMS
 
@@ -90,12 +91,22 @@ SECTION = ConfigSection(
         Setting(
             "max-message-size",
             int,
-            104_857_600,
+            1 << 30,
             "Largest message accepted (bytes); a bigger one closes its link with "
             "amqp:link:message-size-exceeded. Also bounds the partial messages one "
-            "connection holds at once, all links together. 0 means no limit.",
+            "connection holds in memory at once, all links together. 0 means no limit.",
             kind="size",
             minimum=0,
+        ),
+        Setting(
+            "min-large-message-size",
+            int,
+            DEFAULT_MIN_LARGE_MESSAGE_SIZE,
+            "Messages of this size or more are large: the body is written to a file of "
+            "its own as it arrives ([broker] large-messages-directory), never held whole "
+            "in memory, and streamed from it to consumers.",
+            kind="size",
+            minimum=1,
         ),
     ),
     "The AMQP 1.0 listener.",

@@ -50,6 +50,7 @@ class AmqpServer:
         self.sasl_mechanisms = list(settings["sasl-mechanisms"])
         self.producer_credit = int(settings["producer-credit"])
         self.max_message_size = int(settings["max-message-size"])
+        self.min_large_message_size = int(settings["min-large-message-size"])
         self.max_sessions = int(settings["max-sessions-per-connection"])
         self.max_links = int(settings["max-links-per-connection"])
         self.max_unsettled = int(settings["max-unsettled-per-link"])

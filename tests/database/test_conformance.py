@@ -1,4 +1,5 @@
-"""The shared Journal and PageStore conformance suites on SQLite and PostgreSQL."""
+"""The shared Journal, PageStore and StreamStore conformance suites on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import pytest
 
 from scow.core.journal_suite import JournalConformance, MakeJournal
 from scow.core.page_store_suite import OpenStore, PageStoreConformance
+from scow.core.stream_store_suite import OpenStore as OpenStreamStore
+from scow.core.stream_store_suite import StreamStoreConformance
 from scow.plugins.database_store.journal import DatabaseJournal
 from scow.plugins.database_store.page_store import DatabasePageStore
 from scow.plugins.database_store.settings import resolve
+from scow.plugins.database_store.stream_store import DatabaseStreamStore
 from tests.database.backends import FAST_LOCK
 
 
@@ -27,5 +31,16 @@ class TestDatabasePageStore(PageStoreConformance):
     def open_store(self, database_url: str) -> OpenStore:
         def open_store(directory: Path, address: str) -> DatabasePageStore:
             return DatabasePageStore(resolve({"url": database_url}, directory), address)
+
+        return open_store
+
+
+class TestDatabaseStreamStore(StreamStoreConformance):
+    @pytest.fixture
+    def open_store(self, database_url: str) -> OpenStreamStore:
+        def open_store(directory: Path, name: str, segment_bytes: int) -> DatabaseStreamStore:
+            return DatabaseStreamStore(
+                resolve({"url": database_url}, directory), name, segment_bytes
+            )
 
         return open_store

@@ -134,6 +134,17 @@ def test_the_api_documents_itself(managed):
     assert status == 404 and "GET /api/nothing" in missing["error"]
 
 
+def test_browse_shows_a_large_messages_size_and_headers_not_its_body(managed):
+    body = b"L" * (300 << 10)  # over the default min-large-message-size (100KiB)
+    with connected(managed.url, **CREDENTIALS) as conn:
+        send(conn, "bulky", Message(body=body, subject="big", properties={"n": 1}))
+    status, (message,) = http(managed, "GET", "/api/queues/bulky/messages")
+    assert status == 200
+    assert message["large"] is True and message["size"] > len(body)
+    assert message["subject"] == "big" and message["properties"] == {"n": 1}
+    assert message["body-preview"] == ""
+
+
 def test_browse_shows_the_first_messages_without_taking_them(managed):
     with connected(managed.url, **CREDENTIALS) as conn:
         send(

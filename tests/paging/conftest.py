@@ -12,9 +12,12 @@ from scow.core.testing import BrokerProcess, BrokerThread, broker_processes
 from tests.database.backends import on_database
 
 #: The modules whose brokers are parametrized over the page store backends.
-PARAMETRIZED = ("test_paging", "test_paging_durability")
-#: Tests of what only page files have (torn tails).
-FILE_ONLY = ("test_torn_page_tail_is_cut_and_every_whole_message_delivered",)
+PARAMETRIZED = ("test_paging", "test_paging_durability", "test_page_summaries")
+#: Tests of what only page files have (torn tails, summaries read from the files).
+FILE_ONLY = (
+    "test_torn_page_tail_is_cut_and_every_whole_message_delivered",
+    "test_page_summaries_are_on_disk_and_used_after_sigkill",
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,44 @@ def publish(url: str, address: str, bodies: list[str], **fields: Any) -> None:
         c.send(address, messages)
     finally:
         c.close()
+
+
+class Producer:
+    """Threads that send durable messages to `address` at `url`, each send waiting for its
+    acknowledgement, until `stop()` or until the broker goes (a SIGKILL under them).
+    `acknowledged` lists the message ids acknowledged, in order per lane."""
+
+    def __init__(self, url: str, address: str, lanes: int = 1) -> None:
+        self.url = url
+        self.address = address
+        self.acknowledged: list[str] = []
+        self._stop = threading.Event()
+        self._lanes = [threading.Thread(target=self._send, args=(n,)) for n in range(lanes)]
+        for lane in self._lanes:
+            lane.start()
+
+    def _send(self, lane: int) -> None:
+        from proton import Message
+
+        from tests.wire.helpers import connected
+
+        try:
+            with connected(self.url) as conn:
+                sender = conn.create_sender(self.address)
+                for i in range(10**6):
+                    if self._stop.is_set():
+                        return
+                    sender.send(Message(id=f"l{lane}-{i}", body="x" * 100, durable=True))
+                    self.acknowledged.append(f"l{lane}-{i}")
+        except Exception:  # the broker went away under it
+            return
+
+    def stop(self) -> list[str]:
+        """Stop the lanes; the ids acknowledged."""
+        self._stop.set()
+        for lane in self._lanes:
+            lane.join(10)
+        return list(self.acknowledged)
 
 
 def management(url: str, kind: str, name: str, operation: str, **properties: Any) -> Any:

@@ -3,7 +3,7 @@
 Each test mounts a small tmpfs (root only; skipped elsewhere) and fills it with a filler
 file, so the segment writer meets ENOSPC for real. Records the file system refuses are
 held and written again once space returns; only then are their tokens handed back (the
-stream acknowledges the journaled message on that), and the segment never has a hole.
+stream acknowledges the message on that), and the segment never has a hole.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.model import MemoryLimits
 from scow.core.testing import wait_for
-from scow.plugins.spark import segments as seglog
+from scow.plugins.spark.segments import FileStreamStore
+from scow.plugins.spark.writer import StreamWriter, Written
 from tests.tmpfs import fill
 
 
@@ -28,26 +29,36 @@ class Writes:
         self.sizes: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def on_written(self, written: seglog.Written) -> None:
+    def on_written(self, written: Written) -> None:
         with self._lock:
             self.tokens.extend(written.tokens)
-            self.sizes.update(written.sizes)
+            self.sizes.update(written.appended.sizes)
 
     def count(self) -> int:
         with self._lock:
             return len(self.tokens)
 
 
-def open_log(directory: Path, writes: Writes, segment_bytes: int = 1 << 20) -> seglog.Log:
-    segments, _next, _ids = seglog.open_segments(directory)
-    return seglog.Log(
-        directory,
-        segments[-1] if segments else None,
-        segment_bytes,
-        True,
-        writes.on_written,
-        lambda data, seq, now: data,
-    )
+class Log:
+    """A stream's file store and its writer thread, as a stream queue runs them."""
+
+    def __init__(self, directory: Path, writes: Writes, segment_bytes: int) -> None:
+        self.store = FileStreamStore(directory, "s", segment_bytes)
+        self.store.open()
+        self.writer = StreamWriter(self.store, directory, writes.on_written, lambda d, s, t: d)
+        self.append = self.writer.append
+
+    @property
+    def held(self) -> int:
+        return self.writer.held
+
+    def close(self) -> None:
+        self.writer.close()
+        self.store.close()
+
+
+def open_log(directory: Path, writes: Writes, segment_bytes: int = 1 << 20) -> Log:
+    return Log(directory, writes, segment_bytes)
 
 
 def body(seq: int, size: int) -> bytes:
@@ -56,8 +67,10 @@ def body(seq: int, size: int) -> bytes:
 
 def stored(directory: Path) -> list[tuple[int, bytes]]:
     """(sequence, bytes) of every record the segments hold, as a restart reads them."""
-    segments, next_seq, _ids = seglog.open_segments(directory)
-    records, _following = seglog.read_range(segments, 0, next_seq, 1 << 20)
+    store = FileStreamStore(directory, "s", 1 << 20)
+    next_seq = store.open().next_seq
+    records, _following = store.read(0, next_seq, 1 << 20)
+    store.close()
     return [(seq, data) for seq, _time, data in records]
 
 
@@ -108,7 +121,7 @@ def test_records_held_at_shutdown_are_not_handed_back_and_the_segment_stays_whol
             log.append(seq, seq, body(seq, 4000), seq)
         wait_for(lambda: log.held == 15, what="the refused records held")
     finally:
-        log.close()  # they stay journaled: recovery appends them again
+        log.close()  # never acknowledged: the producer sends them again
     assert writes.tokens == list(range(5))
     assert [seq for seq, _data in stored(directory)] == list(range(5))
     os.unlink(filler)
@@ -170,7 +183,7 @@ def test_the_disk_monitor_blocks_producers_while_a_stream_write_is_held(
             log.append(1, 1, body(1, 8000), 1)
             await until(lambda: limits.disk_full)
             assert limits.reasons == ["disk"]
-            assert f"stream {directory}" in (monitor.problem() or "")
+            assert "stream 's'" in (monitor.problem() or "")
             os.unlink(filler)
             await until(lambda: not limits.disk_full)  # resumed by itself
             assert writes.tokens == [0, 1]

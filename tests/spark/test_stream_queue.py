@@ -10,9 +10,18 @@ import pytest
 from proton import Described, Message, Timeout, symbol, timestamp
 from proton.reactor import Filter
 
+from scow.core import cli
 from scow.core.testing import broker_processes, wait_for
 from scow.plugins.spark.client import ClientError
-from tests.spark.conftest import PLUGINS, client, management, publish, stream, wait_stream
+from tests.spark.conftest import (
+    PLUGINS,
+    Producer,
+    client,
+    management,
+    publish,
+    stream,
+    wait_stream,
+)
 from tests.wire.helpers import connected
 
 
@@ -229,6 +238,32 @@ def test_sigkill_mid_traffic_keeps_every_accepted_message_once(tmp_path: Path):
 
     ids = [MessageInfo(m).message_id for m in got]
     assert sorted(ids) == sorted(f"m{i}" for i in range(3000))  # all there, none twice
+
+
+def test_sigkill_mid_traffic_keeps_every_acknowledged_message_once_written_only_to_the_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    config_queues = {"queues": {"s": stream()}}
+    with broker_processes(tmp_path) as start:
+        broker = start(plugins=PLUGINS, sections=config_queues)
+        producer = Producer(broker.url, "s", lanes=4)
+        wait_for(lambda: len(producer.acknowledged) >= 400, 30, what="400 acknowledged sends")
+        broker.kill()  # mid-traffic: sends in flight, segment writes unsynced
+        acked = producer.stop()
+        # written once: the journal holds none of them, the stream's segments all
+        data = ["--data-dir", str(tmp_path / "data")]
+        assert cli.main(["data", "export", *data, "--output", str(tmp_path / "e.jsonl")]) == 0
+        assert "'messages': 0," in capsys.readouterr().out
+        broker = start(plugins=PLUGINS, sections=config_queues, port=broker.port)
+        c = client(broker.url)
+        got = [m for batch in c.read("s", 0, 10**9) for m in batch]
+        c.close()
+    from scow.protocols.amqp.codec import MessageInfo
+
+    ids = [MessageInfo(m).message_id for m in got]
+    assert len(ids) == len(set(ids)), "a message was stored twice"
+    missing = set(acked) - set(ids)
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:3]}"
 
 
 # --------------------------------------------------------------------------- staging

@@ -185,11 +185,15 @@ def member_tables(
     ha: Mapping[str, Any],
     database: Mapping[str, Any] | None = None,
     address_settings: Mapping[str, Mapping[str, Any]] | None = None,
+    streams: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
     """The config of one member. With `database` ([database] settings), the journal and
-    the pages live in that database and `data_dir` is the member's own;
-    `address_settings` adds to the default (anycast) ones."""
+    the pages (and streams) live in that database and `data_dir` is the member's own;
+    `address_settings` adds to the default (anycast) ones; `streams` names stream queues
+    to declare (with the spark plugin)."""
     plugins = [*PLUGINS, "database-store"] if database else list(PLUGINS)
+    if streams:
+        plugins.append("spark")
     tables: dict[str, dict[str, Any]] = {
         "plugins": {"enable": plugins},
         "broker": {"data-dir": str(data_dir), "name": name},
@@ -202,6 +206,11 @@ def member_tables(
         },
         "queues": {ADDRESS: {"address": ADDRESS, "routing-type": "ANYCAST"}},
     }
+    for name in streams:
+        tables["queues"][name] = {
+            "routing-type": "ANYCAST",
+            "arguments": {"x-queue-type": "stream"},
+        }
     if database:
         tables["broker"]["journal"] = "database"
         tables["paging"] = {"store": "database"}
@@ -225,6 +234,7 @@ class Pair:
         backup_ha: Mapping[str, Any] | None = None,
         database: Mapping[str, Mapping[str, Any]] | None = None,
         address_settings: Mapping[str, Mapping[str, Any]] | None = None,
+        streams: Sequence[str] = (),
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
@@ -242,6 +252,7 @@ class Pair:
                 {**(ha or {}), **(own or {})},
                 database[role] if database else None,
                 address_settings,
+                streams,
             )
             config = write_config(directory / f"{role}.toml", tables)
             members[role] = Member(role, role, config, port, http_port, directory / f"{role}.log")

@@ -331,6 +331,7 @@ def test_dead_letter_move_refused_by_a_full_disk_happens_once_space_returns(syst
             data_dir=disk.path / "data",
             address_settings={"sys.poison": {"max-delivery-attempts": 1}},
             global_max_size="64MiB",  # no paging: the copies go to the journal
+            amqp={"min-large-message-size": "1MiB"},  # not large: whole in the journal
         )
     )
     address = LANES["poison"].address

@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -24,7 +25,8 @@ from scow.core.storage import StorageManager
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
-from scow.protocols.amqp.codec import encode_message
+from scow.protocols.amqp.codec import MessageInfo, encode_message
+from tests.spark.conftest import Producer, client
 from tests.system.ha import (
     ASKING,
     SERVING,
@@ -249,6 +251,51 @@ def test_management_api_shows_the_members_role_state_and_peers(
     assert [(p["name"], p["state"]) for p in ha["peers"]] == [("backup", "waiting")]
 
 
+# --------------------------------------------------------------------------- streams
+
+STREAM = "ha.stream"
+
+
+def _stream_fails_over(pair: Pair, takeover: float) -> None:
+    """A producer on the primary's stream, a cursor moved, the primary SIGKILLed
+    mid-traffic: the backup serves the stream with every acknowledged message once, the
+    cursor where it was, and sequence numbers that go on."""
+    producer = Producer(pair.primary.url, STREAM)
+    wait_for(lambda: len(producer.acknowledged) >= 200, 30, what="200 acknowledged sends")
+    c = client(pair.primary.url)
+    c.call("stream", STREAM, "CURSOR-MOVE", {"cursor": "q", "sequence": 150})
+    c.close()
+    wait_for(lambda: len(producer.acknowledged) >= 300, 30, what="300 acknowledged sends")
+    pair.kill(pair.primary)  # mid-traffic
+    acked = producer.stop()
+    took = pair.backup.wait_serving(takeover + 15)
+    assert took <= takeover, f"the backup served {took:.1f} s after the SIGKILL"
+    c = client(pair.backup.url)
+    try:
+        assert c.call("stream", STREAM, "CURSOR-READ", {"cursor": "q"})["sequence"] == 150
+        records = [MessageInfo(m) for batch in c.read(STREAM, 0, 10**9) for m in batch]
+        ids = [record.message_id for record in records]
+        assert len(ids) == len(set(ids)), "a message was stored twice"
+        missing = set(acked) - set(ids)
+        assert not missing, f"{len(missing)} acknowledged messages lost: {sorted(missing)[:3]}"
+        next_seq = c.call("stream", STREAM, "READ")["next-sequence"]
+        assert next_seq == len(ids)  # nothing retention took: one record per sequence number
+        with connected(pair.backup.url) as conn:
+            conn.create_sender(STREAM).send(Message(id="after", durable=True))
+        wait_for(lambda: c.call("stream", STREAM, "READ")["next-sequence"] == next_seq + 1, 10)
+        (after,) = [MessageInfo(m).message_id for b in c.read(STREAM, next_seq, 10**9) for m in b]
+        assert after == "after"
+    finally:
+        c.close()
+
+
+def test_file_store_backup_serves_a_stream_with_its_cursors_after_a_sigkill(
+    pairs: list[Pair], tmp_path: Path
+) -> None:
+    pair = _pair(pairs, tmp_path / "pair", streams=[STREAM])
+    _stream_fails_over(pair, FILE_TAKEOVER)
+
+
 # --------------------------------------------------------------------------- state
 
 
@@ -357,7 +404,9 @@ FAST_LEASE = {"jdbc-lock-renew-period": 500, "jdbc-lock-expiration": 4000}
 EXPIRATION = FAST_LEASE["jdbc-lock-expiration"] / 1000
 
 
-def _database_pair(pairs: list[Pair], directory: Path, primary_url: str, backup_url: str) -> Pair:
+def _database_pair(
+    pairs: list[Pair], directory: Path, primary_url: str, backup_url: str, **kwargs: Any
+) -> Pair:
     return _pair(
         pairs,
         directory,
@@ -365,7 +414,19 @@ def _database_pair(pairs: list[Pair], directory: Path, primary_url: str, backup_
             "primary": {"url": primary_url, **FAST_LEASE, "jdbc-network-timeout": 2000},
             "backup": {"url": backup_url, **FAST_LEASE, "jdbc-network-timeout": 2000},
         },
+        **kwargs,
     )
+
+
+@pytest.mark.postgres
+def test_database_store_backup_serves_a_stream_from_the_database_after_a_sigkill(
+    pairs: list[Pair], tmp_path: Path, postgres_url: str
+) -> None:
+    pair = _database_pair(pairs, tmp_path / "pair", postgres_url, postgres_url, streams=[STREAM])
+    _stream_fails_over(pair, EXPIRATION + 3)
+    # the backup has its own data dir: the stream came from the database, not from files
+    assert not list(pair.backup.data_dir.rglob("*.seg"))
+    assert not list(pair.primary.data_dir.rglob("*.seg"))
 
 
 @pytest.mark.postgres

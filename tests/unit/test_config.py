@@ -94,6 +94,8 @@ def test_defaults_are_filled(tmp_path: Path) -> None:
         "journal": "",
         "id-cache-size": 20000,
         "persist-id-cache": True,
+        "large-messages-directory": "large-messages",
+        "large-message-sync": True,
         "message-expiry-scan-period": 30000,
         "global-max-size": -1,
         "global-max-messages": -1,

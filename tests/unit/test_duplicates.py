@@ -34,3 +34,28 @@ def test_strings_and_binaries_are_distinct_keys_and_other_types_are_refused():
     assert describe_id(id_key(b"\x00\xff", "q")) == "binary 00ff"
     with pytest.raises(InvalidField, match=r"address 'q'.*_AMQ_DUPL_ID = 7 .*string or binary"):
         id_key(7, "q")
+
+
+def _encoded(message: object) -> bytes:
+    return bytes(message.encode())  # type: ignore[attr-defined]
+
+
+def test_inspect_reads_the_header_and_the_duplicate_id_of_every_message_shape():
+    from proton import Message as ProtonMessage
+
+    from scow.protocols.amqp.codec import DecodeError
+    from scow.protocols.amqp.format import AMQP_FORMAT
+
+    # only a body (the perf client's messages): defaults, no id, nothing else read
+    assert AMQP_FORMAT.inspect(b"\x00\x53\x75\xa0\x03abc") == (False, 4, 0, None)
+    assert AMQP_FORMAT.inspect(b"\x00\x53\x77\xa1\x03abc") == (False, 4, 0, None)
+    durable = ProtonMessage(body="x", durable=True, priority=7, ttl=5)
+    assert AMQP_FORMAT.inspect(_encoded(durable)) == (True, 7, 5000, None)
+    with_id = ProtonMessage(body="x", properties={"_AMQ_DUPL_ID": "order-1"})
+    assert AMQP_FORMAT.inspect(_encoded(with_id)) == (False, 4, 0, "order-1")
+    both = ProtonMessage(body=b"x", durable=True, properties={"_AMQ_DUPL_ID": b"\x01"})
+    assert AMQP_FORMAT.inspect(_encoded(both)) == (True, 4, 0, b"\x01")
+    # a body that merely contains the name is no id
+    assert AMQP_FORMAT.inspect(_encoded(ProtonMessage(body="_AMQ_DUPL_ID")))[3] is None
+    with pytest.raises(DecodeError):
+        AMQP_FORMAT.inspect(b"\x00")

@@ -84,6 +84,31 @@ def encode(
     """An AMQP message: header (when anything in it differs from the defaults),
     properties (`to` and the string `properties` named in PROPERTY_FIELDS),
     application-properties (string values) and a data (bytes) or string-value body."""
+    return b"".join(
+        encode_sections(
+            to=to,
+            durable=durable,
+            priority=priority,
+            ttl_ms=ttl_ms,
+            properties=properties,
+            application_properties=application_properties,
+            body=body,
+        )
+    )
+
+
+def encode_sections(
+    *,
+    to: str,
+    durable: bool,
+    priority: int | None,
+    ttl_ms: int,
+    properties: Mapping[str, str],
+    application_properties: Mapping[str, str],
+    body: bytes | str,
+) -> tuple[bytes, bytes]:
+    """`encode`, as (the sections before the body, the body section): a large message
+    keeps the first in memory and both in its file."""
     out = []
     if durable or priority is not None or ttl_ms:
         fields = [
@@ -108,10 +133,8 @@ def encode(
         pairs = [_string(k) + _string(v) for k, v in application_properties.items()]
         out.append(_section(APPLICATION_PROPERTIES, _compound(0xD1, pairs, 2 * len(pairs))))
     if isinstance(body, str):
-        out.append(_section(VALUE, _string(body)))
-    else:
-        out.append(_section(DATA, _variable(0xA0, 0xB0, body)))
-    return b"".join(out)
+        return b"".join(out), _section(VALUE, _string(body))
+    return b"".join(out), _section(DATA, _variable(0xA0, 0xB0, body))
 
 
 # --------------------------------------------------------------------------- decoding

@@ -340,9 +340,27 @@ class StompConnection(asyncio.Protocol):
         self._check_room(address)
         tx = self._tx(frame).tx if "transaction" in frame.headers else None
         try:
-            data = convert.to_amqp(frame.headers, frame.body, address)
+            head, body = convert.to_amqp_sections(frame.headers, frame.body, address)
         except ValueError as exc:
             raise ClientError(f"SEND to {destination!r}: {exc}") from None
+        broker = self.broker
+        if len(head) + len(body) < self.server.min_large_message_size:
+            self._route(head + body, address, routing, tx)
+            return
+        # a large message, as an AMQP producer's: its body in a file of its own
+        durable = frame.headers.get("persistent", "false").lower() == "true"
+        large = broker.large_messages
+        try:
+            data = large.write_whole(broker.next_id(), head, body, sync=large.sync and durable)
+        except OSError as exc:
+            raise ClientError(f"SEND to {destination!r}: large message not stored: {exc}") from None
+        data.body.acquire()  # held while it is routed: the file goes if nothing keeps it
+        try:
+            self._route(data, address, routing, tx)
+        finally:
+            data.body.release()
+
+    def _route(self, data: bytes, address: str, routing: Any, tx: Any) -> None:
         broker = self.broker
         if tx is not None:
             broker.send(data, address, broker.message_format, routing, tx=tx)

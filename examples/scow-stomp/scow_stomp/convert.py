@@ -39,6 +39,11 @@ def to_amqp(headers: Mapping[str, str], body: bytes, address: str) -> bytes:
 
     Raises ValueError naming a header whose value is not accepted.
     """
+    return b"".join(to_amqp_sections(headers, body, address))
+
+
+def to_amqp_sections(headers: Mapping[str, str], body: bytes, address: str) -> tuple[bytes, bytes]:
+    """`to_amqp` as (the sections before the body, the body section)."""
     priority = headers.get("priority")
     if priority is not None and (not priority.isdigit() or int(priority) > 9):
         raise ValueError(f"priority {priority!r}: expected an integer from 0 to 9")
@@ -48,7 +53,7 @@ def to_amqp(headers: Mapping[str, str], body: bytes, address: str) -> bytes:
         if not expires.isdigit():
             raise ValueError(f"expires {expires!r}: expected milliseconds since the epoch")
         ttl = max(int(expires) - int(time.time() * 1000), 1)
-    return amqp_codec.encode(
+    return amqp_codec.encode_sections(
         to=address,
         durable=headers.get("persistent", "false").lower() == "true",
         priority=None if priority is None else int(priority),

@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from scow.core import Broker, ConfigSection, ProtocolType, Setting, hookimpl
+from scow.core import (
+    DEFAULT_MIN_LARGE_MESSAGE_SIZE,
+    Broker,
+    ConfigSection,
+    ProtocolType,
+    Setting,
+    hookimpl,
+)
 
 #: The hook API versions this plugin is written for.
 SCOW_HOOK_API = ">=1.0,<2"
@@ -47,6 +54,16 @@ SECTION = ConfigSection(
             "connection closes.",
             kind="size",
             minimum=1024,
+        ),
+        Setting(
+            "min-large-message-size",
+            int,
+            DEFAULT_MIN_LARGE_MESSAGE_SIZE,
+            "A SEND whose message is this size or more is a large message, as an AMQP "
+            "producer's: its body is kept in a file of its own ([broker] "
+            "large-messages-directory), not in memory or the journal.",
+            kind="size",
+            minimum=1,
         ),
         Setting(
             "heart-beat-send",

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scow.core import InvalidField, Message, MessageRef
+from scow.core import InvalidField, Message, MessageRef, with_body
 from scow_stomp import convert, frames
 
 if TYPE_CHECKING:
@@ -54,7 +54,9 @@ class Subscription:
 
     def deliver(self, ref: MessageRef) -> None:
         message = ref.message
-        headers, body = convert.from_amqp(message.format.for_delivery(message, ref.delivery_count))
+        delivered = message.format.for_delivery(message, ref.delivery_count)
+        # STOMP frames go whole: a large message's body is read from its file
+        headers, body = convert.from_amqp(with_body(delivered, message.data))
         headers["subscription"] = self.id
         headers["message-id"] = str(message.id)
         headers["destination"] = self.destination

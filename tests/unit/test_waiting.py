@@ -1,0 +1,109 @@
+"""The standard queue's waiting list (`Fifo`): messages held compactly, in order."""
+
+from __future__ import annotations
+
+from scow.core.message import Message, MessageRef, SharedMessage
+from scow.plugins.queues.waiting import ByPriority, Fifo
+from scow.protocols.amqp.format import AMQP_FORMAT
+
+
+def message(message_id: int, *, address: str = "a", priority: int = 4, **kw: object) -> Message:
+    data = b"body %d" % message_id
+    return Message(message_id, data, address, AMQP_FORMAT, priority=priority, **kw)  # type: ignore[arg-type]
+
+
+def ids(entries: object) -> list[int]:
+    return [entry.message.id for entry in entries]  # type: ignore[attr-defined]
+
+
+def test_plain_messages_come_back_with_their_id_body_and_kind() -> None:
+    fifo = Fifo()
+    sent = [message(n) for n in range(1, 2001)]  # past the id array's cut-off
+    for m in sent:
+        assert fifo.append(m) is None
+    assert len(fifo) == 2000
+    for m in sent:
+        out = fifo.popleft()
+        assert (out.message.id, out.message.data, out.message.kind) == (m.id, m.data, m.kind)
+        assert out.message.expiration == 0
+    assert not fifo
+
+
+def test_entries_that_are_not_plain_are_kept_as_objects_in_order() -> None:
+    fifo = Fifo()
+    expiring = message(2, expiration=123)
+    shared = message(3).shared(2, 0)
+    other_kind = message(4, priority=9)
+    ref = MessageRef(message(5), object(), delivery_count=1)
+    entries = [message(1), expiring, shared, other_kind, ref, message(6)]
+    for entry in entries:
+        fifo.append(entry)
+    assert ids(fifo) == [1, 2, 3, 4, 5, 6]
+    out = [fifo.popleft() for _ in entries]
+    assert out[1] is expiring and out[1].expiration == 123
+    assert out[2] is shared and isinstance(shared, SharedMessage)
+    assert out[3] is other_kind and out[3].priority == 9
+    assert out[4] is ref and ref.delivery_count == 1
+    assert out[5].data == b"body 6" and out[5].priority == 4
+
+
+def test_the_plain_kind_changes_once_no_plain_message_waits() -> None:
+    fifo = Fifo()
+    fifo.append(message(1, address="a"))
+    fifo.popleft()
+    fifo.append(message(2, address="b"))
+    assert fifo.popleft().address == "b"
+
+
+def test_put_back_returns_a_ref_before_the_first_later_entry() -> None:
+    fifo = Fifo()
+    for n in (2, 3, 5):
+        fifo.append(message(n))
+    fifo.put_back(MessageRef(message(4), object()))
+    fifo.put_back(MessageRef(message(1), object()))
+    fifo.put_back(MessageRef(message(7), object()))
+    assert ids(fifo) == [1, 2, 3, 4, 5, 7]
+    assert ids(fifo.popleft() for _ in range(6)) == [1, 2, 3, 4, 5, 7]
+
+
+def test_newer_than_and_remove_if_keep_the_rest_in_order() -> None:
+    fifo = Fifo()
+    for n in range(1, 9):
+        fifo.append(message(n))
+    fifo.put_back(MessageRef(message(0), object()))
+    assert ids(fifo.newer_than(5)) == [6, 7, 8]
+    assert ids(fifo.newer_than(8)) == []
+    taken = fifo.remove_if(lambda e: e.message.id % 2 == 0)
+    assert ids(taken) == [0, 2, 4, 6, 8]
+    assert ids(fifo) == [1, 3, 5, 7]
+    seen: list[int] = []
+    stopped = fifo.remove_if(
+        lambda e: seen.append(e.message.id) or True, stop=lambda: len(seen) >= 2
+    )
+    assert ids(stopped) == [1, 3] and ids(fifo) == [5, 7]
+    fifo.clear()
+    assert not fifo and list(fifo) == []
+
+
+def test_held_entries_are_the_objects_kept_so_changes_stay() -> None:
+    fifo = Fifo()
+    for n in range(1, 4):
+        fifo.append(message(n))
+    assert next(iter(fifo)) is not next(iter(fifo))  # compact: read as new objects
+    for entry in fifo.held():
+        entry.message.data = b"moved"  # as flow to disk does
+    assert [e.message.data for e in fifo] == [b"moved"] * 3
+    first = fifo.popleft()
+    assert first.data == b"moved"
+    fifo.append(message(9))  # held compactly again once new ones arrive
+    assert ids(fifo) == [2, 3, 9]
+
+
+def test_priority_levels_hold_their_messages_compactly_too() -> None:
+    waiting = ByPriority()
+    for n, priority in ((1, 4), (2, 9), (3, 4), (4, 9)):
+        waiting.append(message(n, priority=priority))
+    waiting.put_back(MessageRef(message(0, priority=9), object()))
+    assert ids(waiting) == [0, 2, 4, 1, 3]
+    assert [e.message.id for e in waiting.held()] == [0, 2, 4, 1, 3]
+    assert ids(waiting.popleft() for _ in range(5)) == [0, 2, 4, 1, 3]
