@@ -71,32 +71,6 @@ def _section(code: int, value: bytes) -> bytes:
     return b"\x00\x53" + bytes((code,)) + value
 
 
-def encode(
-    *,
-    to: str,
-    durable: bool,
-    priority: int | None,
-    ttl_ms: int,
-    properties: Mapping[str, str],
-    application_properties: Mapping[str, str],
-    body: bytes | str,
-) -> bytes:
-    """An AMQP message: header (when anything in it differs from the defaults),
-    properties (`to` and the string `properties` named in PROPERTY_FIELDS),
-    application-properties (string values) and a data (bytes) or string-value body."""
-    return b"".join(
-        encode_sections(
-            to=to,
-            durable=durable,
-            priority=priority,
-            ttl_ms=ttl_ms,
-            properties=properties,
-            application_properties=application_properties,
-            body=body,
-        )
-    )
-
-
 def encode_sections(
     *,
     to: str,
@@ -107,8 +81,11 @@ def encode_sections(
     application_properties: Mapping[str, str],
     body: bytes | str,
 ) -> tuple[bytes, bytes]:
-    """`encode`, as (the sections before the body, the body section): a large message
-    keeps the first in memory and both in its file."""
+    """An AMQP message as (the sections before the body, the body section): header (when
+    anything in it differs from the defaults), properties (`to` and the string
+    `properties` named in PROPERTY_FIELDS), application-properties (string values), and a
+    data (bytes) or string-value body. A large message keeps the first in memory and both
+    in its file."""
     out = []
     if durable or priority is not None or ttl_ms:
         fields = [
