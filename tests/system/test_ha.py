@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from proton.utils import BlockingConnection, BlockingReceiver
 
 from scow.core.storage import StorageManager
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
+from scow.plugins import database_store
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.protocols.amqp.codec import MessageInfo, encode_message
@@ -305,19 +306,28 @@ PAGED_SETTINGS = {PAGED: {"max-size-bytes": 10_000, "page-size-bytes": 8_000}}
 TOPIC = "ha.news"
 
 
-def _prepare_transaction(data_dir: Path) -> None:
+def _prepare_transaction(data_dir: Path, database: Mapping[str, Any] | None = None) -> None:
     """Messages a and b on queue `prep`, and a prepared transaction that adds c and acks a
-    (held undecided by whichever member loads the store)."""
+    (held undecided by whichever member loads the store: the data dir's journal, or with
+    `database` ([database] settings) the database's)."""
     data_dir.mkdir(parents=True)
-    config = broker_config(data_dir, plugins=["amqp", "file-journal", "standard-queues"])
+    plugins = ["amqp", "file-journal", "standard-queues"]
+    config = broker_config(data_dir, plugins=[*plugins, "database-store"] if database else plugins)
+    if database:
+        config["broker"]["journal"] = "database"
+        config["database"] = dict(database)
     broker = BrokerThread(write_config(data_dir.parent / "setup.toml", config)).start()
     with connected(broker.url) as conn:
         send(conn, "prep", Message(body="a", durable=True), Message(body="b", durable=True))
     broker.stop()
-    storage = StorageManager(
-        FileJournal(journal_settings(data_dir, "bindings", {})),
-        FileJournal(journal_settings(data_dir, "messages", {})),
-    )
+    if database:
+        [backend] = database_store.scow_register_journals()
+        journals = [backend.factory(data_dir, kind, database) for kind in ("bindings", "messages")]
+    else:
+        journals = [
+            FileJournal(journal_settings(data_dir, k, {})) for k in ("bindings", "messages")
+        ]
+    storage = StorageManager(*journals)
     recovered = storage.load()
     queue_id = recovered.queues[0]["id"]
     body = encode_message("c", durable=True, body_kind="value")
@@ -326,6 +336,11 @@ def _prepare_transaction(data_dir: Path) -> None:
     storage.acknowledge(recovered.messages[0].id, queue_id, True, tx_id=tx)
     storage.messages.prepare(tx, b"xid", sync=True)
     storage.stop()
+
+
+def _holds_prepared(member: Member) -> None:
+    """`member` holds the prepared transaction undecided: a is held, c not yet visible."""
+    assert member.api("/api/queues/prep")["message-count"] == 1
 
 
 def _durable_receiver(conn: BlockingConnection) -> BlockingReceiver:
@@ -385,14 +400,13 @@ def test_file_store_subscription_paging_cursor_unsettled_and_prepared_tx_come_th
 ) -> None:
     _prepare_transaction(tmp_path / "pair" / "data")
     pair = _pair(pairs, tmp_path / "pair", address_settings=PAGED_SETTINGS)
-    assert pair.primary.api("/api/queues/prep")["message-count"] == 1  # a held, c not yet
+    _holds_prepared(pair.primary)
     mid = _leave_state(pair.primary)
     pair.kill(pair.primary)
     pair.backup.wait_serving(15)
     _abandon(mid)
     _check_state(pair.backup)
-    # the prepared transaction is held undecided by the backup as it was by the primary
-    assert pair.backup.api("/api/queues/prep")["message-count"] == 1
+    _holds_prepared(pair.backup)
     assert [m.body for m in consume_all(pair.backup.url, "prep")] == ["b"]
 
 
@@ -562,21 +576,25 @@ def test_database_store_primary_cut_off_mid_transaction_does_not_keep_the_backup
 
 
 @pytest.mark.postgres
-def test_database_store_subscription_paging_cursor_and_unsettled_come_through_failover(
+def test_database_store_subscription_paging_cursor_unsettled_and_prepared_tx_come_through_failover(
     pairs: list[Pair], tmp_path: Path, postgres_url: str
 ) -> None:
     member = {"url": postgres_url, **FAST_LEASE}
+    _prepare_transaction(tmp_path / "pair" / "data-setup", member)
     pair = _pair(
         pairs,
         tmp_path / "pair",
         database={"primary": member, "backup": member},
         address_settings=PAGED_SETTINGS,
     )
+    _holds_prepared(pair.primary)
     mid = _leave_state(pair.primary)
     pair.kill(pair.primary)
     pair.backup.wait_serving(EXPIRATION + 15)
     _abandon(mid)
     _check_state(pair.backup)
+    _holds_prepared(pair.backup)
+    assert [m.body for m in consume_all(pair.backup.url, "prep")] == ["b"]
 
 
 def test_checker_flags_lost_doubled_and_reacknowledged_sends() -> None:
