@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -15,6 +15,18 @@ LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+
+
+class _Stderr:
+    """`sys.stderr` as it is when a line is written, not when logging was configured: a
+    program that runs `scow` commands in-process (a test runner capturing output) may
+    replace and close the one that was current then."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def configure(log_format: str = "console", level: str = "info") -> None:
@@ -31,7 +43,7 @@ def configure(log_format: str = "console", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _Stderr())),
         cache_logger_on_first_use=False,
     )
 
