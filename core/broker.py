@@ -606,8 +606,8 @@ class Broker:
         neither."""
         cache = self._id_cache(address.name)
         if cache is None:  # detection is off for this address
-            return self.send(data, address.name, fmt, routing_type, on_stored, None,
-                             check_duplicates=False)  # fmt: skip
+            # routed as any message: `send` has already seen to a large message's file
+            return self._send(data, address.name, fmt, routing_type, on_stored, None, False)
         key = id_key(header[3], address.name)
         if key in cache:
             self.messages_duplicate += 1
