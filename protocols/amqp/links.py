@@ -185,6 +185,13 @@ class ProducerLink:
         if self.closed:
             return
         size = engine.delivery_pending(delivery)
+        if not size and not engine.delivery_readable(delivery):
+            # A message already read whole, the link advanced past it: proton merges
+            # only consecutive events of a delivery, so when two links' frames
+            # interleave, the event of a message whose last frame came in the same read
+            # as another link's comes again. Read as a new message, it would be empty
+            # (rejected) and advance the link past the next one.
+            return
         if size >= self.large_size or self.arrival is not None:
             self._receive_large(delivery, size)
             return

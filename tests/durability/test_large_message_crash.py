@@ -3,7 +3,6 @@ is left that no message refers to, and no accepted message is lost."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -11,13 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from proton import Message
 
 from scow.core.testing import wait_for
 from scow.protocols.amqp import engine
 from tests.database.backends import on_database
-from tests.wire.helpers import connected, consume_all, pump, receive, send
+from tests.wire.helpers import RawClient, connected, consume_all, pump, receive, send
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 LARGE = 64 << 10
@@ -37,42 +35,6 @@ def large_files(tmp_path: Path) -> list[Path]:
 
 def body_of(size: int, seed: int = 0) -> bytes:
     return bytes((i * 13 + seed) & 0xFF for i in range(256)) * (size // 256)
-
-
-class RawClient:
-    """A client on proton's engine over a plain socket, driven step by step, so that a
-    test can stop mid-message (which a blocking client cannot)."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.engine = engine.Engine(max_frame=65536, idle_timeout_ms=0, server=False)
-        engine.client_open(self.engine.connection, "raw")
-        self.session = engine.new_session(self.engine.connection)
-        self.received = 0
-
-    def flush(self) -> None:
-        while out := self.engine.output():
-            self.sock.sendall(out)
-
-    def read(self, timeout: float = 0.2) -> None:
-        self.flush()
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(1 << 16)
-        except TimeoutError:
-            return
-        self.received += len(data)
-        self.engine.push(data)
-        self.flush()
-
-    def until(self, condition: Any, what: str, timeout: float = 10) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            self.read()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_sigkill_mid_arrival_leaves_no_file_and_no_message(scow_broker_process, tmp_path):
@@ -251,12 +213,6 @@ def test_the_database_journal_keeps_a_large_messages_head_and_the_file_its_body(
     wait_for(lambda: not large_files(tmp_path), 5, what="the file to go")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: two large messages whose frames interleave on two sessions of one "
-    "connection are both rejected (decode-error: the message ends inside its first "
-    "section); one at a time on a link arrives whole",
-)
 def test_large_messages_interleaved_on_two_links_of_one_connection_arrive_whole(
     scow_broker_process,
 ):

@@ -14,6 +14,8 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver
 
+from scow.protocols.amqp import engine
+
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 CLOSE = 0x18
@@ -291,3 +293,39 @@ def bulk_send(
     """Send `count` messages (`make(i)`) as fast as credit allows; wait until all settled."""
     handler = _BulkSender(url, address, (make(i) for i in range(count)), count)
     run_container(handler, lambda: handler.settled >= count, timeout)
+
+
+class RawClient:
+    """A client on proton's engine over a plain socket, driven step by step, so that a
+    test can stop mid-message (which a blocking client cannot)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.engine = engine.Engine(max_frame=65536, idle_timeout_ms=0, server=False)
+        engine.client_open(self.engine.connection, "raw")
+        self.session = engine.new_session(self.engine.connection)
+        self.received = 0
+
+    def flush(self) -> None:
+        while out := self.engine.output():
+            self.sock.sendall(out)
+
+    def read(self, timeout: float = 0.2) -> None:
+        self.flush()
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError:
+            return
+        self.received += len(data)
+        self.engine.push(data)
+        self.flush()
+
+    def until(self, condition: Any, what: str, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.read()
+
+    def close(self) -> None:
+        self.sock.close()
