@@ -1,5 +1,5 @@
 """Messages whose frames interleave on several links of one connection: each link's
-message arrives whole, whatever the other links send, abort or leave half sent.
+message arrives whole, whatever the other links send or leave half sent.
 
 proton reports a delivery's frames as events, merging only consecutive ones; when two
 links' frames alternate, a message read whole on its first event has later events
