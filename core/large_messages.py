@@ -85,13 +85,15 @@ class LargeBody:
         for then in waiting:
             then()
 
-    def chunks(self, start: int | None = None) -> Iterator[bytes]:
-        """The file's bytes from `start` (default: the body's start) in READ_CHUNK pieces."""
+    def chunks(self, start: int | None = None, end: int | None = None) -> Iterator[bytes]:
+        """The file's bytes from `start` (default: the body's start) to `end` (default:
+        the file's end) in READ_CHUNK pieces."""
+        stop = self.length if end is None else end
         fd = os.open(self.path, os.O_RDONLY)
         try:
             offset = self.head_size if start is None else start
-            while offset < self.length:
-                chunk = os.pread(fd, min(READ_CHUNK, self.length - offset), offset)
+            while offset < stop:
+                chunk = os.pread(fd, min(READ_CHUNK, stop - offset), offset)
                 if not chunk:
                     raise OSError(f"large message file {self.path}: ends at {offset} of "
                                   f"{self.length} bytes")  # fmt: skip

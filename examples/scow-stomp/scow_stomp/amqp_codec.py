@@ -48,10 +48,15 @@ class Parts:
 # --------------------------------------------------------------------------- encoding
 
 
+def _variable_head(small: int, large: int, size: int) -> bytes:
+    """The constructor and length of a variable-width value of `size` bytes."""
+    if size < 256:
+        return bytes((small, size))
+    return bytes((large,)) + _U32.pack(size)
+
+
 def _variable(small: int, large: int, data: bytes) -> bytes:
-    if len(data) < 256:
-        return bytes((small, len(data))) + data
-    return bytes((large,)) + _U32.pack(len(data)) + data
+    return _variable_head(small, large, len(data)) + data
 
 
 def _string(text: str) -> bytes:
@@ -71,7 +76,7 @@ def _section(code: int, value: bytes) -> bytes:
     return b"\x00\x53" + bytes((code,)) + value
 
 
-def encode_sections(
+def encode_head(
     *,
     to: str,
     durable: bool,
@@ -79,13 +84,11 @@ def encode_sections(
     ttl_ms: int,
     properties: Mapping[str, str],
     application_properties: Mapping[str, str],
-    body: bytes | str,
-) -> tuple[bytes, bytes]:
-    """An AMQP message as (the sections before the body, the body section): header (when
-    anything in it differs from the defaults), properties (`to` and the string
-    `properties` named in PROPERTY_FIELDS), application-properties (string values), and a
-    data (bytes) or string-value body. A large message keeps the first in memory and both
-    in its file."""
+) -> bytes:
+    """An AMQP message's sections before its body: header (when anything in it differs
+    from the defaults), properties (`to` and the string `properties` named in
+    PROPERTY_FIELDS) and application-properties (string values). A large message keeps
+    them in memory and, followed by its body, in its file."""
     out = []
     if durable or priority is not None or ttl_ms:
         fields = [
@@ -109,9 +112,20 @@ def encode_sections(
     if application_properties:
         pairs = [_string(k) + _string(v) for k, v in application_properties.items()]
         out.append(_section(APPLICATION_PROPERTIES, _compound(0xD1, pairs, 2 * len(pairs))))
+    return b"".join(out)
+
+
+def body_section(body: bytes | str) -> bytes:
+    """A data section (bytes) or string-value section (str) holding `body`."""
     if isinstance(body, str):
-        return b"".join(out), _section(VALUE, _string(body))
-    return b"".join(out), _section(DATA, _variable(0xA0, 0xB0, body))
+        return _section(VALUE, _string(body))
+    return _section(DATA, _variable(0xA0, 0xB0, body))
+
+
+def data_section_head(size: int) -> bytes:
+    """What comes before the `size` bytes of a data section: a body written as it
+    arrives follows it."""
+    return _section(DATA, _variable_head(0xA0, 0xB0, size))
 
 
 # --------------------------------------------------------------------------- decoding

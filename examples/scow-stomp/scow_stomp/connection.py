@@ -5,6 +5,11 @@ subscription) is answered with an ERROR frame and the connection is closed, as S
 1.2 requires; other connections are not affected. Receipts keep the order of the frames
 that asked for them: a RECEIPT is written only once every earlier durable SEND or
 COMMIT is on disk, so the receipt of a DISCONNECT covers everything before it.
+
+Large messages (`scow_stomp.large`) never pass whole through memory: a large SEND's body
+goes to its file as it arrives, and a large MESSAGE's body goes from its file to the
+socket while asyncio takes more (`pause_writing`); frames written meanwhile wait their
+turn, and subscriptions take no messages until it is out.
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core import BrokerError, ConnectionInfo, MessageRef, RouteStatus, Transaction
+from scow.core import BrokerError, ConnectionInfo, LargeHead, MessageRef, RouteStatus, Transaction
 from scow_stomp import convert, frames
+from scow_stomp.large import IncomingSend, StreamedFrame
 from scow_stomp.login import LoginRefused, authorizer, login
 from scow_stomp.subscription import Subscription
 
@@ -31,6 +38,9 @@ log = structlog.get_logger("scow.stomp")
 VERSION = "1.2"
 #: Destinations a connection remembers its send permission for.
 MAX_CHECKED = 1024
+#: Bytes of a streamed body written per turn of the loop, so that a consumer as fast as
+#: the socket does not hold up every other connection.
+STREAM_TURN = 4 << 20
 
 
 class ClientError(Exception):
@@ -62,7 +72,7 @@ class StompConnection(asyncio.Protocol):
     def __init__(self, server: StompServer) -> None:
         self.server = server
         self.broker = server.broker
-        self.parser = frames.Parser(server.max_frame_size)
+        self.parser = frames.Parser(server.max_frame_size, server.min_large_message_size)
         self.socket: asyncio.Transport | None = None
         self.info = ConnectionInfo(
             self.broker.next_connection_number(),
@@ -91,6 +101,12 @@ class StompConnection(asyncio.Protocol):
         self.transactions: dict[str, _Tx] = {}
         self._ack_ids = itertools.count(1)
         self._out: list[bytes] = []
+        #: The large SEND whose body is arriving, if any.
+        self._incoming: IncomingSend | None = None
+        #: The MESSAGE whose body is being written from its file, and the frames
+        #: written meanwhile, which wait for it.
+        self._stream: StreamedFrame | None = None
+        self._after_stream: deque[bytes | StreamedFrame] = deque()
         #: Durable sends and commits not yet on disk, and the receipts waiting for them.
         self._unstored = 0
         self._receipts: list[bytes] = []
@@ -113,8 +129,11 @@ class StompConnection(asyncio.Protocol):
             return
         self._last_read = time.monotonic()
         try:
-            for frame in self.parser.feed(data):
-                self._handle(frame)
+            for event in self.parser.feed(data):
+                if event.__class__ is frames.BodyPart:
+                    self._send_part(event)  # type: ignore[arg-type]
+                else:
+                    self._handle(event)  # type: ignore[arg-type]
                 if self.closed or self._closing:
                     return
         except frames.FrameError as exc:
@@ -133,14 +152,80 @@ class StompConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
+        if self._stream is not None:
+            self._pump()  # offers more once the stream is out
+        else:
+            self._offer()
+
+    def _offer(self) -> None:
+        """Have the subscriptions' queues hand out what the connection can take now."""
         for subscription in list(self.subscriptions.values()):
+            if self.paused or self._stream is not None:
+                return
             subscription.queue.dispatch()
 
+    @property
+    def busy(self) -> bool:
+        """The socket takes no more for now: asyncio paused writing, or a body streams."""
+        return self.paused or self._stream is not None
+
     def write(self, data: bytes) -> None:
-        """Queue bytes for the socket; written together after the current callback."""
+        """Queue bytes for the socket; written together after the current callback
+        (after the body being streamed, if one is)."""
+        if self._stream is not None:
+            self._after_stream.append(data)
+            return
         if not self._out:
             asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(data)
+
+    def write_streamed(self, frame: StreamedFrame) -> None:
+        """Write a frame whose body is read from its file as the socket takes it."""
+        if self._stream is not None:
+            self._after_stream.append(frame)
+            return
+        self._start_stream(frame)
+        self._pump()
+
+    def _start_stream(self, frame: StreamedFrame) -> None:
+        self._out.append(frame.head)
+        self._flush()
+        self._stream = frame
+
+    def _pump(self) -> None:
+        """Write more of the streamed body while the socket takes it; once it is out,
+        what waited for it, and then the subscriptions may take more."""
+        written = 0
+        ended = False
+        while (stream := self._stream) is not None and not self.paused and not self.closed:
+            if written >= STREAM_TURN:  # the rest in a later turn of the loop
+                asyncio.get_running_loop().call_soon(self._pump)
+                return
+            try:
+                chunk = next(stream.chunks, None)
+            except OSError as exc:
+                log.error("large message not delivered", reason=str(exc))
+                self.fail(f"a large message's body could not be read: {exc}")
+                return
+            assert self.socket is not None
+            if chunk is not None:
+                self.socket.write(chunk)
+                self._last_write = time.monotonic()
+                written += len(chunk)
+                continue
+            self.socket.write(b"\x00")
+            self._stream = None
+            ended = True
+            if stream.ref is not None:
+                self.broker.acknowledge(stream.ref)
+            while self._after_stream and self._stream is None:
+                item = self._after_stream.popleft()
+                if item.__class__ is StreamedFrame:
+                    self._start_stream(item)  # type: ignore[arg-type]
+                else:
+                    self.write(item)  # type: ignore[arg-type]
+        if ended and self._stream is None:
+            self._offer()
 
     def _flush(self) -> None:
         out, self._out = self._out, []
@@ -175,6 +260,10 @@ class StompConnection(asyncio.Protocol):
         self.closed = True
         for timer in self._timers:
             timer.cancel()
+        if self._incoming is not None:
+            self._incoming.abandon()
+            self._incoming = None
+        self._drop_streams()
         for state in self.transactions.values():
             self._abort(state)
         self.transactions.clear()
@@ -186,6 +275,18 @@ class StompConnection(asyncio.Protocol):
             self.broker.security.release(self.principal)
         if self.connected:
             self.broker.hooks.scow_connection_closed(info=self.info)
+
+    def _drop_streams(self) -> None:
+        """The connection goes: large messages not written whole go back to their queues
+        (a failed delivery); those the client acknowledges go back with its subscription."""
+        streams = [self._stream, *self._after_stream]
+        self._stream = None
+        self._after_stream.clear()
+        for stream in streams:
+            if stream.__class__ is StreamedFrame:
+                stream.chunks.close()  # type: ignore[union-attr]
+                if stream.ref is not None:  # type: ignore[union-attr]
+                    self.broker.release(stream.ref, delivered=True)  # type: ignore[union-attr]
 
     def describe_links(self) -> list[dict[str, Any]]:
         return [
@@ -223,8 +324,8 @@ class StompConnection(asyncio.Protocol):
         except ClientError as exc:
             exc.receipt = receipt
             raise
-        if command != "DISCONNECT" and receipt is not None:
-            self._receipt(receipt)
+        if command != "DISCONNECT" and receipt is not None and not frame.streamed:
+            self._receipt(receipt)  # a streamed SEND's, once its body is whole
 
     def _receipt(self, receipt_id: str) -> None:
         data = frames.encode("RECEIPT", {"receipt-id": receipt_id})
@@ -339,21 +440,72 @@ class StompConnection(asyncio.Protocol):
             self._may_send.add(address)
         self._check_room(address)
         tx = self._tx(frame).tx if "transaction" in frame.headers else None
+        if frame.streamed:
+            self._begin_large_send(frame, destination, address, routing, tx)
+            return
         try:
             head, body = convert.to_amqp_sections(frame.headers, frame.body, address)
         except ValueError as exc:
             raise ClientError(f"SEND to {destination!r}: {exc}") from None
-        broker = self.broker
         if len(head) + len(body) < self.server.min_large_message_size:
             self._route(head + body, address, routing, tx)
             return
-        # a large message, as an AMQP producer's: its body in a file of its own
-        durable = frame.headers.get("persistent", "false").lower() == "true"
+        # a large message (a text body, or headers that made it one) that came whole
+        broker = self.broker
         large = broker.large_messages
+        durable = convert.persistent(frame.headers)
         try:
             data = large.write_whole(broker.next_id(), head, body, sync=large.sync and durable)
         except OSError as exc:
             raise ClientError(f"SEND to {destination!r}: large message not stored: {exc}") from None
+        self._route_large(data, address, routing, tx)
+
+    def _begin_large_send(
+        self, frame: frames.Frame, destination: str, address: str, routing: Any, tx: Any
+    ) -> None:
+        """A SEND over min-large-message-size: its body goes to its file as it comes."""
+        try:
+            head = convert.to_amqp_head(frame.headers, address)
+        except ValueError as exc:
+            raise ClientError(f"SEND to {destination!r}: {exc}") from None
+        broker = self.broker
+        large = broker.large_messages
+        try:
+            self._incoming = IncomingSend(
+                large,
+                broker.next_id(),
+                head,
+                int(frame.headers["content-length"]),
+                sync=large.sync and convert.persistent(frame.headers),
+                address=address,
+                routing=routing,
+                tx=tx,
+                receipt=frame.headers.get("receipt"),
+            )
+        except OSError as exc:
+            raise ClientError(f"SEND to {destination!r}: large message not stored: {exc}") from None
+
+    def _send_part(self, part: frames.BodyPart) -> None:
+        """More of a large SEND's body; routed once it is whole."""
+        incoming = self._incoming
+        assert incoming is not None  # a failed SEND closed the connection
+        try:
+            incoming.write(part.data)
+        except OSError as exc:
+            raise ClientError(
+                f"SEND to {incoming.address!r}: large message not stored: {exc}", incoming.receipt
+            ) from None
+        if not part.last:
+            return
+        self._incoming = None
+        try:
+            self._route_large(incoming.complete(), incoming.address, incoming.routing, incoming.tx)
+        except BrokerError as exc:
+            raise ClientError(f"SEND refused: {exc.description}", incoming.receipt) from None
+        if incoming.receipt is not None:
+            self._receipt(incoming.receipt)
+
+    def _route_large(self, data: LargeHead, address: str, routing: Any, tx: Any) -> None:
         data.body.acquire()  # held while it is routed: the file goes if nothing keeps it
         try:
             self._route(data, address, routing, tx)

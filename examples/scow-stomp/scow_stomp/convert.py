@@ -44,6 +44,14 @@ def to_amqp(headers: Mapping[str, str], body: bytes, address: str) -> bytes:
 
 def to_amqp_sections(headers: Mapping[str, str], body: bytes, address: str) -> tuple[bytes, bytes]:
     """`to_amqp` as (the sections before the body, the body section)."""
+    text = "content-length" not in headers
+    return to_amqp_head(headers, address), amqp_codec.body_section(
+        body.decode("utf-8", "surrogateescape") if text else body
+    )
+
+
+def to_amqp_head(headers: Mapping[str, str], address: str) -> bytes:
+    """The sections before the body of a SEND frame's message (see `to_amqp`)."""
     priority = headers.get("priority")
     if priority is not None and (not priority.isdigit() or int(priority) > 9):
         raise ValueError(f"priority {priority!r}: expected an integer from 0 to 9")
@@ -53,17 +61,21 @@ def to_amqp_sections(headers: Mapping[str, str], body: bytes, address: str) -> t
         if not expires.isdigit():
             raise ValueError(f"expires {expires!r}: expected milliseconds since the epoch")
         ttl = max(int(expires) - int(time.time() * 1000), 1)
-    return amqp_codec.encode_sections(
+    return amqp_codec.encode_head(
         to=address,
-        durable=headers.get("persistent", "false").lower() == "true",
+        durable=persistent(headers),
         priority=None if priority is None else int(priority),
         ttl_ms=ttl,
         properties={k: headers[k] for k in PROPERTY_HEADERS if k in headers},
         application_properties={
             k: v for k, v in headers.items() if k not in FRAME_HEADERS and k not in _HEADER_FIELDS
         },
-        body=body if "content-length" in headers else body.decode("utf-8", "surrogateescape"),
     )
+
+
+def persistent(headers: Mapping[str, str]) -> bool:
+    """The SEND frame asks for a durable message (`persistent:true`)."""
+    return headers.get("persistent", "false").lower() == "true"
 
 
 def from_amqp(data: bytes) -> tuple[dict[str, str], bytes]:

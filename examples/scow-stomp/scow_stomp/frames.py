@@ -4,11 +4,15 @@ A frame is a command line, header lines, a blank line and a body ended by NUL; a
 end-of-line between frames is a heart-beat. Header values escape `\\`, CR, LF and `:`
 (STOMP 1.2 section "Value Encoding"), except in CONNECT and CONNECTED frames. A body is
 read by `content-length` when the header is there, up to the first NUL otherwise.
+
+A SEND whose `content-length` is the parser's `stream_from` or more (a large message) is
+not held whole: its frame comes out with `streamed` set and an empty body, then its body
+as `BodyPart`s as the bytes arrive, the last one once the NUL after them is seen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 CLIENT_COMMANDS = frozenset(
@@ -43,9 +47,20 @@ class Frame:
     command: str
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    #: The body follows as `BodyPart`s (a large SEND), not in `body`.
+    streamed: bool = False
 
     def encode(self) -> bytes:
         return encode(self.command, self.headers, self.body)
+
+
+@dataclass
+class BodyPart:
+    """The next bytes of a streamed frame's body (valid until the next part is asked
+    for); `last` on the part that ends it, perhaps empty."""
+
+    data: memoryview
+    last: bool
 
 
 def _escape(value: str) -> bytes:
@@ -81,14 +96,19 @@ def _unescape(raw: bytes, where: str) -> str:
 
 def encode(command: str, headers: Mapping[str, str], body: bytes = b"") -> bytes:
     """A frame's bytes; `content-length` is always set for a non-empty body."""
+    return encode_head(command, headers, len(body)) + body + b"\x00"
+
+
+def encode_head(command: str, headers: Mapping[str, str], length: int) -> bytes:
+    """A frame's bytes up to its body, which is `length` bytes (then NUL) long."""
     lines = [command.encode()]
     if command in _UNESCAPED:
         lines += [f"{k}:{v}".encode() for k, v in headers.items()]
     else:
         lines += [_escape(k) + b":" + _escape(str(v)) for k, v in headers.items()]
-    if body and "content-length" not in headers:
-        lines.append(b"content-length:%d" % len(body))
-    return b"\n".join(lines) + b"\n\n" + body + b"\x00"
+    if length and "content-length" not in headers:
+        lines.append(b"content-length:%d" % length)
+    return b"\n".join(lines) + b"\n\n"
 
 
 class Parser:
@@ -96,28 +116,62 @@ class Parser:
 
     Heart-beats (end-of-lines between frames) are counted in `heartbeats`, not returned.
     A frame over `max_frame_size` or malformed raises FrameError; the stream cannot be
-    trusted after that, so the connection should answer ERROR and close.
+    trusted after that, so the connection should answer ERROR and close. A SEND whose
+    content-length is `stream_from` or more comes out streamed (see the module's doc).
     """
 
-    def __init__(self, max_frame_size: int) -> None:
+    def __init__(self, max_frame_size: int, stream_from: int | None = None) -> None:
         self.max_frame_size = max_frame_size
+        self.stream_from = stream_from
         self.heartbeats = 0
         self._buffer = bytearray()
         #: Where the next frame starts: frames are read in place, and what they used is
         #: cut off once per `feed` (cutting per frame would copy the rest each time).
         self._pos = 0
+        #: Bytes of a streamed body still to come (then its NUL); None: not streaming.
+        self._body_left: int | None = None
 
-    def feed(self, data: bytes) -> Iterator[Frame]:
-        self._buffer += data
+    def feed(self, data: bytes) -> Iterator[Frame | BodyPart]:
+        view = memoryview(data)
+        while view:
+            if self._body_left is None:
+                view = yield from self._frames(view)
+            else:
+                view = yield from self._stream(view)
+
+    def _frames(self, view: memoryview) -> Generator[Frame, None, memoryview]:
+        """The frames the buffer holds once `view` is added; returns the bytes after a
+        streamed frame's head (its body, handed on in parts) or nothing."""
+        self._buffer += view
         try:
-            while True:
-                frame = self._next()
-                if frame is None:
-                    return
+            while (frame := self._next()) is not None:
                 yield frame
+                if frame.streamed:  # the rest is a copy of at most one read
+                    rest = memoryview(bytes(self._buffer[self._pos :]))
+                    self._pos = len(self._buffer)
+                    return rest
+            return memoryview(b"")
         finally:
             del self._buffer[: self._pos]
             self._pos = 0
+
+    def _stream(self, view: memoryview) -> Generator[BodyPart, None, memoryview]:
+        """Hand out what `view` holds of a streamed body; returns what follows it."""
+        left = self._body_left
+        assert left is not None
+        part = view[:left]
+        left -= len(part)
+        rest = view[len(part) :]
+        if left or not rest:  # its end (or NUL) is still to come
+            self._body_left = left
+            if part:
+                yield BodyPart(part, last=False)
+            return rest
+        if rest[0] != 0:
+            raise FrameError("SEND: no NUL after the bytes content-length announced")
+        self._body_left = None
+        yield BodyPart(part, last=True)
+        return rest[1:]
 
     def _next(self) -> Frame | None:
         buf = self._buffer
@@ -148,6 +202,12 @@ class Parser:
                 raise FrameError(f"{frame.command}: content-length {length!r} is not a number")
             size = int(length)
             self._check_size(frame, body_start + size - start)
+            stream_from = self.stream_from
+            if stream_from is not None and size >= stream_from and frame.command == "SEND":
+                frame.streamed = True
+                self._body_left = size
+                self._pos = body_start
+                return frame
             if len(buf) < body_start + size + 1:
                 return None
             if buf[body_start + size] != 0:

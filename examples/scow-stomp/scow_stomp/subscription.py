@@ -7,6 +7,9 @@
 
 In the client modes at most `window` messages are unacknowledged at once (STOMP has no
 flow control, so this is what keeps a slow client from taking a whole queue).
+
+A large message's body is streamed from its file (`scow_stomp.large`); an auto
+subscription's is acknowledged once written whole.
 """
 
 from __future__ import annotations
@@ -15,11 +18,16 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from scow.core import InvalidField, Message, MessageRef, with_body
+import structlog
+
+from scow.core import InvalidField, LargeHead, Message, MessageRef, with_body
 from scow_stomp import convert, frames
+from scow_stomp.large import StreamedFrame, payload_spans
 
 if TYPE_CHECKING:
     from scow_stomp.connection import StompConnection
+
+log = structlog.get_logger("scow.stomp")
 
 ACK_MODES = ("auto", "client", "client-individual")
 
@@ -46,7 +54,7 @@ class Subscription:
         self.durable = False
 
     def credit(self) -> int:
-        if self.conn.paused or self.conn.closed:
+        if self.conn.busy or self.conn.closed:
             return 0
         if self.ack == "auto":
             return self.window
@@ -55,24 +63,42 @@ class Subscription:
     def deliver(self, ref: MessageRef) -> None:
         message = ref.message
         delivered = message.format.for_delivery(message, ref.delivery_count)
-        # STOMP frames go whole: a large message's body is read from its file
-        headers, body = convert.from_amqp(with_body(delivered, message.data))
+        data = message.data
+        spans = None
+        if data.__class__ is LargeHead:
+            try:
+                spans = payload_spans(data)  # type: ignore[arg-type]
+            except OSError as exc:  # a failed attempt: one that never reads is dead-lettered
+                log.error("large message not delivered", queue=ref.queue.name, reason=str(exc))
+                self.conn.broker.release(ref, delivered=True)
+                return
+        if spans is None:
+            headers, body = convert.from_amqp(with_body(delivered, data))  # a body read whole
+        else:
+            headers, body = convert.from_amqp(delivered)  # the head: the body streams
         headers["subscription"] = self.id
         headers["message-id"] = str(message.id)
         headers["destination"] = self.destination
         if ref.delivery_count:
             headers["redelivered"] = "true"
-        if self.ack == "auto":
-            self.conn.write(frames.encode("MESSAGE", headers, body))
-            self.conn.broker.acknowledge(ref)
+        if self.ack != "auto":
+            ack_id = self.conn.next_ack_id()
+            headers["ack"] = ack_id
+            if self.conn.version == "1.1":  # 1.1 clients acknowledge by message-id
+                headers["message-id"] = ack_id
+            self.pending[ack_id] = ref
+            self.conn.acks[ack_id] = self
+        if spans is not None:
+            length = sum(end - start for start, end in spans)
+            headers["content-length"] = str(length)
+            frame = StreamedFrame(frames.encode_head("MESSAGE", headers, length), data, spans)  # type: ignore[arg-type]
+            if self.ack == "auto":
+                frame.ref = ref  # acknowledged once written whole
+            self.conn.write_streamed(frame)
             return
-        ack_id = self.conn.next_ack_id()
-        headers["ack"] = ack_id
-        if self.conn.version == "1.1":  # 1.1 clients acknowledge by message-id
-            headers["message-id"] = ack_id
-        self.pending[ack_id] = ref
-        self.conn.acks[ack_id] = self
         self.conn.write(frames.encode("MESSAGE", headers, body))
+        if self.ack == "auto":
+            self.conn.broker.acknowledge(ref)
 
     def detach(self, reason: str) -> None:
         """The broker ends the subscription (its queue was deleted)."""
