@@ -105,3 +105,55 @@ def read_until_closed(sock: socket.socket) -> bytes:
     while chunk := sock.recv(65536):
         data += chunk
     return data
+
+
+class RawStomp:
+    """A STOMP client on a plain socket, driven step by step: a test can stop mid-frame,
+    or not read at all, which a client library does not let it do."""
+
+    def __init__(self, port: int, *, receive_buffer: int | None = None) -> None:
+        self.sock = socket.socket()
+        if receive_buffer is not None:  # a slow reader: the broker's writes back up sooner
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(10)
+        self.sock.connect(("127.0.0.1", port))
+        self._buffer = bytearray()
+        self.sock.sendall(b"CONNECT\naccept-version:1.2\nhost:scow\n\n\x00")
+        command, _, _ = self.read_frame()
+        assert command == "CONNECTED", command
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _more(self) -> None:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("the broker closed the connection")
+        self._buffer += chunk
+
+    def read_frame(self) -> tuple[str, dict[str, str], bytes]:
+        """The next frame the broker sends (heart-beats skipped): command, headers, body."""
+        while True:
+            del self._buffer[: len(self._buffer) - len(self._buffer.lstrip(b"\n"))]
+            end = self._buffer.find(b"\n\n")
+            if end != -1:
+                break
+            self._more()
+        command, *lines = self._buffer[:end].decode().split("\n")
+        headers: dict[str, str] = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers.setdefault(name, value)
+        start = end + 2
+        length = int(headers.get("content-length", -1))
+        while (
+            stop := start + length if length >= 0 else self._buffer.find(b"\x00", start)
+        ) < 0 or (len(self._buffer) <= stop):
+            self._more()
+        assert self._buffer[stop] == 0, "a frame not ended by NUL"
+        body = bytes(self._buffer[start:stop])
+        del self._buffer[: stop + 1]
+        return command, headers, body
+
+    def close(self) -> None:
+        self.sock.close()
