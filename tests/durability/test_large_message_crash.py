@@ -12,9 +12,10 @@ from typing import Any
 
 from proton import Message
 
-from scow.core.testing import wait_for
+from scow.core.testing import free_port, wait_for
 from scow.protocols.amqp import engine
 from tests.database.backends import on_database
+from tests.stomp.stomp_helpers import RawStomp
 from tests.wire.helpers import RawClient, connected, consume_all, pump, receive, send
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -242,3 +243,33 @@ def test_large_messages_interleaved_on_two_links_of_one_connection_arrive_whole(
     assert sorted((m.properties["n"], bytes(m.body)) for m in got) == [
         (i, body_of(4 << 20, seed=i)) for i in range(2)
     ]
+
+
+def test_sigkill_mid_stomp_send_leaves_no_file_and_keeps_the_receipted_message(
+    scow_broker_process, tmp_path
+):
+    stomp_port = free_port()
+    stomp = {
+        "listen": [f"127.0.0.1:{stomp_port}"],
+        "anycast-prefix": "/queue/",
+        "min-large-message-size": LARGE,
+    }
+    kwargs = {"plugins": [*PLUGINS, "stomp"], "sections": {**sections(), "stomp": stomp}}
+    broker = scow_broker_process(**kwargs)
+    client = RawStomp(stomp_port)
+    whole = body_of(1 << 20, seed=1)
+    head = b"SEND\ndestination:/queue/cut\npersistent:true\nreceipt:%s\ncontent-length:%d\n\n"
+    client.send(head % (b"r", len(whole)) + whole + b"\x00")
+    assert client.read_frame()[:2] == ("RECEIPT", {"receipt-id": "r"})
+    client.send(head % (b"never", 8 << 20) + body_of(3 << 20, seed=2))  # 3 MiB of 8
+    wait_for(
+        lambda: max((p.stat().st_size for p in large_files(tmp_path)), default=0) > 3 << 20,
+        10,
+        what="the partial SEND in its file",
+    )
+    broker.kill()
+    client.close()
+    restarted = scow_broker_process(**kwargs, port=broker.port)
+    assert len(large_files(tmp_path)) == 1  # the partial SEND's file removed at startup
+    assert [bytes(m.body) for m in consume_all(restarted.url, "cut", quiet=0.5)] == [whole]
+    wait_for(lambda: not large_files(tmp_path), 5, what="the file to go")
