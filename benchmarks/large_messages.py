@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import select
 import socket
@@ -38,9 +39,10 @@ from run_perf import free_port, platform_line, scow_command, stop, wait_listenin
 from scow.core.address_settings import parse_size
 from scow.protocols.amqp import engine
 
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 CONFIG = """\
 [plugins]
-enable = ["amqp", "file-journal", "standard-queues", "full-policies"]
+enable = {plugins}
 
 [broker]
 data-dir = "{data_dir}"
@@ -199,11 +201,21 @@ def consume(port: int, address: str, count: int) -> tuple[float, int]:
 
 
 @contextlib.contextmanager
-def broker(workdir: Path, sync: bool) -> Iterator[tuple[int, int]]:
-    """`scow run` on a free port; yields (port, pid)."""
+def broker(
+    workdir: Path, sync: bool, plugins: list[str] = PLUGINS, extra: str = ""
+) -> Iterator[tuple[int, int]]:
+    """`scow run` on a free port, with `plugins` and `extra` config; yields (port, pid)."""
     port = free_port()
     config = workdir / "scow.toml"
-    config.write_text(CONFIG.format(data_dir=workdir / "data", port=port, sync=str(sync).lower()))
+    config.write_text(
+        CONFIG.format(
+            plugins=json.dumps(plugins),
+            data_dir=workdir / "data",
+            port=port,
+            sync=str(sync).lower(),
+        )
+        + extra
+    )
     log = workdir / "broker.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
