@@ -51,7 +51,8 @@ SECTION = ConfigSection(
             int,
             10_485_760,
             "Largest frame accepted (bytes); a bigger one gets an ERROR frame and the "
-            "connection closes.",
+            "connection closes. A large SEND counts whole, though its body goes to its "
+            "file as it arrives.",
             kind="size",
             minimum=1024,
         ),
@@ -61,7 +62,9 @@ SECTION = ConfigSection(
             DEFAULT_MIN_LARGE_MESSAGE_SIZE,
             "A SEND whose message is this size or more is a large message, as an AMQP "
             "producer's: its body is kept in a file of its own ([broker] "
-            "large-messages-directory), not in memory or the journal.",
+            "large-messages-directory), not in memory or the journal; with a "
+            "content-length this size or more, written there as it arrives. Large "
+            "messages reach subscribers from their files as the socket takes them.",
             kind="size",
             minimum=1,
         ),
