@@ -130,10 +130,10 @@ class StompConnection(asyncio.Protocol):
         self._last_read = time.monotonic()
         try:
             for event in self.parser.feed(data):
-                if event.__class__ is frames.BodyPart:
-                    self._send_part(event)  # type: ignore[arg-type]
+                if isinstance(event, frames.BodyPart):
+                    self._send_part(event)
                 else:
-                    self._handle(event)  # type: ignore[arg-type]
+                    self._handle(event)
                 if self.closed or self._closing:
                     return
         except frames.FrameError as exc:
@@ -220,10 +220,10 @@ class StompConnection(asyncio.Protocol):
                 self.broker.acknowledge(stream.ref)
             while self._after_stream and self._stream is None:
                 item = self._after_stream.popleft()
-                if item.__class__ is StreamedFrame:
-                    self._start_stream(item)  # type: ignore[arg-type]
+                if isinstance(item, StreamedFrame):
+                    self._start_stream(item)
                 else:
-                    self.write(item)  # type: ignore[arg-type]
+                    self.write(item)
         if ended and self._stream is None:
             self._offer()
 
@@ -283,10 +283,10 @@ class StompConnection(asyncio.Protocol):
         self._stream = None
         self._after_stream.clear()
         for stream in streams:
-            if stream.__class__ is StreamedFrame:
-                stream.chunks.close()  # type: ignore[union-attr]
-                if stream.ref is not None:  # type: ignore[union-attr]
-                    self.broker.release(stream.ref, delivered=True)  # type: ignore[union-attr]
+            if isinstance(stream, StreamedFrame):
+                stream.chunks.close()
+                if stream.ref is not None:
+                    self.broker.release(stream.ref, delivered=True)
 
     def describe_links(self) -> list[dict[str, Any]]:
         return [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from scow.core import LargeHead, MessageRef
@@ -77,7 +77,7 @@ def payload_spans(data: LargeHead) -> list[tuple[int, int]] | None:
     (start, end) per data section, or the one binary or string value; None for a body
     of another kind (converted whole). Raises OSError when the file cannot be read."""
     body = data.body
-    spans = []
+    spans: list[tuple[int, int]] = []
     fd = os.open(body.path, os.O_RDONLY)
     try:
         pos = body.head_size
@@ -114,12 +114,12 @@ class StreamedFrame:
         #: The frame up to its body.
         self.head = head
         #: The body's bytes, read as they are asked for (the file opens on the first).
-        self.chunks: Iterator[bytes] = _read(data, spans)
+        self.chunks: Generator[bytes, None, None] = _read(data, spans)
         #: Acknowledged once the frame is written whole (auto mode), released if it is
         #: not; None when the client acknowledges.
         self.ref: MessageRef | None = None
 
 
-def _read(data: LargeHead, spans: list[tuple[int, int]]) -> Iterator[bytes]:
+def _read(data: LargeHead, spans: list[tuple[int, int]]) -> Generator[bytes, None, None]:
     for start, end in spans:
         yield from data.body.chunks(start, end)

@@ -65,9 +65,9 @@ class Subscription:
         delivered = message.format.for_delivery(message, ref.delivery_count)
         data = message.data
         spans = None
-        if data.__class__ is LargeHead:
+        if isinstance(data, LargeHead):
             try:
-                spans = payload_spans(data)  # type: ignore[arg-type]
+                spans = payload_spans(data)
             except OSError as exc:  # a failed attempt: one that never reads is dead-lettered
                 log.error("large message not delivered", queue=ref.queue.name, reason=str(exc))
                 self.conn.broker.release(ref, delivered=True)
@@ -91,7 +91,7 @@ class Subscription:
         if spans is not None:
             length = sum(end - start for start, end in spans)
             headers["content-length"] = str(length)
-            frame = StreamedFrame(frames.encode_head("MESSAGE", headers, length), data, spans)  # type: ignore[arg-type]
+            frame = StreamedFrame(frames.encode_head("MESSAGE", headers, length), data, spans)
             if self.ack == "auto":
                 frame.ref = ref  # acknowledged once written whole
             self.conn.write_streamed(frame)
