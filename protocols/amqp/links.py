@@ -426,6 +426,11 @@ class ConsumerLink:
         self.filters: dict[str, Any] = source.filters
         self.browse = source.distribution_mode == engine.DIST_MODE_COPY
         self.unsettled: dict[Any, MessageRef] = {}
+        # A receiver that asks for settled deliveries (at-most-once) gets them: without
+        # this our end stayed `mixed`, every delivery went unsettled and the client's
+        # settle came back as one disposition per message for the broker to process.
+        if engine.link_remote_snd_settle_mode(link) == engine.SND_SETTLED:
+            engine.set_sender_settle_mode_settled(link)
         self.presettled = engine.link_snd_settle_mode(link) == engine.SND_SETTLED
         self._tag = 0
         #: The delivery tag proton copies from, rewritten in place for each message.
