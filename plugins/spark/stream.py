@@ -15,7 +15,9 @@ it is stored.
 
 Reads do not consume: each consumer reads from its own position, given as a source filter
 when it attaches (`scow:stream-offset`: "first", "last", "next", a sequence number or a
-timestamp; optional `scow:stream-end`: a sequence number (exclusive) or a timestamp).
+timestamp; optional `scow:stream-end`: a sequence number (exclusive) or a timestamp;
+optional `scow:stream-pack`: up to that many records per delivery, as one pack (see
+`records.pack`), which is what makes a bulk reader fast).
 Reads, seeks by time and selectors run on reader threads, never on the event loop: the
 loop gets the messages a consumer wants, ready to deliver, and a consumer's drain is
 answered once the read it waits for is in. Settling a delivery removes nothing. Gaps in
@@ -39,7 +41,7 @@ import structlog
 from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import InvalidField
 from scow.plugins.spark.cursors import Cursors, now_ms
-from scow.plugins.spark.records import annotate
+from scow.plugins.spark.records import MAX_PACK_RECORDS, PACK_BYTES, PACK_FILTER, annotate, pack
 from scow.plugins.spark.writer import StreamWriter, Written
 from scow.protocols.amqp.codec import Described, Timestamp
 
@@ -147,16 +149,33 @@ def parse_position(queue: str, filters: Mapping[str, Any]) -> tuple[Any, Any]:
     return start, end
 
 
+def pack_size(queue: str, filters: Mapping[str, Any]) -> int:
+    """Records per delivery a consumer's `scow:stream-pack` filter asks for (1: no packs);
+    InvalidField naming a bad value."""
+    raw = filters.get(PACK_FILTER)
+    if raw is None:
+        return 1
+    value = _filter_value(raw)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PACK_RECORDS:
+        raise InvalidField(
+            f"stream '{queue}': filter {PACK_FILTER} = {value!r}: expected records per "
+            f"delivery, 1 to {MAX_PACK_RECORDS}"
+        )
+    return int(value)
+
+
 class _Reader:
-    """One consumer's position and the messages read ahead for it."""
+    """One consumer's position and the messages read ahead for it (each with the number
+    of records it carries: more than one in a pack)."""
 
-    __slots__ = ("buffer", "consumer", "end", "next", "reading")
+    __slots__ = ("buffer", "consumer", "end", "next", "pack", "reading")
 
-    def __init__(self, consumer: Consumer, start: int, end: int) -> None:
+    def __init__(self, consumer: Consumer, start: int, end: int, pack: int) -> None:
         self.consumer = consumer
         self.next = start
         self.end = end
-        self.buffer: deque[Message] = deque()
+        self.pack = pack
+        self.buffer: deque[tuple[Message, int]] = deque()
         #: A read (or a seek) for it runs off the loop: its drain waits for the answer.
         self.reading = False
 
@@ -420,13 +439,15 @@ class StreamQueue:
         return self.next_seq if found is None else found
 
     def add_consumer(self, consumer: Consumer) -> None:
-        start, end = parse_position(self.name, getattr(consumer, "filters", None) or {})
+        filters = getattr(consumer, "filters", None) or {}
+        start, end = parse_position(self.name, filters)
         if self._address_info is None:
             self._address_info = self.broker.get_address(self.address)
         reader = self._readers[consumer] = _Reader(
             consumer,
             0 if _is_time(start) else self.position(start),
             1 << 63 if end is None or _is_time(end) else self.position(end),
+            pack_size(self.name, filters),
         )
         if _is_time(start) or _is_time(end):  # a position by time is a read of the store
             reader.reading = True
@@ -472,7 +493,9 @@ class StreamQueue:
         if reader.next >= limit:
             return
         reader.reading = True
-        future = self._reads.submit(self._read, reader.next, limit, reader.consumer.filter)
+        future = self._reads.submit(
+            self._read, reader.next, limit, reader.consumer.filter, reader.pack
+        )
         future.add_done_callback(lambda f: self._from_reader(self._read_in, reader, f))
 
     def _from_reader(
@@ -499,13 +522,14 @@ class StreamQueue:
                 drain_ready()
 
     def _read(
-        self, seq: int, end: int, selector: Callable[[Message], bool] | None
-    ) -> tuple[list[Message], int]:
-        """(reader thread) The messages from `seq` below `end` the selector wants, and
-        where to read next. Records a selector refuses never reach the loop; a read
-        scans up to SCAN_LIMIT records for one it wants."""
+        self, seq: int, end: int, selector: Callable[[Message], bool] | None, per_pack: int
+    ) -> tuple[list[tuple[Message, int]], int]:
+        """(reader thread) The messages from `seq` below `end` the selector wants, in
+        packs of up to `per_pack` records when that is more than 1, and where to read
+        next. Records a selector refuses never reach the loop; a read scans up to
+        SCAN_LIMIT records for one it wants."""
         name, fmt, read = self.address, self._format, self.store.read
-        wanted: list[Message] = []
+        wanted: list[tuple[int, bytes]] = []
         scanned = 0
         while seq < end and not wanted and scanned < SCAN_LIMIT:
             records, following = read(seq, end, READ_AHEAD)
@@ -513,13 +537,20 @@ class StreamQueue:
             if not records:
                 break
             scanned += len(records)
+            if selector is None:
+                wanted += [(rseq, data) for rseq, _enqueued, data in records]
+                continue
             for rseq, _enqueued, data in records:
-                message = Message(rseq, data, name, fmt)
-                if selector is None or selector(message):
-                    wanted.append(message)
-        return wanted, seq
+                if selector(Message(rseq, data, name, fmt)):
+                    wanted.append((rseq, data))
+        if per_pack == 1:
+            return [(Message(rseq, data, name, fmt), 1) for rseq, data in wanted], seq
+        return [
+            (Message(group[0][0], pack([data for _s, data in group]), name, fmt), len(group))
+            for group in _packs(wanted, per_pack)
+        ], seq
 
-    def _read_in(self, reader: _Reader, read: tuple[list[Message], int]) -> None:
+    def _read_in(self, reader: _Reader, read: tuple[list[tuple[Message, int]], int]) -> None:
         messages, following = read
         reader.next = max(reader.next, following)
         reader.buffer.extend(messages)
@@ -533,11 +564,11 @@ class StreamQueue:
         browse = consumer.browse
         delivered = 0
         while buffer and credit() > 0:
-            message = buffer.popleft()
+            message, records = buffer.popleft()
             if not browse and address is not None:
                 address.add_memory(len(message.data))  # given back when the consumer settles it
             deliver(MessageRef(message, self))
-            delivered += 1
+            delivered += records
         self.messages_delivered += delivered
 
     # ------------------------------------------------------------------ outcomes
@@ -582,6 +613,20 @@ class StreamQueue:
         self._closed = True
         self._on_close(self)
         self.store.destroy()
+
+
+def _packs(records: list[tuple[int, bytes]], per_pack: int) -> Iterator[list[tuple[int, bytes]]]:
+    """`records` in runs of at most `per_pack` and about PACK_BYTES (a larger record alone)."""
+    group: list[tuple[int, bytes]] = []
+    size = 0
+    for record in records:
+        group.append(record)
+        size += len(record[1])
+        if len(group) >= per_pack or size >= PACK_BYTES:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
 
 
 def _is_time(position: Any) -> bool:
