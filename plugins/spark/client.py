@@ -394,9 +394,9 @@ class Client:
         self._tags += 1
         return engine.send(link, _TAG.pack(self._tags), data)
 
-    def sender(self, address: str) -> Sender:
+    def sender(self, address: str, window: int = SEND_WINDOW) -> Sender:
         """A link sending to `address` (see `Sender`)."""
-        return Sender(self, address)
+        return Sender(self, address, window)
 
     def send(self, address: str, messages: Iterable[bytes]) -> int:
         """Send every message and wait until the broker accepted each; how many."""
@@ -410,16 +410,17 @@ class Client:
 
 
 class Sender:
-    """Sends on one link, at most SEND_WINDOW unsettled: messages go out as `put` is given
+    """Sends on one link, at most `window` unsettled: messages go out as `put` is given
     them; `finish` waits for the outcomes of those still unsettled; `detach` ends the link.
 
     Several senders (one per broker) can be fed in turn: each waits only on its own
     broker's window.
     """
 
-    def __init__(self, client: Client, address: str) -> None:
+    def __init__(self, client: Client, address: str, window: int = SEND_WINDOW) -> None:
         self.client = client
         self.address = address
+        self.window = window
         self.link = client._sender(address)
         self.unsettled: list[Any] = []
         self.sent = 0
@@ -455,10 +456,10 @@ class Sender:
     def put(self, messages: Iterable[bytes]) -> None:
         """Send `messages` (waiting for credit or outcomes when the window is full)."""
         client, link, unsettled = self.client, self.link, self.unsettled
-        credit, send = engine.link_credit, client._send_raw
+        credit, send, window = engine.link_credit, client._send_raw, self.window
         what = f"sending to {self.address!r}"
         for data in messages:
-            while credit(link) <= 0 or len(unsettled) >= SEND_WINDOW:
+            while credit(link) <= 0 or len(unsettled) >= window:
                 client._check_link(link, what)
                 client._pump(0.05)
                 self._settle()

@@ -10,6 +10,7 @@ parsing anything else; otherwise the codec merges the two entries into the exist
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator
 
 from scow.protocols.amqp import codec
 
@@ -101,6 +102,21 @@ def pack(messages: list[bytes]) -> bytes:
     pack_uint = _UINT.pack
     payload = b"".join([part for m in messages for part in (pack_uint(len(m)), m)])
     return PACK_PREFIX + pack_uint(len(messages)) + _DATA32 + pack_uint(len(payload)) + payload
+
+
+def grouped(messages: Iterable[bytes], records: int, size: int) -> Iterator[list[bytes]]:
+    """`messages` in runs of at most `records` that stop once they hold `size` bytes (so a
+    larger message goes alone): what one pack each carries."""
+    group: list[bytes] = []
+    held = 0
+    for message in messages:
+        group.append(message)
+        held += len(message)
+        if len(group) >= records or held >= size:
+            yield group
+            group, held = [], 0
+    if group:
+        yield group
 
 
 def unpack(data: bytes, out: list[bytes]) -> bool:

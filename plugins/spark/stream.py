@@ -41,7 +41,14 @@ import structlog
 from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import InvalidField
 from scow.plugins.spark.cursors import Cursors, now_ms
-from scow.plugins.spark.records import MAX_PACK_RECORDS, PACK_BYTES, PACK_FILTER, annotate, pack
+from scow.plugins.spark.records import (
+    MAX_PACK_RECORDS,
+    PACK_BYTES,
+    PACK_FILTER,
+    annotate,
+    grouped,
+    pack,
+)
 from scow.plugins.spark.writer import StreamWriter, Written
 from scow.protocols.amqp.codec import Described, Timestamp
 
@@ -545,10 +552,12 @@ class StreamQueue:
                     wanted.append((rseq, data))
         if per_pack == 1:
             return [(Message(rseq, data, name, fmt), 1) for rseq, data in wanted], seq
-        return [
-            (Message(group[0][0], pack([data for _s, data in group]), name, fmt), len(group))
-            for group in _packs(wanted, per_pack)
-        ], seq
+        packs: list[tuple[Message, int]] = []
+        at = 0  # the first record of each pack gives it its id
+        for group in grouped([data for _s, data in wanted], per_pack, PACK_BYTES):
+            packs.append((Message(wanted[at][0], pack(group), name, fmt), len(group)))
+            at += len(group)
+        return packs, seq
 
     def _read_in(self, reader: _Reader, read: tuple[list[tuple[Message, int]], int]) -> None:
         messages, following = read
@@ -613,20 +622,6 @@ class StreamQueue:
         self._closed = True
         self._on_close(self)
         self.store.destroy()
-
-
-def _packs(records: list[tuple[int, bytes]], per_pack: int) -> Iterator[list[tuple[int, bytes]]]:
-    """`records` in runs of at most `per_pack` and about PACK_BYTES (a larger record alone)."""
-    group: list[tuple[int, bytes]] = []
-    size = 0
-    for record in records:
-        group.append(record)
-        size += len(record[1])
-        if len(group) >= per_pack or size >= PACK_BYTES:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
 
 
 def _is_time(position: Any) -> bool:
