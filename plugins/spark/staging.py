@@ -60,7 +60,8 @@ MARKERS = "$scow.sinks"
 #: Staged messages of a batch nobody committed or aborted are dropped after this (ms).
 DEFAULT_STAGING_TTL = 3600 * 1000
 #: The pack size STAGE offers: below the default `min-large-message-size` (100 KiB), so a
-#: pack is staged as an ordinary message (a larger threshold's large packs still commit).
+#: pack is staged as an ordinary message (under a lower threshold, as a large one, which a
+#: commit reads back).
 STAGED_PACK_BYTES = 32 << 10
 
 #: The address settings pattern of every staging address.
