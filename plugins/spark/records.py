@@ -94,14 +94,33 @@ def _pack_prefix() -> bytes:
 PACK_PREFIX = _pack_prefix()
 
 
-def pack(messages: list[bytes]) -> bytes:
-    """Several stream records as one AMQP message: a message-annotations section
-    {x-opt-scow-records: count} and one data section holding each record's bytes after
-    its length (uint32). Delivered as one transfer, they cost the broker and the reader
-    one delivery instead of one each (`scow:stream-pack`)."""
+#: A durable message's header section (what encode_message puts before the rest).
+DURABLE_HEADER = codec.encode_message(b"", durable=True)[: -len(codec.encode_message(b""))]
+
+
+def pack(messages: list[bytes], *, durable: bool = False) -> bytes:
+    """Several messages as one AMQP message: a message-annotations section
+    {x-opt-scow-records: count} and one data section holding each message's bytes after
+    its length (uint32); `durable`: after a durable header (a pack staged by the sink must
+    be journaled like the rows it holds). Delivered as one transfer, they cost the broker
+    and the reader one delivery instead of one each (`scow:stream-pack`)."""
     pack_uint = _UINT.pack
     payload = b"".join([part for m in messages for part in (pack_uint(len(m)), m)])
-    return PACK_PREFIX + pack_uint(len(messages)) + _DATA32 + pack_uint(len(payload)) + payload
+    head = DURABLE_HEADER if durable else b""
+    return (
+        head + PACK_PREFIX + pack_uint(len(messages)) + _DATA32 + pack_uint(len(payload)) + payload
+    )
+
+
+def _pack_start(data: bytes) -> int:
+    """Where a pack's annotations start in `data` (past a header); -1: not a pack."""
+    at = codec.skip_value(data, 3) if data.startswith(_HEADER_SECTION) else 0
+    return at if data.startswith(PACK_PREFIX, at) else -1
+
+
+def is_pack(data: bytes) -> bool:
+    """Whether `data` (a message, or a large message's head) is a pack."""
+    return _pack_start(data) >= 0
 
 
 def grouped(messages: Iterable[bytes], records: int, size: int) -> Iterator[list[bytes]]:
@@ -122,10 +141,11 @@ def grouped(messages: Iterable[bytes], records: int, size: int) -> Iterator[list
 def unpack(data: bytes, out: list[bytes]) -> bool:
     """Append the records of a pack to `out`; False (and nothing appended) when `data`
     is not a pack but a record of its own (a broker that does not pack)."""
-    if not data.startswith(PACK_PREFIX):
+    at = _pack_start(data)
+    if at < 0:
         return False
     unpack_uint = _UINT.unpack_from
-    at = len(PACK_PREFIX)
+    at += len(PACK_PREFIX)
     count = unpack_uint(data, at)[0]
     at += _UINT.size + len(_DATA32) + _UINT.size
     append = out.append

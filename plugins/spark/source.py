@@ -731,7 +731,9 @@ class _Staging:
             return
         size = self.pack_bytes[broker]
         if size:
-            messages = (pack(rows) for rows in grouped(messages, MAX_PACK_RECORDS, size))
+            # durable, as the rows it holds: journaled, so a broker's crash keeps it
+            packs = grouped(messages, MAX_PACK_RECORDS, size)
+            messages = (pack(rows, durable=True) for rows in packs)
         sender.put(messages)
 
     def finish(self) -> tuple[int, ...]:

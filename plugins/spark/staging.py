@@ -46,7 +46,7 @@ from scow.core.model import (
     RoutingType,
 )
 from scow.plugins.queues.standard import StandardQueue
-from scow.plugins.spark.records import PACK_PREFIX, unpack
+from scow.plugins.spark.records import is_pack, unpack
 from scow.protocols.amqp.codec import MessageInfo, encode_message
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ def _rows(message: Any) -> list[bytes]:
     rows: list[bytes] = []
     # a pack of `min-large-message-size` or more was stored as a large message: its file
     # is read here (on the loop, once, at commit; packs are STAGED_PACK_BYTES at most)
-    if data.startswith(PACK_PREFIX) and unpack(with_body(data, data), rows):
+    if is_pack(data) and unpack(with_body(data, data), rows):
         return rows
     return [data]
 

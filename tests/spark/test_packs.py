@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from scow.plugins.spark.records import PACK_ANNOTATION, annotate, pack, unpack
+from scow.plugins.spark.records import PACK_ANNOTATION, annotate, is_pack, pack, unpack
 from scow.protocols.amqp.codec import DATA, MessageInfo, encode_message, scan_sections
 from tests.spark.conftest import client, stream, wait_stream
 
 
-def test_a_pack_is_an_amqp_message_and_unpacks_to_its_records():
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_pack_is_an_amqp_message_and_unpacks_to_its_records(durable):
     records = [
         annotate(encode_message(b"x" * size), i, 1000 + i) for i, size in enumerate([0, 7, 70_000])
     ]
-    packed = pack(records)
+    packed = pack(records, durable=durable)
     info = MessageInfo(packed)
     assert info.message_annotations == {PACK_ANNOTATION: 3}
+    assert info.durable is durable  # a staged pack is journaled as its rows would be
+    assert is_pack(packed)
     assert scan_sections(packed).body_code == DATA
     out: list[bytes] = [b"before"]
     assert unpack(packed, out)
@@ -26,6 +29,7 @@ def test_a_pack_is_an_amqp_message_and_unpacks_to_its_records():
 def test_a_record_that_is_not_a_pack_is_left_to_the_caller():
     record = annotate(encode_message(b"plain"), 5, 1005)
     out: list[bytes] = []
+    assert not is_pack(record)
     assert not unpack(record, out)
     assert out == []
 
