@@ -18,10 +18,12 @@ when it attaches (`scow:stream-offset`: "first", "last", "next", a sequence numb
 timestamp; optional `scow:stream-end`: a sequence number (exclusive) or a timestamp).
 Reads, seeks by time and selectors run on reader threads, never on the event loop: the
 loop gets the messages a consumer wants, ready to deliver, and a consumer's drain is
-answered once the read it waits for is in. Settling a delivery removes nothing. Gaps in
-the sequence numbers are normal (selectors, retention). Retention deletes whole
-segments: past `retention-bytes`, older than `retention-time`, or (with
-`retention-cursors`) once every named cursor has passed them.
+answered once the read it waits for is in. A selector runs on the properties read from a
+record's bytes (a `Message` is made only for a record it wants), and a read passes over
+the chunks of records whose summaries prove it wants none of them (see `chunks`).
+Settling a delivery removes nothing. Gaps in the sequence numbers are normal (selectors,
+retention). Retention deletes whole segments: past `retention-bytes`, older than
+`retention-time`, or (with `retention-cursors`) once every named cursor has passed them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import structlog
 
 from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import InvalidField
+from scow.plugins.paging.selecting import RecordFilter
+from scow.plugins.spark.chunks import CHUNK, ChunkSummaries
 from scow.plugins.spark.cursors import Cursors, now_ms
 from scow.plugins.spark.records import annotate
 from scow.plugins.spark.writer import StreamWriter, Written
@@ -55,8 +59,9 @@ END_FILTER = "scow:stream-end"
 #: RabbitMQ's name for the start filter, accepted as well.
 RABBITMQ_START_FILTER = "rabbitmq:stream-offset-spec"
 START_NAMES = ("first", "last", "next")
-#: Records read ahead per consumer at most.
-READ_AHEAD = 4096
+#: Records read ahead per consumer at most: a chunk, so a read from a chunk's start
+#: covers it whole (and can summarize it).
+READ_AHEAD = CHUNK
 #: Records a read with a selector scans at most for one the selector wants.
 SCAN_LIMIT = 16 * READ_AHEAD
 
@@ -228,11 +233,13 @@ class StreamQueue:
         self._format: Any = broker.message_format
         self._address_info: Any = None
         self._closed = False
+        self.chunks = ChunkSummaries(self._properties)
         self.writer = StreamWriter(
             store,
             place,
             lambda written: self._loop.call_soon_threadsafe(self._written, written),
             annotate,
+            self.chunks.appended,
         )
         self.memory_bytes = 0
         self.delivering = 0
@@ -289,6 +296,8 @@ class StreamQueue:
             "messages-added": self.messages_added,
             "messages-delivered": self.messages_delivered,
             "segments-deleted": self.segments_deleted,
+            "chunk-summaries": len(self.chunks),
+            "chunks-skipped": self.chunks.skipped,
             "write-errors": self.writer.errors,
             "writes-held": self.writer.held,
         }
@@ -397,6 +406,7 @@ class StreamQueue:
             self.segments = segments[drop:]
             self.segments_deleted += drop
             self.writer.delete([s.first for s in gone])
+            self.chunks.forget_before(self.segments[0].first)
         return drop
 
     # ------------------------------------------------------------------ reading
@@ -502,22 +512,38 @@ class StreamQueue:
         self, seq: int, end: int, selector: Callable[[Message], bool] | None
     ) -> tuple[list[Message], int]:
         """(reader thread) The messages from `seq` below `end` the selector wants, and
-        where to read next. Records a selector refuses never reach the loop; a read
-        scans up to SCAN_LIMIT records for one it wants."""
-        name, fmt, read = self.address, self._format, self.store.read
+        where to read next. Records a selector refuses never reach the loop, nor become
+        messages when it can judge them by their bytes; a read passes over the chunks
+        whose summaries prove it wants nothing there, and scans up to SCAN_LIMIT records
+        for one it wants."""
+        name, fmt, read, chunks = self.address, self._format, self.store.read, self.chunks
+        selecting = None if selector is None else RecordFilter([selector], self._properties)
         wanted: list[Message] = []
         scanned = 0
         while seq < end and not wanted and scanned < SCAN_LIMIT:
+            if selecting is not None:
+                seq = chunks.skip(seq, end, selecting)
+                if seq >= end:
+                    break
             records, following = read(seq, end, READ_AHEAD)
+            if selecting is not None:
+                chunks.rebuild(seq, records, following)
             seq = max(seq, following)
             if not records:
                 break
             scanned += len(records)
             for rseq, _enqueued, data in records:
+                verdict = None if selecting is None else selecting.accepts(data)
+                if verdict is False:
+                    continue
                 message = Message(rseq, data, name, fmt)
-                if selector is None or selector(message):
+                if verdict or selector is None or selector(message):
                     wanted.append(message)
         return wanted, seq
+
+    def _properties(self, data: bytes) -> Mapping[str, object]:
+        """A record's application properties, read from its bytes (any thread)."""
+        return self._format.properties(data)  # type: ignore[no-any-return]
 
     def _read_in(self, reader: _Reader, read: tuple[list[Message], int]) -> None:
         messages, following = read
