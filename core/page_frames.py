@@ -86,7 +86,19 @@ def iter_frames(
 
 def valid_length(buf: bytes | memoryview, offset: int = 0) -> int:
     """The byte offset just past the last valid frame from `offset` (`offset` if none)."""
+    if offset < 0:
+        raise ValueError(f"frame offset {offset} is negative; offsets count from 0")
+    # `iter_frames`' loop written out: every page read checks every frame's CRC here
+    view = memoryview(buf)
+    size = len(view)
+    unpack = _HEADER.unpack_from
+    crc32 = zlib.crc32
     end = offset
-    for _start, _payload, frame_end in iter_frames(buf, offset):
-        end = frame_end
+    while end + HEADER_SIZE <= size:
+        length, crc = unpack(view, end)
+        start = end + HEADER_SIZE
+        stop = start + length
+        if length == 0 or stop > size or crc32(view[start:stop]) != crc:
+            break
+        end = stop
     return end
