@@ -103,6 +103,7 @@ def _read_window(
     append = records.append
     queue_key = queue_id.to_bytes(8, "big")
     new = _new_message
+    known: dict[int, MessageKind] = {}  # kinds by (priority << 1 | durable flag)
     at = 0
     stop = len(buf)
     while at + FRAME_HEADER <= stop:
@@ -123,7 +124,10 @@ def _read_window(
                 message = new(Message)
                 message.id = head[0]
                 message.data = payload
-                message.kind = kinds(flags, head[4])
+                kind = known.get(head[4] << 1 | flags & DURABLE)
+                if kind is None:
+                    kind = known[head[4] << 1 | flags & DURABLE] = kinds(flags, head[4])
+                message.kind = kind
                 message.expiration = head[1]
                 payload = message
         append((offset + at, offset + pend, head, payload))
@@ -778,12 +782,14 @@ class QueueCursor:
         return record_id
 
     def _journaled(self, ref: PagedRef) -> bool:
-        return ref.message.durable and self.queue.durable and self.pager.broker.persistent
+        # the kind, not the `durable` property: asked on every acknowledgement
+        return ref.message.kind.durable and self.queue.durable and self.pager.broker.persistent
 
     def journal_ack(self, ref: PagedRef, tx_id: int | None) -> bool:  # type: ignore[override]
         if self.closed or not self._journaled(ref):
             return False
-        self.pager.broker.storage.cursor_ack(self._record_id(ref.page), ref.offset, tx_id=tx_id)
+        record_id = self.records.get(ref.page) or self._record_id(ref.page)
+        self.pager.broker.storage.cursor_ack(record_id, ref.offset, tx_id=tx_id)
         return True
 
     def settle(self, ref: PagedRef) -> None:  # type: ignore[override]
