@@ -69,6 +69,27 @@ def test_order_is_kept_across_memory_and_pages_and_paging_ends(scow_broker):
     assert broker.queue_stats("orders")["message-count"] == 0
 
 
+def test_two_consumers_share_a_paged_backlog_each_message_once_in_order(scow_broker):
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "shared", 300, numbered)
+    assert broker.queue_stats("shared")["messages-paged"] > 250
+    with connected(broker.url) as conn:
+        receivers = [conn.create_receiver("shared", name=f"r{c}", credit=c) for c in (7, 13)]
+        got: list[list[int]] = [[], []]
+
+        def take() -> bool:
+            for receiver, into in zip(receivers, got, strict=True):
+                while receiver.fetcher.has_message:
+                    into.append(receiver.fetcher.pop().properties["n"])
+                    receiver.accept()
+            return sum(map(len, got)) >= 300
+
+        pump([conn], take, what="300 messages between the two consumers")
+    assert all(got), "one consumer got nothing"
+    assert sorted(got[0] + got[1]) == list(range(300))
+    assert all(ns == sorted(ns) for ns in got), "a consumer got messages out of order"
+
+
 def test_new_messages_after_paging_ends_go_to_memory_in_order(scow_broker):
     broker = paging_broker(scow_broker)
     bulk_send(broker.url, "q", 50, numbered)
