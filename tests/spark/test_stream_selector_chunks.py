@@ -8,8 +8,12 @@ from pathlib import Path
 
 from proton import Described, symbol
 
+from scow.core.selector import SelectorFilter, compile_selector
 from scow.core.testing import broker_processes, wait_for
-from scow.plugins.spark.chunks import CHUNK
+from scow.plugins.paging.selecting import RecordFilter
+from scow.plugins.spark.chunks import CHUNK, ChunkSummaries
+from scow.protocols.amqp.codec import encode_message
+from scow.protocols.amqp.format import AmqpMessageFormat
 from tests.spark.conftest import PLUGINS, management, publish, stream
 from tests.spark.test_stream_queue import receive_bodies
 
@@ -85,3 +89,31 @@ def test_summaries_lost_at_a_restart_are_rebuilt_by_the_first_selector_read(tmp_
         _stored(broker, BLUE + RED + 1)
         got = receive_bodies(broker.url, "s", _selector("color = 'green'"), 1)
         assert [m.id for m in got] == ["late"]
+
+
+def _record(color: str) -> bytes:
+    return encode_message("x", application_properties={"color": color})
+
+
+def test_chunk_summaries_skip_only_whole_refusing_chunks_and_forget_what_retention_deleted():
+    fmt = AmqpMessageFormat()
+    chunks = ChunkSummaries(fmt.properties)
+    red = RecordFilter([SelectorFilter(compile_selector("color = 'red'"))], fmt.properties)
+    # written from the middle of chunk 0 (begun before a restart: no summary), then
+    # chunk 1 all blue, chunk 2 blue with one red record
+    chunks.appended([(seq, _record("blue")) for seq in range(CHUNK // 2, 2 * CHUNK)])
+    chunks.appended([(2 * CHUNK, _record("blue")), (2 * CHUNK + 1, _record("red"))])
+    assert len(chunks) == 2
+    assert chunks.skip(0, 3 * CHUNK, red) == 0  # chunk 0 has no summary: read
+    assert chunks.skip(CHUNK + 5, 3 * CHUNK, red) == 2 * CHUNK
+    assert chunks.skip(CHUNK, CHUNK + 10, red) == CHUNK + 10  # not past the end asked for
+    # a read from chunk 0's start that covered it summarizes it
+    chunks.rebuild(0, [(seq, 0, _record("blue")) for seq in range(CHUNK)], CHUNK)
+    assert chunks.skip(0, 3 * CHUNK, red) == 2 * CHUNK
+    # one that began inside a chunk, or stopped inside one, does not
+    again = ChunkSummaries(fmt.properties)
+    again.rebuild(1, [(seq, 0, _record("blue")) for seq in range(1, CHUNK)], CHUNK)
+    again.rebuild(CHUNK, [(seq, 0, _record("blue")) for seq in range(CHUNK, CHUNK + 9)], CHUNK + 9)
+    assert len(again) == 0
+    chunks.forget_before(2 * CHUNK)
+    assert len(chunks) == 1  # chunk 2's, which still holds records
