@@ -665,9 +665,9 @@ class QueueCursor:
         hold_body(message.data)
         if self.purging is not None:
             self._purged(ref)
-            return
-        self.pager.address.add_memory(len(message.data))
-        self.queue.enqueue(ref)
+        else:
+            self.pager.address.add_memory(len(message.data))
+            self.queue.enqueue(ref)
         if self.held and not self.backlog:
             self._release_held(None)  # nothing in pages precedes them any more
 
