@@ -144,12 +144,12 @@ class StandardQueue:
         deliver = consumer.deliver
         broker = self.broker
         self.messages_added += len(entries)
-        given = 0
         credit = consumer.credit()
+        taken = 0  # entries delivered or expired; only deliveries use credit
         for entry in entries:
-            if given >= credit:
+            if credit <= 0:
                 break
-            given += 1
+            taken += 1
             message = entry.message
             size = len(message.data)
             self.memory_bytes += size
@@ -163,7 +163,8 @@ class StandardQueue:
             self.delivering += 1
             self.delivering_bytes += size
             deliver(ref)
-        for entry in entries[given:]:
+            credit -= 1
+        for entry in entries[taken:]:
             self.memory_bytes += len(entry.message.data)
             self._messages.append(entry)  # no value to supersede: checked above
 

@@ -261,6 +261,21 @@ def test_browser_sees_paged_messages_once_and_leaves_them(scow_broker):
     assert broker.queue_stats("catalog")["message-count"] == 120
 
 
+def test_paged_messages_expired_when_read_leave_a_small_credit_for_the_live_ones(scow_broker):
+    broker = paging_broker(scow_broker)
+    expiring = range(20, 40)
+    bulk_send(
+        broker.url, "mixed", 50, lambda i: numbered(i, ttl=0.3) if i in expiring else numbered(i)
+    )
+    assert broker.queue_stats("mixed")["messages-paged"] >= 30  # all the expiring ones
+    time.sleep(0.4)  # the TTL of messages 20..39 runs out while they sit in pages
+    live = [i for i in range(50) if i not in expiring]
+    with connected(broker.url) as conn:
+        # the expired ones, read in the same batches, must not use up the 5 credits
+        assert ns(receive(conn.create_receiver("mixed", credit=5), 30)) == live
+        assert ns(receive(conn.create_receiver("ExpiryQueue"), 20)) == list(expiring)
+
+
 def test_paged_messages_expire_without_a_consumer(scow_broker):
     broker = paging_broker(scow_broker)
     bulk_send(broker.url, "stale", 60, lambda i: numbered(i, ttl=0.2) if i % 2 else numbered(i))
