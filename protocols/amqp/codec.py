@@ -850,7 +850,7 @@ def _application_properties_map(data: Buffer) -> tuple[int, int, int, int] | Non
 def application_property(data: Buffer, name: str) -> Any:
     """The value of application property `name`, or None when the message has none.
 
-    Narrower than `MessageFormat.application_properties`: it reads the section headers up
+    Narrower than `application_properties`: it reads the section headers up
     to the application-properties (never the body) and, in that map, compares the keys'
     bytes with the name's and decodes only the value asked for. Raises DecodeError on
     malformed data it reads.
@@ -868,7 +868,7 @@ def application_property(data: Buffer, name: str) -> Any:
             if code == 0xA1 or code == 0xA3:
                 start = p + 2
                 p = start + data[p + 1]
-                matched = p - start == size and data.startswith(encoded, start)
+                matched = p - start == size and data[start:p] == encoded
             else:
                 key, p = _DECODERS[code](data, p + 1)
                 matched = key == name
