@@ -20,10 +20,12 @@ optional `scow:stream-pack`: up to that many records per delivery, as one pack (
 `records.pack`), which is what makes a bulk reader fast).
 Reads, seeks by time and selectors run on reader threads, never on the event loop: the
 loop gets the messages a consumer wants, ready to deliver, and a consumer's drain is
-answered once the read it waits for is in. Settling a delivery removes nothing. Gaps in
-the sequence numbers are normal (selectors, retention). Retention deletes whole
-segments: past `retention-bytes`, older than `retention-time`, or (with
-`retention-cursors`) once every named cursor has passed them.
+answered once the read it waits for is in. A selector runs on the properties read from a
+record's bytes (a `Message` is made only for a record it wants), and a read passes over
+the chunks of records whose summaries prove it wants none of them (see `chunks`).
+Settling a delivery removes nothing. Gaps in the sequence numbers are normal (selectors,
+retention). Retention deletes whole segments: past `retention-bytes`, older than
+`retention-time`, or (with `retention-cursors`) once every named cursor has passed them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import structlog
 
 from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import InvalidField
+from scow.plugins.paging.selecting import RecordFilter
+from scow.plugins.spark.chunks import CHUNK, ChunkSummaries
 from scow.plugins.spark.cursors import Cursors, now_ms
 from scow.plugins.spark.records import (
     MAX_PACK_RECORDS,
@@ -64,8 +68,9 @@ END_FILTER = "scow:stream-end"
 #: RabbitMQ's name for the start filter, accepted as well.
 RABBITMQ_START_FILTER = "rabbitmq:stream-offset-spec"
 START_NAMES = ("first", "last", "next")
-#: Records read ahead per consumer at most.
-READ_AHEAD = 4096
+#: Records read ahead per consumer at most: a chunk, so a read from a chunk's start
+#: covers it whole (and can summarize it).
+READ_AHEAD = CHUNK
 #: Records a read with a selector scans at most for one the selector wants.
 SCAN_LIMIT = 16 * READ_AHEAD
 
@@ -254,11 +259,13 @@ class StreamQueue:
         self._format: Any = broker.message_format
         self._address_info: Any = None
         self._closed = False
+        self.chunks = ChunkSummaries(self._properties)
         self.writer = StreamWriter(
             store,
             place,
             lambda written: self._loop.call_soon_threadsafe(self._written, written),
             annotate,
+            self.chunks.appended,
         )
         self.memory_bytes = 0
         self.delivering = 0
@@ -315,6 +322,8 @@ class StreamQueue:
             "messages-added": self.messages_added,
             "messages-delivered": self.messages_delivered,
             "segments-deleted": self.segments_deleted,
+            "chunk-summaries": len(self.chunks),
+            "chunks-skipped": self.chunks.skipped,
             "write-errors": self.writer.errors,
             "writes-held": self.writer.held,
         }
@@ -423,6 +432,7 @@ class StreamQueue:
             self.segments = segments[drop:]
             self.segments_deleted += drop
             self.writer.delete([s.first for s in gone])
+            self.chunks.forget_before(self.segments[0].first)
         return drop
 
     # ------------------------------------------------------------------ reading
@@ -533,22 +543,33 @@ class StreamQueue:
     ) -> tuple[list[tuple[Message, int]], int]:
         """(reader thread) The messages from `seq` below `end` the selector wants, in
         packs of up to `per_pack` records when that is more than 1, and where to read
-        next. Records a selector refuses never reach the loop; a read scans up to
-        SCAN_LIMIT records for one it wants."""
-        name, fmt, read = self.address, self._format, self.store.read
+        next. Records a selector refuses never reach the loop, nor become messages when it
+        can judge them by their bytes; a read passes over the chunks whose summaries prove
+        it wants nothing there, and scans up to SCAN_LIMIT records for one it wants."""
+        name, fmt, read, chunks = self.address, self._format, self.store.read, self.chunks
+        selecting = None if selector is None else RecordFilter([selector], self._properties)
         wanted: list[tuple[int, bytes]] = []
         scanned = 0
         while seq < end and not wanted and scanned < SCAN_LIMIT:
+            if selecting is not None:
+                seq = chunks.skip(seq, end, selecting)
+                if seq >= end:
+                    break
             records, following = read(seq, end, READ_AHEAD)
+            if selecting is not None:
+                chunks.rebuild(seq, records, following)
             seq = max(seq, following)
             if not records:
                 break
             scanned += len(records)
-            if selector is None:
+            if selecting is None:
                 wanted += [(rseq, data) for rseq, _enqueued, data in records]
                 continue
             for rseq, _enqueued, data in records:
-                if selector(Message(rseq, data, name, fmt)):
+                verdict = selecting.accepts(data)
+                if verdict is False:
+                    continue
+                if verdict or selector(Message(rseq, data, name, fmt)):  # type: ignore[misc]
                     wanted.append((rseq, data))
         if per_pack == 1:
             return [(Message(rseq, data, name, fmt), 1) for rseq, data in wanted], seq
@@ -558,6 +579,10 @@ class StreamQueue:
             packs.append((Message(wanted[at][0], pack(group), name, fmt), len(group)))
             at += len(group)
         return packs, seq
+
+    def _properties(self, data: bytes) -> Mapping[str, object]:
+        """A record's application properties, read from its bytes (any thread)."""
+        return self._format.properties(data)  # type: ignore[no-any-return]
 
     def _read_in(self, reader: _Reader, read: tuple[list[tuple[Message, int]], int]) -> None:
         messages, following = read
