@@ -114,6 +114,9 @@ class Server:
             self.full_policies = plugins.unique("scow_register_full_policies", "full policy")
             self.page_stores = plugins.unique("scow_register_page_stores", "page store")
             self.stream_stores = plugins.unique("scow_register_stream_stores", "stream store")
+            self.large_message_stores = plugins.unique(
+                "scow_register_large_message_stores", "large message store"
+            )
             self.protocol_types = plugins.unique("scow_register_protocols", "protocol")
         except PluginError as exc:
             raise StartupError(str(exc)) from exc
@@ -267,6 +270,7 @@ class Server:
             selector_compiler=compile_selector,
             page_stores=self.page_stores,
             stream_stores=self.stream_stores,
+            large_message_stores=self.large_message_stores,
         )
         broker.hooks = self.plugins.hook
         try:
@@ -278,6 +282,10 @@ class Server:
         formats = [p.message_format for p in self.protocol_types.values() if p.message_format]
         if recovered.messages and not formats:
             raise StartupError("the journal holds messages but no protocol plugin can read them")
+        try:
+            await loop.run_in_executor(None, broker.large_messages.open)
+        except Exception as exc:
+            raise StartupError(f"large message store: {exc}") from exc
         restored = broker.recover(recovered, formats[0]) if formats else 0
         log.info(
             "broker recovered",
@@ -295,9 +303,9 @@ class Server:
         self.services += self.plugins.collect("scow_services", broker=broker)
         for service in self.services:
             await service.start()
-        # every record that refers to a large message's file is known by now (the paging
-        # plugin's service read its pages): files left by a crash go before anything arrives
-        broker.large_messages.remove_orphans()
+        # every record that refers to a large message's body is known by now (the paging
+        # plugin's service read its pages): bodies left by a crash go before anything arrives
+        await loop.run_in_executor(None, broker.large_messages.remove_orphans)
         for name, protocol in self.protocol_types.items():
             settings = self.config.section(name) if name in self.config.section_names else {}
             server = protocol.factory(broker, settings)

@@ -16,7 +16,6 @@ from proton import Message
 
 from scow.core.testing import wait_for
 from scow.protocols.amqp import engine
-from tests.database.backends import on_database
 from tests.wire.helpers import connected, consume_all, pump, receive, send
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -231,24 +230,6 @@ def test_scow_data_export_and_import_carry_large_messages(scow_broker_process, t
     paged = consume_all(restarted.url, "paged", quiet=0.5)
     assert [bytes(m.body) for m in paged[40:]] == bodies
     wait_for(lambda: not large_files(tmp_path), 10, what="the files to go")
-
-
-def test_the_database_journal_keeps_a_large_messages_head_and_the_file_its_body(
-    scow_broker_process, tmp_path
-):
-    # SQLite: the journal's records in the database; the body stays in the data dir's file
-    kwargs = on_database(
-        {"plugins": PLUGINS, "sections": {"amqp": {"min-large-message-size": LARGE}}}, ""
-    )
-    broker = scow_broker_process(**kwargs)
-    body = body_of(1 << 20, seed=5)
-    with connected(broker.url) as conn:
-        send(conn, "db", Message(body=body, durable=True))
-    broker.kill()
-    restarted = scow_broker_process(**kwargs, port=broker.port)
-    assert len(large_files(tmp_path)) == 1
-    assert [bytes(m.body) for m in consume_all(restarted.url, "db", quiet=0.5)] == [body]
-    wait_for(lambda: not large_files(tmp_path), 5, what="the file to go")
 
 
 @pytest.mark.xfail(
