@@ -97,16 +97,13 @@ class Schema:
         return self.bindings if kind == "bindings" else self.messages
 
 
-def insert_rows(
-    conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]], *, copy: bool = False
-) -> None:
+def insert_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
     """Insert `rows` in one go, inside `conn`'s transaction.
 
     psycopg's executemany sends a statement per row; a binary COPY sends the batch as one
-    stream, several times faster (and without escaping the bytes). `copy` uses it for a
-    single row too: worth it when the row is large.
+    stream, several times faster (and without escaping the bytes).
     """
-    if conn.dialect.driver != "psycopg" or (len(rows) < 2 and not copy):
+    if conn.dialect.driver != "psycopg" or len(rows) < 2:
         conn.execute(sa.insert(table), rows)
         return
     columns = list(table.columns)
