@@ -32,6 +32,7 @@ from scow.core.descriptors import JournalBackend
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.ha import FileStoreLock, HaMember, StoreLock
 from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
+from scow.core.large_message_files import configured_store
 from scow.core.memory_trim import MemoryTrimmer
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.core.plugins import PluginError, PluginManager
@@ -261,16 +262,20 @@ class Server:
             await loop.run_in_executor(None, storage.stop)
             journal = self.config.section("broker")["journal"]
             raise StartupError(f"[broker] journal = {journal!r}: recovery failed: {exc}") from exc
+        persistent = bool(storage.journals)
+        journal = journal_backend(self.journals, self.config)[0] if persistent else ""
         broker = Broker(
             self.config,
             storage,
             queue_types=self.queue_types,
             full_policies=self.full_policies,
-            persistent=bool(storage.journals),
+            persistent=persistent,
             selector_compiler=compile_selector,
             page_stores=self.page_stores,
             stream_stores=self.stream_stores,
-            large_message_stores=self.large_message_stores,
+            large_messages=configured_store(
+                self.large_message_stores, self.config, journal, persistent=persistent
+            ),
         )
         broker.hooks = self.plugins.hook
         try:

@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from scow.core.config import Config
     from scow.core.descriptors import (
         FullPolicyType,
-        LargeMessageStoreBackend,
         PageStoreBackend,
         QueueType,
         StreamStoreBackend,
@@ -119,7 +118,7 @@ class Broker:
         selector_compiler: Callable[[str], Selector],
         page_stores: Mapping[str, PageStoreBackend] | None = None,
         stream_stores: Mapping[str, StreamStoreBackend] | None = None,
-        large_message_stores: Mapping[str, LargeMessageStoreBackend] | None = None,
+        large_messages: LargeMessageStore | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
@@ -176,10 +175,10 @@ class Broker:
         self.moves_waiting = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
-        #: Where large messages' bodies live (`scow.core.large_messages`): opened off
-        #: the event loop before recovery (`LargeMessageStore.open`).
-        self.large_messages: LargeMessageStore = configured_store(
-            large_message_stores or {}, config, persistent=persistent
+        #: Where large messages' bodies live (`scow.core.large_messages`; files unless
+        #: given): opened off the event loop before recovery (`LargeMessageStore.open`).
+        self.large_messages = large_messages or configured_store(
+            {}, config, "", persistent=persistent
         )
         self._connection_numbers = itertools.count(1)
 

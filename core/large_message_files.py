@@ -174,15 +174,20 @@ class FileLargeMessageStore(LargeMessageStore):
 
 
 def configured_store(
-    backends: Mapping[str, LargeMessageStoreBackend], config: Config, *, persistent: bool
+    backends: Mapping[str, LargeMessageStoreBackend],
+    config: Config,
+    journal: str,
+    *,
+    persistent: bool,
 ) -> LargeMessageStore:
-    """The store of a broker's large message bodies: the backend named like `[broker]
-    journal`, else files under `[broker] large-messages-directory` (see
-    `LargeMessageStoreBackend` for why the journal decides)."""
+    """The store of a broker's large message bodies: the backend named like its journal
+    (`journal`: `[broker] journal` resolved, "" without persistence), else files under
+    `[broker] large-messages-directory` (see `LargeMessageStoreBackend` for why the
+    journal decides)."""
     broker = config.section("broker")
     data_dir = Path(str(broker.get("data-dir", "./data")))
     sync = persistent and bool(broker.get("large-message-sync", True))
-    backend = backends.get(str(broker.get("journal", "")))
+    backend = backends.get(journal)
     if backend is None:
         directory = str(broker.get("large-messages-directory", DEFAULT_DIRECTORY))
         return FileLargeMessageStore(data_dir / directory, sync=sync)

@@ -131,7 +131,10 @@ def _counts(recovered: Recovered) -> str:
 def _large_messages(plugins: PluginManager, config: Config) -> Iterator[LargeMessageStore]:
     """The store of the broker's large message bodies the config selects, open."""
     backends = plugins.unique("scow_register_large_message_stores", "large message store")
-    store = configured_store(backends, config, persistent=True)
+    journals = plugins.unique("scow_register_journals", "journal backend")
+    store = configured_store(
+        backends, config, app.journal_backend(journals, config)[0], persistent=True
+    )
     try:
         store.open()
     except Exception as exc:
