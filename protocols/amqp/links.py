@@ -271,9 +271,9 @@ class ProducerLink:
             file = arrival.file
             self._large_failed(f"large message {file.store.describe(file.file_id)}: {exc}")
             return
+        if not arrival.file.room(self._store_caught_up):
+            self.conn.hold_input(self)  # the store is behind: the socket waits for it
         if engine.delivery_partial(delivery):
-            if not arrival.file.room(self._store_caught_up):
-                self.conn.hold_input(self)  # the store is behind: the socket waits for it
             return
         engine.link_advance(link)
         self.arrival = None
