@@ -13,7 +13,7 @@ from proton import Message
 from scow.core.testing import wait_for
 from scow.protocols.amqp import engine
 from tests.database.test_database_large_messages import stored_bodies
-from tests.durability.test_large_message_crash import PLUGINS, RawClient, body_of
+from tests.durability.test_large_message_crash import PLUGINS, RawClient, body_of, send_half
 from tests.wire.helpers import connected, consume_all, receive, send
 
 SECTIONS = {"amqp": {"min-large-message-size": 64 << 10}}
@@ -37,14 +37,7 @@ def test_sigkill_mid_arrival_leaves_no_rows_and_no_message(
     scow_broker_process: Any, database: str
 ) -> None:
     broker = scow_broker_process(plugins=PLUGINS, sections=SECTIONS)
-    encoded = Message(body=body_of(8 << 20), durable=True).encode()
-    client = RawClient(broker.port)
-    link = engine.new_sender(client.session, "half", "half")
-    client.until(lambda: engine.link_credit(link) > 0, "credit")
-    engine.begin_send(link, b"1", encoded[: 1 << 20])
-    for start in range(1 << 20, 4 << 20, 1 << 20):
-        engine.send_more(link, encoded[start : start + (1 << 20)])  # half of it, no end
-    client.flush()
+    client = send_half(broker.port, "half")
     # written as the frames arrive: rows of the unfinished message are in the database
     wait_for(
         lambda: sum(stored_bodies(database).values()) >= 3, 10, what="the partial message's rows"

@@ -74,16 +74,22 @@ class RawClient:
         self.sock.close()
 
 
-def test_sigkill_mid_arrival_leaves_no_file_and_no_message(scow_broker_process, tmp_path):
-    broker = scow_broker_process(plugins=PLUGINS, sections=sections())
+def send_half(port: int, address: str) -> RawClient:
+    """The first 4 MiB of a durable 8 MiB message to `address`, its end never sent."""
     encoded = Message(body=body_of(8 << 20), durable=True).encode()
-    client = RawClient(broker.port)
-    link = engine.new_sender(client.session, "half", "half")
+    client = RawClient(port)
+    link = engine.new_sender(client.session, address, address)
     client.until(lambda: engine.link_credit(link) > 0, "credit")
     engine.begin_send(link, b"1", encoded[: 1 << 20])
     for start in range(1 << 20, 4 << 20, 1 << 20):
-        engine.send_more(link, encoded[start : start + (1 << 20)])  # half of it, no end
+        engine.send_more(link, encoded[start : start + (1 << 20)])
     client.flush()
+    return client
+
+
+def test_sigkill_mid_arrival_leaves_no_file_and_no_message(scow_broker_process, tmp_path):
+    broker = scow_broker_process(plugins=PLUGINS, sections=sections())
+    client = send_half(broker.port, "half")
     wait_for(
         lambda: large_files(tmp_path) and large_files(tmp_path)[0].stat().st_size >= 3 << 20,
         10,
