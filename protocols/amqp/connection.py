@@ -429,4 +429,7 @@ class AmqpConnection(asyncio.Protocol):
             self.security.release(self.principal)
         if self._opened:
             self.server.hooks.scow_connection_closed(info=self.info)
+        # the info's callbacks are bound to this connection: without them it is freed now,
+        # not at the next full collection (rare in a broker: app.GC_THRESHOLD)
+        self.info.close = self.info.links = None
         self.engine.free()
