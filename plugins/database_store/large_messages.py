@@ -4,7 +4,7 @@ Artemis's `LARGE_MESSAGES` table, as chunked rows: (id, chunk number, up to CHUN
 so that a body is written as its frames arrive and read as a delivery needs it, never
 whole in memory, on SQLite and PostgreSQL alike. All database work runs on the store's
 threads, never on the event loop: an arrival hands each full chunk to its *lane* (one
-thread, chosen by the body's id, so a body's writes, its final commit and its deletion
+thread, chosen by the body's id, so a body's writes, its completion and its deletion
 run in order) and every link stops reading its socket while more than BEHIND bytes wait
 for the lanes (`room`); a delivery reads READ_AHEAD chunks ahead on the reader threads
 (`_Prefetch`).
@@ -46,7 +46,7 @@ log = structlog.get_logger("scow.database")
 
 #: Bytes per row: a delivery's read of a whole row is one piece of the body it streams.
 CHUNK = READ_CHUNK
-#: Bytes an arrival may have waiting for the database before its socket waits.
+#: Bytes the arrivals may have waiting for the lanes before their sockets wait.
 BEHIND = 8 << 20
 #: Threads writing and deleting bodies (a body always on the same one).
 LANES = 2
