@@ -27,7 +27,7 @@ from scow.core.duplicates import (
     id_key,
 )
 from scow.core.interfaces import after_all
-from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
+from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
     MEMORY_OVERHEAD,
@@ -118,6 +118,7 @@ class Broker:
         selector_compiler: Callable[[str], Selector],
         page_stores: Mapping[str, PageStoreBackend] | None = None,
         stream_stores: Mapping[str, StreamStoreBackend] | None = None,
+        large_messages: LargeMessageStore | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
@@ -174,11 +175,10 @@ class Broker:
         self.moves_waiting = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
-        #: The files of large messages' bodies (`scow.core.large_messages`).
-        self.large_messages = LargeMessageStore(
-            Path(str(broker_cfg.get("data-dir", "./data")))
-            / str(broker_cfg.get("large-messages-directory", LARGE_MESSAGES_DIRECTORY)),
-            sync=persistent and bool(broker_cfg.get("large-message-sync", True)),
+        #: Where large messages' bodies live (`scow.core.large_messages`; files unless
+        #: given): opened off the event loop before recovery (`LargeMessageStore.open`).
+        self.large_messages = large_messages or configured_store(
+            {}, config, "", persistent=persistent
         )
         self._connection_numbers = itertools.count(1)
 
@@ -1555,11 +1555,10 @@ class Broker:
             if body is None:
                 # deleted after its last acknowledgement, before the record's deletion
                 # reached the journal (or never synced, so never accepted)
-                path = self.large_messages.path_of(rec.large[0])
                 log.warning(
-                    "large message dropped: its file is missing or short",
+                    "large message dropped: its body is missing or short",
                     message=rec.id,
-                    file=str(path),
+                    body=self.large_messages.describe(rec.large[0]),
                 )
                 self.storage.acknowledge(rec.id, queues[0][0].id, True)
                 return []
