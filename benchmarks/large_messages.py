@@ -11,6 +11,11 @@ message.
     .venv/bin/python benchmarks/large_messages.py                      # 10 x 1 GiB
     .venv/bin/python benchmarks/large_messages.py --count 1000 --size 1MiB
     .venv/bin/python benchmarks/large_messages.py --together           # both at once
+    .venv/bin/python benchmarks/large_messages.py --store postgresql   # bodies as rows
+
+`--store sqlite|postgresql` runs the broker on the database store (journal and bodies in
+the database); postgresql starts a private server from the installed binaries (as the
+tests do) unless --postgres-url names one.
 
 Goals (issue 18): >= 150 MB/s each way, RSS growth <= 64 MiB.
 """
@@ -22,6 +27,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -39,7 +45,7 @@ from run_perf import free_port, platform_line, scow_command, stop, wait_listenin
 from scow.core.address_settings import parse_size
 from scow.protocols.amqp import engine
 
-PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "database-store"]
 CONFIG = """\
 [plugins]
 enable = {plugins}
@@ -48,6 +54,10 @@ enable = {plugins}
 data-dir = "{data_dir}"
 log-level = "warning"
 large-message-sync = {sync}
+journal = "{journal}"
+
+[database]
+url = "{database_url}"
 
 [amqp]
 listen = ["127.0.0.1:{port}"]
@@ -202,9 +212,14 @@ def consume(port: int, address: str, count: int) -> tuple[float, int]:
 
 @contextlib.contextmanager
 def broker(
-    workdir: Path, sync: bool, plugins: list[str] = PLUGINS, extra: str = ""
+    workdir: Path,
+    sync: bool,
+    database_url: str | None,
+    plugins: list[str] = PLUGINS,
+    extra: str = "",
 ) -> Iterator[tuple[int, int]]:
-    """`scow run` on a free port, with `plugins` and `extra` config; yields (port, pid)."""
+    """`scow run` on a free port, on the database store with `database_url` ("" for
+    SQLite) or else on files, with `plugins` and `extra` config; yields (port, pid)."""
     port = free_port()
     config = workdir / "scow.toml"
     config.write_text(
@@ -213,6 +228,8 @@ def broker(
             data_dir=workdir / "data",
             port=port,
             sync=str(sync).lower(),
+            journal="file" if database_url is None else "database",
+            database_url=database_url or "",
         )
         + extra
     )
@@ -228,6 +245,28 @@ def broker(
         stop(proc)
 
 
+@contextlib.contextmanager
+def _database(args: argparse.Namespace, root: Path) -> Iterator[str | None]:
+    """The database URL `--store` asks for (None: files; "": SQLite under the data dir)."""
+    if args.store == "file":
+        yield None
+        return
+    if args.store == "sqlite":
+        yield ""
+        return
+    from database_bench import _postgres
+
+    url, server = _postgres(args, root)
+    if url is None:
+        raise SystemExit("--store postgresql: no PostgreSQL binaries and no --postgres-url")
+    try:
+        yield url
+    finally:
+        if server is not None:
+            server.stop("immediate")
+            shutil.rmtree(server.directory, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=10)
@@ -237,12 +276,20 @@ def main() -> None:
     parser.add_argument(
         "--no-sync", action="store_true", help="large-message-sync = false (files not synced)"
     )
+    parser.add_argument(
+        "--store",
+        choices=["file", "sqlite", "postgresql"],
+        default="file",
+        help="where journal and bodies go: files, or the database store on SQLite/PostgreSQL",
+    )
+    parser.add_argument("--postgres-url", help="with --store postgresql: use this server")
     args = parser.parse_args()
     size = parse_size(args.size, "--size")
     print(platform_line())
     with (
         tempfile.TemporaryDirectory(dir=args.dir) as tmp,
-        broker(Path(tmp), not args.no_sync) as (port, pid),
+        _database(args, Path(tmp)) as database_url,
+        broker(Path(tmp), not args.no_sync, database_url) as (port, pid),
     ):
         free = os.statvfs(tmp)
         if free.f_bavail * free.f_frsize < args.count * size * 1.1:
@@ -266,6 +313,8 @@ def main() -> None:
         sampler.done.set()
         sampler.join()
         mode = "together" if args.together else "produce, then consume"
+        if args.store != "file":
+            mode += f", database store on {args.store}"
         if args.no_sync:
             mode += ", large-message-sync = false"
         print(f"{args.count} x {args.size} durable messages ({mode}):")

@@ -128,7 +128,7 @@ def main() -> None:
     print(platform_line())
     with (
         tempfile.TemporaryDirectory() as tmp,
-        broker(Path(tmp), True, [*PLUGINS, "stomp"], extra) as (_port, pid),
+        broker(Path(tmp), True, None, [*PLUGINS, "stomp"], extra) as (_port, pid),
     ):
         time.sleep(0.5)
         sampler = Sampler(pid)

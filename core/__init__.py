@@ -18,6 +18,7 @@ from scow.core.config import Config, ConfigSection, Setting, parse_host_port
 from scow.core.descriptors import (
     FullPolicyType,
     JournalBackend,
+    LargeMessageStoreBackend,
     PageStoreBackend,
     ProtocolType,
     QueueType,
@@ -44,7 +45,14 @@ from scow.core.interfaces import (
     StreamSegment,
     StreamStore,
 )
-from scow.core.large_messages import DEFAULT_MIN_LARGE_MESSAGE_SIZE, LargeHead, with_body
+from scow.core.large_messages import (
+    DEFAULT_MIN_LARGE_MESSAGE_SIZE,
+    Arrival,
+    LargeBody,
+    LargeHead,
+    LargeMessageStore,
+    with_body,
+)
 from scow.core.management import ManagementOperation
 from scow.core.message import Entry, Message, MessageFormat, MessageRef
 from scow.core.model import (
@@ -82,6 +90,7 @@ __all__ = [
     "HOOK_API_VERSION",
     "PERMISSIONS",
     "AddressInfo",
+    "Arrival",
     "Broker",
     "BrokerError",
     "Completion",
@@ -96,7 +105,10 @@ __all__ = [
     "InvalidField",
     "Journal",
     "JournalBackend",
+    "LargeBody",
     "LargeHead",
+    "LargeMessageStore",
+    "LargeMessageStoreBackend",
     "LoadResult",
     "ManagementOperation",
     "Message",

@@ -32,6 +32,7 @@ from scow.core.descriptors import JournalBackend
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.ha import FileStoreLock, HaMember, StoreLock
 from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
+from scow.core.large_message_files import configured_store
 from scow.core.memory_trim import MemoryTrimmer
 from scow.core.model import BrokerError, ConnectionInfo
 from scow.core.plugins import PluginError, PluginManager
@@ -114,6 +115,9 @@ class Server:
             self.full_policies = plugins.unique("scow_register_full_policies", "full policy")
             self.page_stores = plugins.unique("scow_register_page_stores", "page store")
             self.stream_stores = plugins.unique("scow_register_stream_stores", "stream store")
+            self.large_message_stores = plugins.unique(
+                "scow_register_large_message_stores", "large message store"
+            )
             self.protocol_types = plugins.unique("scow_register_protocols", "protocol")
         except PluginError as exc:
             raise StartupError(str(exc)) from exc
@@ -258,15 +262,20 @@ class Server:
             await loop.run_in_executor(None, storage.stop)
             journal = self.config.section("broker")["journal"]
             raise StartupError(f"[broker] journal = {journal!r}: recovery failed: {exc}") from exc
+        persistent = bool(storage.journals)
+        journal = journal_backend(self.journals, self.config)[0] if persistent else ""
         broker = Broker(
             self.config,
             storage,
             queue_types=self.queue_types,
             full_policies=self.full_policies,
-            persistent=bool(storage.journals),
+            persistent=persistent,
             selector_compiler=compile_selector,
             page_stores=self.page_stores,
             stream_stores=self.stream_stores,
+            large_messages=configured_store(
+                self.large_message_stores, self.config, journal, persistent=persistent
+            ),
         )
         broker.hooks = self.plugins.hook
         try:
@@ -278,6 +287,10 @@ class Server:
         formats = [p.message_format for p in self.protocol_types.values() if p.message_format]
         if recovered.messages and not formats:
             raise StartupError("the journal holds messages but no protocol plugin can read them")
+        try:
+            await loop.run_in_executor(None, broker.large_messages.open)
+        except Exception as exc:
+            raise StartupError(f"large message store: {exc}") from exc
         restored = broker.recover(recovered, formats[0]) if formats else 0
         log.info(
             "broker recovered",
@@ -295,9 +308,9 @@ class Server:
         self.services += self.plugins.collect("scow_services", broker=broker)
         for service in self.services:
             await service.start()
-        # every record that refers to a large message's file is known by now (the paging
-        # plugin's service read its pages): files left by a crash go before anything arrives
-        broker.large_messages.remove_orphans()
+        # every record that refers to a large message's body is known by now (the paging
+        # plugin's service read its pages): bodies left by a crash go before anything arrives
+        await loop.run_in_executor(None, broker.large_messages.remove_orphans)
         for name, protocol in self.protocol_types.items():
             settings = self.config.section(name) if name in self.config.section_names else {}
             server = protocol.factory(broker, settings)

@@ -27,7 +27,7 @@ from scow.core.duplicates import (
     id_key,
 )
 from scow.core.interfaces import after_all
-from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
+from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
     MEMORY_OVERHEAD,
@@ -118,6 +118,7 @@ class Broker:
         selector_compiler: Callable[[str], Selector],
         page_stores: Mapping[str, PageStoreBackend] | None = None,
         stream_stores: Mapping[str, StreamStoreBackend] | None = None,
+        large_messages: LargeMessageStore | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
@@ -174,11 +175,10 @@ class Broker:
         self.moves_waiting = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
-        #: The files of large messages' bodies (`scow.core.large_messages`).
-        self.large_messages = LargeMessageStore(
-            Path(str(broker_cfg.get("data-dir", "./data")))
-            / str(broker_cfg.get("large-messages-directory", LARGE_MESSAGES_DIRECTORY)),
-            sync=persistent and bool(broker_cfg.get("large-message-sync", True)),
+        #: Where large messages' bodies live (`scow.core.large_messages`; files unless
+        #: given): opened off the event loop before recovery (`LargeMessageStore.open`).
+        self.large_messages = large_messages or configured_store(
+            {}, config, "", persistent=persistent
         )
         self._connection_numbers = itertools.count(1)
 
@@ -604,12 +604,14 @@ class Broker:
         accepted) when its address's cache holds the id, else routed as a transaction of
         its own, so that the message and its id are journaled together: both durable, or
         neither."""
-        cache = self._id_cache(address.name)
-        if cache is None:  # detection is off for this address
-            # routed as any message: `send` has already seen to a large message's file
-            return self._send(data, address.name, fmt, routing_type, on_stored, None, False)
+        cache = self.duplicate_ids.get(address.name)  # _id_cache, inlined: per message
+        if cache is None or cache.size <= 0:
+            cache = self._id_cache(address.name)
+            if cache is None:  # detection is off for this address
+                # routed as any message: `send` has already seen to a large message's file
+                return self._send(data, address.name, fmt, routing_type, on_stored, None, False)
         key = id_key(header[3], address.name)
-        if key in cache:
+        if key in cache.ids:
             self.messages_duplicate += 1
             log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
             waiting = cache.pending.get(key)
@@ -625,34 +627,30 @@ class Broker:
         message, queues, full = routed
         pager = address.pager
         paging = pager is not None and (full or pager.paging)
+        durable = message.kind.durable
         if not (
-            self.persistent
+            durable
+            and self.persistent
             and self.persist_id_cache
-            and message.kind.durable
             and (paging or any(q.durable for q in queues))
         ):  # no id record to journal with the message: no transaction
-            resends: list[Completion] = []
-            done = False
-
-            def stored_alone() -> None:
-                nonlocal done
-                done = True
-                if cache.pending.get(key) is resends:
-                    del cache.pending[key]
-                on_stored()  # type: ignore[misc]
-                for resent in resends:
-                    resent()
-
+            # a message held in memory only is accepted at once (`_accept`): resends of
+            # it have nothing to wait for
+            waits = on_stored is not None and (durable or paging)
+            if waits:
+                resends: list[Completion] = []
+                cache.pending[key] = resends  # until it is stored
+                on_stored = _confirming_resends(cache, key, resends, on_stored)
             try:
-                status = self._accept(
-                    message, queues, address, stored_alone if on_stored else None, full
-                )
+                status = self._accept(message, queues, address, on_stored, full)
             except StorageFull:
                 self.messages_routed -= 1
+                if waits:
+                    cache.pending.pop(key, None)
                 raise
             self._admit_alone(cache, address.name, key)
-            if status is RouteStatus.PENDING and not done:
-                cache.pending[key] = resends  # resends wait until it is stored
+            if waits and status is not RouteStatus.PENDING and cache.pending.get(key) is resends:
+                del cache.pending[key]  # accepted at once: `on_stored` is not called
             return status
         # journaled: the message and its id in one journal transaction
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
@@ -677,10 +675,10 @@ class Broker:
         record_id = 0
         if self.persistent and self.persist_id_cache:
             try:
-                for pushed_out in cache.pushed_out(1):
-                    self.storage.delete_record(pushed_out)
                 record_id = self.next_id()
-                self.storage.store_duplicate_id(record_id, address_name, key)
+                self.storage.store_duplicate_id(
+                    record_id, address_name, key, replacing=cache.pushed_out(1)
+                )
             except StorageFull:  # the message is accepted: its id is kept in memory only
                 record_id = 0
         cache.add(key, record_id)
@@ -1557,11 +1555,10 @@ class Broker:
             if body is None:
                 # deleted after its last acknowledgement, before the record's deletion
                 # reached the journal (or never synced, so never accepted)
-                path = self.large_messages.path_of(rec.large[0])
                 log.warning(
-                    "large message dropped: its file is missing or short",
+                    "large message dropped: its body is missing or short",
                     message=rec.id,
-                    file=str(path),
+                    body=self.large_messages.describe(rec.large[0]),
                 )
                 self.storage.acknowledge(rec.id, queues[0][0].id, True)
                 return []
@@ -1643,6 +1640,22 @@ class Broker:
         if address.pager is not None:
             out.update(address.pager.stats())
         return out
+
+
+def _confirming_resends(
+    cache: DuplicateIdCache, key: bytes, resends: list[Completion], on_stored: Completion
+) -> Completion:
+    """`on_stored` of a message admitting `key` on its own, which also confirms the resends
+    of it that arrived while it was not durable yet (`cache.pending[key]`)."""
+
+    def stored() -> None:
+        if cache.pending.get(key) is resends:
+            del cache.pending[key]
+        on_stored()
+        for resent in resends:
+            resent()
+
+    return stored
 
 
 def _place(

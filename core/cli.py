@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import getpass
 import json
 import os
@@ -277,6 +278,10 @@ EXIT_BROKEN_PIPE = 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if not faulthandler.is_enabled():  # (pytest enables its own for in-process calls)
+        # a fatal error in C code (proton, the C library) leaves every thread's Python
+        # stack on stderr (the broker's log), not just an exit status
+        faulthandler.enable()
     # SIGPIPE stays ignored (Python's default): a peer that vanishes costs `scow run` one
     # connection (EPIPE), never the process. A command whose output reader goes away
     # (`scow data print | head`) meets BrokenPipeError instead and ends quietly.

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         Queue,
         StreamStore,
     )
+    from scow.core.large_messages import LargeMessageStore
     from scow.core.message import MessageFormat
     from scow.core.model import AddressInfo, QueueSpec
 
@@ -100,6 +101,25 @@ class StreamStoreBackend:
 
     name: str
     factory: Callable[[Path, str, int, Mapping[str, Any]], StreamStore]
+    doc: str = ""
+    #: The config section whose validated values the factory receives, if any.
+    config_section: str | None = None
+
+
+@dataclass(frozen=True)
+class LargeMessageStoreBackend:
+    """Where large messages' bodies live, beside the journal of the same name.
+
+    `factory(data_dir, settings, sync)` builds (without opening: `open` runs off the
+    event loop before recovery) the store of one broker; `settings` is the backend's own
+    validated config section (may be empty); `sync` is `[broker] large-message-sync` (false
+    for a broker without persistence). A broker keeps its bodies in the store named like
+    `[broker] journal`, else in files (`scow.core.large_message_files`): bodies go where
+    the records that refer to them go, so that a failover or a restore finds both.
+    """
+
+    name: str
+    factory: Callable[[Path, Mapping[str, Any], bool], LargeMessageStore]
     doc: str = ""
     #: The config section whose validated values the factory receives, if any.
     config_section: str | None = None

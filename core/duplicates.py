@@ -28,6 +28,8 @@ DEFAULT_ID_CACHE_SIZE = 20_000
 
 _STRING = 0x01
 _BINARY = 0x02
+_STRING_TAG = bytes((_STRING,))
+_BINARY_TAG = bytes((_BINARY,))
 _SHOWN = 64  # bytes of an id an error message shows
 
 
@@ -40,10 +42,12 @@ class DuplicateMessage(BrokerError):
 def id_key(value: object, address: str) -> bytes:
     """The cache key of a `_AMQ_DUPL_ID` value; InvalidField when it is not a string or
     binary."""
+    if value.__class__ is bytes:  # the usual binary id, at the cost of one concatenation
+        return _BINARY_TAG + value
     if isinstance(value, str):
-        return bytes((_STRING,)) + value.encode("utf-8", "surrogatepass")
+        return _STRING_TAG + value.encode("utf-8", "surrogatepass")
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes((_BINARY,)) + bytes(value)
+        return _BINARY_TAG + bytes(value)
     raise InvalidField(
         f"address '{address}': application property {DUPLICATE_ID_PROPERTY} = {value!r} "
         f"({type(value).__name__}): expected a string or binary"
@@ -53,7 +57,7 @@ def id_key(value: object, address: str) -> bytes:
 def describe_id(key: bytes) -> str:
     """A key as an error message or a log line shows it: 'text' or binary 0a1b..."""
     body = key[1:]
-    if key[:1] == bytes((_STRING,)):
+    if key[:1] == _STRING_TAG:
         text = body.decode("utf-8", "replace")
         return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
     shown = body[:_SHOWN].hex() + ("..." if len(body) > _SHOWN else "")
@@ -96,18 +100,23 @@ class DuplicateIdCache:
         over = len(self.ids) + adding - self.size
         if over <= 0:
             return []
+        if over == 1:  # a full cache admitting one more: the usual case
+            rid = next(iter(self.ids.values()))
+            return [rid] if rid else []
         return [rid for rid in itertools.islice(self.ids.values(), over) if rid]
 
     def add(self, key: bytes, record_id: int) -> list[int]:
         """Admit `key` (newest); returns the records of the entries it pushed out, and of
         an older entry of the same key."""
+        ids = self.ids
         dropped = []
-        old = self.ids.pop(key, None)
-        if old:
-            dropped.append(old)
-        self.ids[key] = record_id
-        while len(self.ids) > self.size:
-            rid = self.ids.popitem(last=False)[1]
+        if key in ids:
+            old = ids.pop(key)
+            if old:
+                dropped.append(old)
+        ids[key] = record_id
+        while len(ids) > self.size:
+            rid = ids.popitem(last=False)[1]
             if rid:
                 dropped.append(rid)
         return dropped

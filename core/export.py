@@ -49,11 +49,10 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import IO, Any
 
 from scow.core.interfaces import StreamStore
-from scow.core.large_messages import LargeHead, LargeMessageStore
+from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 
 FORMAT = "scow-export"
@@ -87,11 +86,10 @@ def export_lines(
     recovered: Recovered,
     paged: Iterable[RecoveredMessage] = (),
     streams: Iterable[StreamStore] = (),
-    large_messages: Path | None = None,
+    large_messages: LargeMessageStore | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The lines of an export (see the module docstring); `streams` are opened and read
-    here (and closed by the caller); `large_messages` is the directory of large
-    messages' files."""
+    here (and closed by the caller); `large_messages` holds large messages' bodies."""
     yield {"format": FORMAT, "version": VERSION, "created": int(time.time() * 1000)}
     stored = {store.name: store.open() for store in streams}
     for address in recovered.addresses:
@@ -158,21 +156,18 @@ def export_lines(
     }
 
 
-def _whole_large_message(message: RecoveredMessage, directory: Path | None) -> bytes:
-    """A large message's head followed by the body its file holds."""
+def _whole_large_message(message: RecoveredMessage, store: LargeMessageStore | None) -> bytes:
+    """A large message's head followed by the body its store holds."""
     assert message.large is not None
     file_id, head_size, length = message.large
-    if directory is None:
-        raise ExportError(f"message {message.id} is large: its file's directory is not known")
-    path = directory / f"{file_id}.msg"
+    if store is None:
+        raise ExportError(f"message {message.id} is large: where its body is is not known")
     try:
-        with open(path, "rb") as f:
-            f.seek(head_size)
-            body = f.read(length - head_size)
+        body = b"".join(LargeBody(store, file_id, head_size, length).chunks())
     except OSError as exc:
-        raise ExportError(f"message {message.id}: its file {path}: {exc}") from None
-    if len(body) != length - head_size:
-        raise ExportError(f"message {message.id}: its file {path} is short")
+        raise ExportError(
+            f"message {message.id}: its body ({store.describe(file_id)}): {exc}"
+        ) from None
     return message.data + body
 
 
@@ -190,11 +185,11 @@ def export(
     out: IO[str],
     paged: Callable[[Recovered], Iterable[RecoveredMessage]] | None = None,
     open_stream: OpenStream | None = None,
-    large_messages: Path | None = None,
+    large_messages: LargeMessageStore | None = None,
 ) -> dict[str, int]:
     """Write everything `storage` holds (and `paged(recovered)`, and the records of its
     streams, whose stores `open_stream` builds) to `out`; returns counts. `large_messages`
-    is the directory of the large messages' files."""
+    holds the large messages' bodies."""
     end: dict[str, Any] = {}
     recovered = storage.load()
     streams = _streams(recovered, open_stream)
@@ -215,13 +210,13 @@ def import_(
     source: IO[str],
     paged: Callable[[RecoveredMessage], None] | None = None,
     open_stream: OpenStream | None = None,
-    large_messages: Path | None = None,
+    large_messages: LargeMessageStore | None = None,
 ) -> dict[str, int]:
     """Load an export into `storage`, which must be empty; returns the counts read.
 
     Paged messages go to `paged` when given (it writes them into pages), else to the
     journal like the others. Stream records go to the stores `open_stream` builds; a file
-    that holds some needs it (ExportError otherwise). Large messages get their file in
+    that holds some needs it (ExportError otherwise). Large messages get their body in
     `large_messages`.
     """
     streams = _StreamImporter(open_stream)
@@ -236,7 +231,7 @@ def _import(
     source: IO[str],
     paged: Callable[[RecoveredMessage], None] | None,
     streams: _StreamImporter,
-    large_messages: Path | None,
+    large_messages: LargeMessageStore | None,
 ) -> dict[str, int]:
     existing = storage.load()
     if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
@@ -300,7 +295,7 @@ def _import_message(
     queue_ids: dict[str, int],
     number: int,
     paged: Callable[[RecoveredMessage], None] | None,
-    large_messages: Path | None,
+    large_messages: LargeMessageStore | None,
 ) -> None:
     try:
         qids = {queue_ids[name]: count for name, count in line["queues"].items()}
@@ -338,17 +333,16 @@ def _import_large(
     data: bytes,
     head_size: Any,
     number: int,
-    directory: Path | None,
+    store: LargeMessageStore | None,
 ) -> LargeHead:
-    """Write an imported large message to a file of its own; its head, referring to it."""
+    """Store an imported large message's body; its head, referring to it."""
     if not isinstance(head_size, int) or not 0 <= head_size <= len(data):
         raise ExportError(
             f"line {number}: a large message needs a head-size between 0 and its "
             f"{len(data)} bytes, not {head_size!r}"
         )
-    if directory is None:
-        raise ExportError(f"line {number}: a large message, and no directory for its file")
-    store = LargeMessageStore(directory, sync=True)
+    if store is None:
+        raise ExportError(f"line {number}: a large message, and no store for its body")
     view = memoryview(data)
     return store.write_whole(
         storage.next_id(), view[:head_size].tobytes(), view[head_size:], sync=True

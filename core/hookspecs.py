@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from scow.core.descriptors import (
         FullPolicyType,
         JournalBackend,
+        LargeMessageStoreBackend,
         PageStoreBackend,
         ProtocolType,
         QueueType,
@@ -86,6 +87,14 @@ def scow_register_page_stores() -> list[PageStoreBackend]:
 def scow_register_stream_stores() -> list[StreamStoreBackend]:
     """Stream store backends this plugin provides (where stream queues keep their
     records). Results are concatenated; names must be unique."""
+    raise NotImplementedError
+
+
+@hookspec
+def scow_register_large_message_stores() -> list[LargeMessageStoreBackend]:
+    """Large message stores this plugin provides (where the bodies of large messages go
+    when `[broker] journal` names the store). Results are concatenated; names must be
+    unique."""
     raise NotImplementedError
 
 

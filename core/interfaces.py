@@ -351,6 +351,11 @@ class Queue(Protocol):
     (optional: see `stores_own_messages`); one whose storage is also the durable record
     of them declares `keeps_durable_copy = True` and has `keep(entry, on_stored)` (see
     `keeps_durable_copy`).
+
+    A queue type may also have `enqueue_all(entries)`: `enqueue` of each entry, in
+    order, done as a batch. A cursor draining pages hands over what it read that way
+    when the queue has it (the standard queue serves its one consumer's credit without
+    asking for it per message), else one `enqueue` at a time.
     """
 
     spec: QueueSpec

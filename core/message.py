@@ -275,7 +275,11 @@ class PagedRef(MessageRef):
         offset: int,
         delivery_count: int = 0,
     ) -> None:
-        super().__init__(message, queue, delivery_count)
+        # MessageRef.__init__'s work, without the call: a paged drain makes one per message
+        self.message = message
+        self.queue = queue
+        self.delivery_count = delivery_count
+        self.consumer = None
         self.cursor: Any = cursor
         self.page = page
         self.offset = offset

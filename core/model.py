@@ -214,14 +214,14 @@ class AddressInfo:
         self.multicast = [q for q in queues if q.routing_type is RoutingType.MULTICAST]
         self.keepers = [q for q in queues if keeps_durable_copy(q)]
 
-    def add_memory(self, size: int) -> None:
-        """A message of `size` bytes is now held in memory for this address."""
-        size += MEMORY_OVERHEAD
+    def add_memory(self, size: int, count: int = 1) -> None:
+        """`count` messages of `size` bytes in all are now held in memory for this address."""
+        size += MEMORY_OVERHEAD * count
         self.size += size
-        self.message_count += 1
+        self.message_count += count
         limits = self.limits
         limits.size += size
-        limits.messages += 1
+        limits.messages += count
 
     def is_full(self) -> bool:
         """At or over its own max-size-bytes / max-size-messages, or the broker's."""

@@ -1,20 +1,23 @@
 """How page stores frame records: length, CRC32, payload.
 
-A frame is `>II` (payload length, zlib.crc32 of the payload) and the payload. Reading
+A frame is `>II` (payload length, CRC-32 of the payload) and the payload. Reading
 stops at the first frame that is incomplete, zero (unwritten) or fails its CRC, so a torn
 or corrupt tail is never taken for data. That is also why a record cannot be empty: its
 frame would read as zero fill.
 
 This is on the paging read path (every paged message passes through it), so it yields
-positions rather than payloads: callers slice only what they need.
+positions rather than payloads: callers slice only what they need. The CRC is zlib's
+CRC-32 as ISA-L computes it (the same values, some 30 times faster on 1 KiB records than
+`zlib.crc32`, which dominated the cost of reading a page back).
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Final
+
+from isal.isal_zlib import crc32
 
 _HEADER = struct.Struct(">II")
 HEADER_SIZE: Final = _HEADER.size
@@ -38,7 +41,7 @@ def frame(record: bytes) -> bytes:
     if not record:
         raise _unframeable(0, record)
     try:
-        return _HEADER.pack(len(record), zlib.crc32(record)) + record
+        return _HEADER.pack(len(record), crc32(record)) + record
     except struct.error:
         raise _unframeable(0, record) from None
 
@@ -46,7 +49,6 @@ def frame(record: bytes) -> bytes:
 def frame_all(records: Sequence[bytes]) -> bytes:
     """Every record framed, in one buffer, so a store can write a batch with one call."""
     pack = _HEADER.pack
-    crc32 = zlib.crc32
     parts: list[bytes] = []
     for index, record in enumerate(records):
         if not record:
@@ -73,7 +75,6 @@ def iter_frames(
     view = memoryview(buf)
     size = len(view)
     unpack = _HEADER.unpack_from
-    crc32 = zlib.crc32
     while offset + HEADER_SIZE <= size:
         length, crc = unpack(view, offset)
         start = offset + HEADER_SIZE
@@ -86,7 +87,18 @@ def iter_frames(
 
 def valid_length(buf: bytes | memoryview, offset: int = 0) -> int:
     """The byte offset just past the last valid frame from `offset` (`offset` if none)."""
+    if offset < 0:
+        raise ValueError(f"frame offset {offset} is negative; offsets count from 0")
+    # `iter_frames`' loop written out: every page read checks every frame's CRC here
+    view = memoryview(buf)
+    size = len(view)
+    unpack = _HEADER.unpack_from
     end = offset
-    for _start, _payload, frame_end in iter_frames(buf, offset):
-        end = frame_end
+    while end + HEADER_SIZE <= size:
+        length, crc = unpack(view, end)
+        start = end + HEADER_SIZE
+        stop = start + length
+        if length == 0 or stop > size or crc32(view[start:stop]) != crc:
+            break
+        end = stop
     return end

@@ -453,10 +453,18 @@ class StorageManager:
     # ------------------------------------------------------------------ duplicate ids
 
     def store_duplicate_id(
-        self, record_id: int, address: str, key: bytes, *, tx_id: int | None = None
+        self,
+        record_id: int,
+        address: str,
+        key: bytes,
+        *,
+        tx_id: int | None = None,
+        replacing: Iterable[int] = (),
     ) -> None:
         """Journal an id of `address`'s duplicate-id cache: within `tx_id`, the
-        transaction of the message it admits (so both are durable, or neither)."""
+        transaction of the message it admits (so both are durable, or neither). The
+        records of `replacing` (the ids it pushes out of the cache) are deleted first."""
+        journal = self.messages
         prefix = self._id_prefixes.get(address)
         if prefix is None:
             if len(self._id_prefixes) >= 4096:  # addresses may come and go without end
@@ -464,9 +472,13 @@ class StorageManager:
             prefix = self._id_prefixes[address] = _address_prefix(address)
         data = prefix + key
         if tx_id is not None:
-            self.messages.append_add_tx(tx_id, record_id, DUPLICATE_ID, data)
-        else:
-            self.messages.append_add(record_id, DUPLICATE_ID, data, sync=False)
+            for pushed_out in replacing:
+                journal.append_delete_tx(tx_id, pushed_out)
+            journal.append_add_tx(tx_id, record_id, DUPLICATE_ID, data)
+        else:  # per message with an id: the journal's methods called directly
+            for pushed_out in replacing:
+                journal.append_delete(pushed_out, sync=False)
+            journal.append_add(record_id, DUPLICATE_ID, data, sync=False)
 
     # ------------------------------------------------------------------ recovery
 

@@ -1,9 +1,11 @@
-"""The `database-store` plugin: the journal, the page store and streams in a SQL database.
+"""The `database-store` plugin: the journal, pages, streams and large messages in a SQL
+database.
 
 Enable it with `[plugins] enable = [..., "database-store"]`, then choose it with
-`[broker] journal = "database"` (which keeps the spark plugin's streams there too, unless
-`[spark] stream-store` says otherwise) and/or `[paging] store = "database"`; `[database]` says
-where (SQLite file `scow.db` under the data dir by default, PostgreSQL for production).
+`[broker] journal = "database"` (which keeps large messages' bodies there too, and the
+spark plugin's streams unless `[spark] stream-store` says otherwise) and/or `[paging]
+store = "database"`; `[database]` says where (SQLite file `scow.db` under the data dir
+by default, PostgreSQL for production).
 `scow database print|export|import` read and fill a broker's database like `scow data`
 does its files, so export and import move a broker between files and a database. With
 `[ha]`, a primary and a backup share one database: its lock row says which one serves
@@ -21,13 +23,19 @@ import structlog
 
 from scow.core import hookimpl
 from scow.core.config import ConfigSection
-from scow.core.descriptors import JournalBackend, PageStoreBackend, StreamStoreBackend
+from scow.core.descriptors import (
+    JournalBackend,
+    LargeMessageStoreBackend,
+    PageStoreBackend,
+    StreamStoreBackend,
+)
 from scow.plugins.database_store.settings import SECTION, resolve
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
     from scow.core.ha import StoreLock
     from scow.core.interfaces import PageStore, Service, StreamStore
+    from scow.core.large_messages import LargeMessageStore
     from scow.plugins.database_store import database
     from scow.plugins.database_store.journal import DatabaseJournal
 
@@ -72,6 +80,14 @@ def _open_stream_store(
     from scow.plugins.database_store import stream_store
 
     return stream_store.open_store(data_dir, name, segment_bytes, settings)
+
+
+def _open_large_message_store(
+    data_dir: Path, settings: Mapping[str, Any], sync: bool
+) -> LargeMessageStore:
+    from scow.plugins.database_store import large_messages
+
+    return large_messages.open_store(data_dir, settings, sync)
 
 
 class OutageGuard:
@@ -163,6 +179,18 @@ def scow_register_stream_stores() -> list[StreamStoreBackend]:
             NAME,
             _open_stream_store,
             "stream records as rows of a SQL table, one per record",
+            config_section=SECTION.name,
+        )
+    ]
+
+
+@hookimpl
+def scow_register_large_message_stores() -> list[LargeMessageStoreBackend]:
+    return [
+        LargeMessageStoreBackend(
+            NAME,
+            _open_large_message_store,
+            "large message bodies as rows of a SQL table, in chunks",
             config_section=SECTION.name,
         )
     ]

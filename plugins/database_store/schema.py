@@ -7,7 +7,8 @@ record has no `tx_id`; a delete removes the rows of its id. The page store keeps
 directory of addresses and one row per page and sync (`start` is the row's byte offset
 in its page). Streams have a directory too (with each stream's cursors, as JSON) and
 one row per record (`segment`: the first sequence number of its segment, the unit of
-retention). The node manager table holds the lock row (the holder, the schema version
+retention). Large message bodies are rows of their table, one per chunk (id, chunk
+number). The node manager table holds the lock row (the holder, the schema version
 and the HA state) and, from id 1000 on, one row per HA member's announcement.
 """
 
@@ -54,15 +55,7 @@ class Schema:
             sa.Column("start", sa.BigInteger, primary_key=True, autoincrement=False),
             sa.Column("data", sa.LargeBinary, nullable=False),
         )
-        # PostgreSQL compresses large values by default: pages of messages seldom shrink
-        # much, and compressing costs CPU at every write and read
-        sa.event.listen(
-            self.pages,
-            "after_create",
-            sa.DDL("ALTER TABLE %(fullname)s ALTER COLUMN data SET STORAGE EXTERNAL").execute_if(
-                dialect="postgresql"
-            ),
-        )
+        _stored_as_is(self.pages)
         self.streams = sa.Table(
             tables.streams,
             self.metadata,
@@ -80,6 +73,14 @@ class Schema:
             sa.Column("message_id", sa.BigInteger, nullable=False),
             sa.Column("data", sa.LargeBinary, nullable=False),
         )
+        self.large_messages = sa.Table(
+            tables.large_messages,
+            self.metadata,
+            sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
+            sa.Column("chunk", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("data", sa.LargeBinary, nullable=False),
+        )
+        _stored_as_is(self.large_messages)
         self.node_manager = sa.Table(
             tables.node_manager,
             self.metadata,
@@ -131,6 +132,18 @@ def _copy_statement(dialect: sa.Dialect, table: sa.Table) -> str:
     quote = dialect.identifier_preparer
     columns = ", ".join(quote.quote(column.name) for column in table.columns)
     return f"COPY {quote.format_table(table)} ({columns}) FROM STDIN (FORMAT BINARY)"
+
+
+def _stored_as_is(table: sa.Table) -> None:
+    # PostgreSQL compresses large values by default: pages and bodies of messages seldom
+    # shrink much, and compressing costs CPU at every write and read
+    sa.event.listen(
+        table,
+        "after_create",
+        sa.DDL("ALTER TABLE %(fullname)s ALTER COLUMN data SET STORAGE EXTERNAL").execute_if(
+            dialect="postgresql"
+        ),
+    )
 
 
 def _journal_table(metadata: sa.MetaData, name: str) -> sa.Table:

@@ -94,6 +94,13 @@ SECTION = ConfigSection(
             "Table listing stream queues and their cursors; their records go to <name>_DATA.",
         ),
         Setting(
+            "large-message-table-name",
+            str,
+            "LARGE_MESSAGES",
+            "Table of large messages' bodies, in rows of 1 MiB (with [broker] journal = "
+            '"database").',
+        ),
+        Setting(
             "node-manager-store-table-name",
             str,
             "NODE_MANAGER_STORE",
@@ -120,6 +127,7 @@ class Tables:
     messages: str = "MESSAGES"
     page_store: str = "PAGE_STORE"
     streams: str = "STREAMS"
+    large_messages: str = "LARGE_MESSAGES"
     node_manager: str = "NODE_MANAGER_STORE"
 
 
@@ -187,6 +195,7 @@ def resolve(section: Mapping[str, Any], data_dir: Path) -> DatabaseSettings:
         messages=_table(values, "message-table-name"),
         page_store=_table(values, "page-store-table-name"),
         streams=_table(values, "stream-table-name"),
+        large_messages=_table(values, "large-message-table-name"),
         node_manager=_table(values, "node-manager-store-table-name"),
     )
     if values["jdbc-lock-renew-period"] >= values["jdbc-lock-expiration"]:

@@ -12,6 +12,7 @@ from scow.core import app
 from scow.core.cli import command_group
 from scow.core.data_lock import DataDirLocked, offline
 from scow.core.export import ExportError, OpenStream, export, import_
+from scow.core.large_message_files import FileLargeMessageStore
 from scow.core.large_messages import DEFAULT_DIRECTORY as LARGE_MESSAGES_DIRECTORY
 from scow.core.storage import (
     ACK_REF,
@@ -132,7 +133,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                 out,
                 lambda r: page_tools.paged_messages(args.data_dir, r),
                 _file_streams(args.data_dir),
-                large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
+                large_messages=FileLargeMessageStore(
+                    args.data_dir / LARGE_MESSAGES_DIRECTORY, sync=True
+                ),
             )
     finally:
         storage.stop()
@@ -151,7 +154,9 @@ def cmd_import(args: argparse.Namespace) -> int:
                     source,
                     pages.add,
                     _file_streams(args.data_dir),
-                    large_messages=args.data_dir / LARGE_MESSAGES_DIRECTORY,
+                    large_messages=FileLargeMessageStore(
+                        args.data_dir / LARGE_MESSAGES_DIRECTORY, sync=True
+                    ),
                 )
         finally:
             pages.close()

@@ -19,6 +19,8 @@ from scow.core.data_lock import offline
 from scow.core.duplicates import describe_id
 from scow.core.export import OpenStream, export, import_
 from scow.core.interfaces import PageStore
+from scow.core.large_message_files import configured_store
+from scow.core.large_messages import LargeMessageStore
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.storage import Recovered, StorageManager
 from scow.plugins.paging import tools as page_tools
@@ -125,21 +127,37 @@ def _counts(recovered: Recovered) -> str:
     )
 
 
-def _large_messages(config: Config) -> Path:
-    """The directory of the broker's large message files."""
-    return _data_dir(config) / str(config.section("broker")["large-messages-directory"])
+@contextlib.contextmanager
+def _large_messages(plugins: PluginManager, config: Config) -> Iterator[LargeMessageStore]:
+    """The store of the broker's large message bodies the config selects, open."""
+    backends = plugins.unique("scow_register_large_message_stores", "large message store")
+    journals = plugins.unique("scow_register_journals", "journal backend")
+    store = configured_store(
+        backends, config, app.journal_backend(journals, config)[0], persistent=True
+    )
+    try:
+        store.open()
+    except Exception as exc:
+        raise app.StartupError(f"large message store: {exc}") from exc
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _opened(args) as (plugins, config, storage):
         stores = _page_stores(plugins, config)
-        with open(args.output, "w", encoding="utf-8") as out:
+        with (
+            _large_messages(plugins, config) as large,
+            open(args.output, "w", encoding="utf-8") as out,
+        ):
             counts = export(
                 storage,
                 out,
                 lambda r: page_tools.paged_messages(_data_dir(config), r, stores),
                 _stream_opener(plugins, config),
-                large_messages=_large_messages(config),
+                large_messages=large,
             )
     print(f"exported {counts} to {args.output}")
     return 0
@@ -148,14 +166,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     with (
         _opened(args, writing=True) as (plugins, config, storage),
+        _large_messages(plugins, config) as large,
         open(args.input, encoding="utf-8") as f,
     ):
         # paged messages go to the journal: the broker pages them again if needed
         counts = import_(
-            storage,
-            f,
-            open_stream=_stream_opener(plugins, config),
-            large_messages=_large_messages(config),
+            storage, f, open_stream=_stream_opener(plugins, config), large_messages=large
         )
     print(f"imported {counts}")
     return 0

@@ -93,7 +93,8 @@ class MemoryJournal:
         on_done: Completion | None = None,
     ) -> None:
         self._add(RecordInfo(record_id, record_type, bytes(data)))
-        self._done(on_done)
+        if on_done is not None:  # `_done`, inlined: a record per message with a duplicate id
+            self._dispatch([on_done])
 
     def append_update(
         self,
@@ -112,7 +113,8 @@ class MemoryJournal:
         self, record_id: int, *, sync: bool, on_done: Completion | None = None
     ) -> None:
         self._delete(record_id)
-        self._done(on_done)
+        if on_done is not None:
+            self._dispatch([on_done])
 
     def append_add_tx(self, tx_id: int, record_id: int, record_type: int, data: bytes) -> None:
         self._tx.setdefault(tx_id, []).append(("add", RecordInfo(record_id, record_type, data)))

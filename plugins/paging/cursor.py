@@ -24,12 +24,14 @@ import struct
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
+from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from scow.core.large_messages import hold_body
-from scow.core.message import Message, PagedRef
-from scow.core.page_frames import iter_frames
-from scow.plugins.paging.record import HEAD, LARGE, head_of, message_data
+from scow.core.message import Message, MessageKind, PagedRef, kind_of
+from scow.core.page_frames import HEADER_SIZE as FRAME_HEADER
+from scow.plugins.paging.record import DURABLE, HEAD, LARGE, head_of, message_data
 from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 SCAN_BATCH = 5000
 #: Messages a draining cursor hands its queue at a time (while the queue stores them).
 DRAIN_BATCH = 1024
+#: A page frame's payload length, the first field of its header.
+_FRAME_LENGTH = struct.Struct(">I")
 
 
 class _Window:
@@ -52,7 +56,7 @@ class _Window:
     commits, what was taken ahead) and hands the queue what it takes.
     """
 
-    __slots__ = ("end", "offsets", "page", "records", "start")
+    __slots__ = ("end", "page", "records", "start")
 
     def __init__(self, page: int, start: int, end: int, records: list[_Record]) -> None:
         self.page = page
@@ -60,19 +64,21 @@ class _Window:
         #: The page offset just past the bytes read.
         self.end = end
         self.records = records
-        self.offsets = [record[0] for record in records]
 
     def covers(self, page: int, offset: int) -> bool:
         return page == self.page and self.start <= offset < self.end
 
     def from_offset(self, offset: int) -> list[_Record]:
         """The records at and after page offset `offset`."""
-        return self.records[bisect_left(self.offsets, offset) :]
+        records = self.records
+        return records[bisect_left(records, offset, key=_offset_of) :]
 
 
 #: (page offset, offset of the next record, header, payload if routed to the queue):
 #: the message's bytes, or the `Message` itself in a window read to be taken in order
 _Record = tuple[int, int, tuple, Any]
+_offset_of = itemgetter(0)
+_new_message = Message.__new__
 
 
 def _read_window(
@@ -80,28 +86,52 @@ def _read_window(
     page: int,
     offset: int,
     queue_id: int,
-    build: Callable[[tuple, bytes], Message] | None,
+    kinds: Callable[[int, int], MessageKind] | None,
 ) -> _Window:
-    """Read `page` from `offset` and parse its records for queue `queue_id`, each made a
-    message by `build` if given (runs in the reader thread: nothing here touches the
-    loop's state)."""
+    """Read `page` from `offset` and parse its records for queue `queue_id`; with
+    `kinds` (the kind of a message by its record's flags and priority), each becomes a
+    `Message` (runs in the reader thread: nothing here touches the loop's state).
+
+    Every paged message passes through here once, so the loop is written out: the
+    frames walked inline (the store returns valid ones only), and a message built as
+    `Message.__init__` would, less its keyword arguments and kind lookup."""
     buf = store.read(page, offset)
     unpack = HEAD.unpack_from
+    frame_length = _FRAME_LENGTH.unpack_from
     size = HEAD.size
     records: list[_Record] = []
-    for start, pstart, pend in iter_frames(buf, verified=True):
+    append = records.append
+    queue_key = queue_id.to_bytes(8, "big")
+    new = _new_message
+    known: dict[int, MessageKind] = {}  # kinds by (priority << 1 | durable flag)
+    at = 0
+    stop = len(buf)
+    while at + FRAME_HEADER <= stop:
+        pstart = at + FRAME_HEADER
+        pend = pstart + frame_length(buf, at)[0]
         head = unpack(buf, pstart)
         n = head[5]
         ids_at = pstart + size
-        if n == 1:
-            routed = int.from_bytes(buf[ids_at : ids_at + 8], "big") == queue_id
-        else:
-            routed = queue_id in _ids(buf, ids_at, n)
-        payload = buf[ids_at + 8 * n : pend] if routed else None
-        # a large message's body is held by the loop's store: the loop builds that one
-        if payload is not None and build is not None and not head[3] & LARGE:
-            payload = build(head, payload)
-        records.append((offset + start, offset + pend, head, payload))
+        routed = (
+            buf[ids_at : ids_at + 8] == queue_key if n == 1 else queue_id in _ids(buf, ids_at, n)
+        )
+        payload: Any = None
+        if routed:
+            payload = buf[ids_at + 8 * n : pend]
+            flags = head[3]
+            # a large message's body is held by the loop's store: the loop builds that one
+            if kinds is not None and not flags & LARGE:
+                message = new(Message)
+                message.id = head[0]
+                message.data = payload
+                kind = known.get(head[4] << 1 | flags & DURABLE)
+                if kind is None:
+                    kind = known[head[4] << 1 | flags & DURABLE] = kinds(flags, head[4])
+                message.kind = kind
+                message.expiration = head[1]
+                payload = message
+        append((offset + at, offset + pend, head, payload))
+        at = pend
     return _Window(page, offset, offset + len(buf), records)
 
 
@@ -111,6 +141,9 @@ class QueueCursor:
     def __init__(self, pager: AddressPager, queue: Queue) -> None:
         self.pager = pager
         self.queue = queue
+        self._queue_enqueue_all: Callable[[list[PagedRef]], None] = getattr(
+            queue, "enqueue_all", None
+        ) or partial(_enqueue_each, queue)
         self.page = pager.write_page
         self.offset = pager.write_offset
         #: Messages for the queue still in pages (not read into memory) and their bytes.
@@ -144,6 +177,8 @@ class QueueCursor:
         #: Pages (or their unread rest) selectors passed over by the page's summary.
         self.pages_skipped = 0
         self._windows: dict[str, _Window] = {}
+        #: (durable flag, priority) -> the kind of such a message of the address.
+        self._kinds: dict[tuple[int, int], MessageKind] = {}
         #: The address settings `_batch` was worked out for, and (bytes, messages) of a
         #: quarter of the read limits (0: no limit).
         self._batch_for: Any = None
@@ -338,9 +373,9 @@ class QueueCursor:
 
         # what the main window holds is taken in order: it comes as messages, made in
         # the reader thread; the others' records may never become messages
-        build = self._message if slot == "main" else None
+        kinds = self._kind if slot == "main" else None
         self.pager.manager.read(
-            _read_window, (self.pager.store, page, offset, self.queue.id, build), done
+            _read_window, (self.pager.store, page, offset, self.queue.id, kinds), done
         )
         return None
 
@@ -373,45 +408,124 @@ class QueueCursor:
             yield (at, _next, head, None) if skip else record
 
     def _take(self, window: _Window, end: int) -> None:
+        """Hand the queue the records of `window` from the position on, in order, while
+        its read limits allow.
+
+        A drain from pages runs every message through here, so this is `_records` and
+        `_deliver_message` written out, the queue given the messages as a batch
+        (`Queue.enqueue_all`) and the address's memory counted once per batch."""
         page = self.page
-        messages, size = self._allowance()  # counted down, asked again only when spent
+        committed = self.pager.committed_txs
+        acked = self.acked.get(page)
+        taken = self.taken
+        counts = self.counts.get(page)
+        recovered = page < self.pager.first_page  # written before this start: durable only
         held = self.held
-        for at, next_offset, head, message in self._records(window, page, self.offset, end):
+        priorities = self.paged_priorities if self.priorities_known else None
+        queue = self.queue
+        batch: list[PagedRef] = []
+        batch_bytes = 0
+        messages, size = self._allowance()  # counted down, asked again only when spent
+        for at, next_offset, head, message in window.from_offset(self.offset):
+            if at >= end:
+                break
             self.offset = next_offset
             if message is None:
                 continue
+            tx_id, flags = head[2], head[3]
+            if (
+                (tx_id and tx_id not in committed)
+                or (recovered and not flags & DURABLE)
+                or (acked is not None and at in acked)
+            ):
+                continue
+            if taken and (page, at) in taken:
+                taken.discard((page, at))
+                continue
             if held and held[0].message.id < head[0]:
+                batch_bytes = self._enqueue_all(batch, batch_bytes)
                 self._release_held(head[0])
-            if head[3] & LARGE:  # left as bytes by the reader thread
+            if flags & LARGE:  # left as bytes by the reader thread
                 message = self._message(head, message)
-            self._deliver_message(page, at, message)
+                hold_body(message.data)
+            length = len(message.data)
+            ref = PagedRef(message, queue, self, page, at, counts.get(at, 0) if counts else 0)
+            self.backlog -= 1
+            self.backlog_bytes -= length
+            if priorities is not None:
+                priority = head[4]
+                priorities[priority if priority <= 9 else 9] -= 1
+            elif not self.backlog:
+                self.priorities_known = True  # the recovered backlog is read: counts from now
+            if self.purging is not None:
+                batch_bytes = self._enqueue_all(batch, batch_bytes)
+                self._purged(ref)
+            else:
+                batch.append(ref)
+                batch_bytes += length
             if not self.backlog:
-                return
+                break
             messages -= 1
-            size -= len(message.data)
+            size -= length
             if messages <= 0 or size <= 0:
+                batch_bytes = self._enqueue_all(batch, batch_bytes)
                 messages, size = self._allowance()
                 if messages <= 0 or size <= 0:
                     return
+        self._enqueue_all(batch, batch_bytes)
+        if held and not self.backlog:
+            self._release_held(None)  # nothing in pages precedes them any more
+
+    def _enqueue_all(self, batch: list[PagedRef], size: int) -> int:
+        """Count `batch` (of `size` bytes) in the address's memory and enqueue it; empties
+        it and returns 0, its new size."""
+        if batch:
+            self.pager.address.add_memory(size, len(batch))
+            self._queue_enqueue_all(batch)
+            batch.clear()
+        return 0
+
+    def _purged(self, ref: PagedRef) -> None:
+        """A message read while a purge runs: acknowledged without entering the queue if
+        the purge covers it (it counts in memory until the acknowledgement)."""
+        message = ref.message
+        self.pager.address.add_memory(len(message.data))
+        if message.id <= self.purging:  # type: ignore[operator]
+            if not self.backlog:
+                self.purging = None
+            self.pager.broker.discard(ref)
+            return
+        self.purging = None
+        self.queue.enqueue(ref)
 
     def _deliver(self, page: int, at: int, head: tuple, data: bytes) -> None:
         self._deliver_message(page, at, self._message(head, data))
 
     def _message(self, head: tuple, data: bytes) -> Message:
-        """The message of a record (also called in the reader thread, but for a large
-        message)."""
+        """The message of a record (the reader thread builds those of `_read_window`)."""
         message_id, expiration, _tx, flags, priority, _n = head
         if flags & LARGE:
             data = message_data(flags, data, self.pager.broker.large_messages)
-        return Message(
-            message_id,
-            data,
-            self.pager.address.name,
-            self.pager.manager.message_format(),
-            durable=bool(flags & 1),
-            priority=priority,
-            expiration=expiration,
-        )
+        message = _new_message(Message)
+        message.id = message_id
+        message.data = data
+        message.kind = self._kind(flags, priority)
+        message.expiration = expiration
+        return message
+
+    def _kind(self, flags: int, priority: int) -> MessageKind:
+        """(also the reader thread) The kind of the address's messages with a record's
+        flags and priority."""
+        key = (flags & DURABLE, priority)
+        kind = self._kinds.get(key)
+        if kind is None:
+            kind = self._kinds[key] = kind_of(
+                self.pager.address.name,
+                self.pager.manager.message_format(),
+                bool(flags & DURABLE),
+                priority,
+            )
+        return kind
 
     def _scan_ahead(self) -> None:
         """Take from further on what must not wait for the cursor's position: what
@@ -538,25 +652,22 @@ class QueueCursor:
             self.fill()
 
     def _deliver_message(self, page: int, at: int, message: Message) -> None:
+        """Hand the queue one record taken out of order (ahead of the position, or
+        expired)."""
         counts = self.counts.get(page)
         ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
         self.backlog -= 1
         self.backlog_bytes -= len(message.data)
         if self.priorities_known:
-            priority = message.kind.priority  # the hot path reads the kind directly
-            self.paged_priorities[priority if 0 <= priority <= 9 else min(max(priority, 0), 9)] -= 1
+            self.paged_priorities[_priority(message)] -= 1
         elif not self.backlog:
             self.priorities_known = True  # the recovered backlog is read: counts from now
-        self.pager.address.add_memory(len(message.data))
         hold_body(message.data)
-        purging = self.purging
-        if purging is not None and message.id <= purging:
-            if not self.backlog:
-                self.purging = None
-            self.pager.broker.discard(ref)  # purged: acknowledged without entering the queue
-            return
-        self.purging = None
-        self.queue.enqueue(ref)
+        if self.purging is not None:
+            self._purged(ref)
+        else:
+            self.pager.address.add_memory(len(message.data))
+            self.queue.enqueue(ref)
         if self.held and not self.backlog:
             self._release_held(None)  # nothing in pages precedes them any more
 
@@ -671,12 +782,14 @@ class QueueCursor:
         return record_id
 
     def _journaled(self, ref: PagedRef) -> bool:
-        return ref.message.durable and self.queue.durable and self.pager.broker.persistent
+        # the kind, not the `durable` property: asked on every acknowledgement
+        return ref.message.kind.durable and self.queue.durable and self.pager.broker.persistent
 
     def journal_ack(self, ref: PagedRef, tx_id: int | None) -> bool:  # type: ignore[override]
         if self.closed or not self._journaled(ref):
             return False
-        self.pager.broker.storage.cursor_ack(self._record_id(ref.page), ref.offset, tx_id=tx_id)
+        record_id = self.records.get(ref.page) or self._record_id(ref.page)
+        self.pager.broker.storage.cursor_ack(record_id, ref.offset, tx_id=tx_id)
         return True
 
     def settle(self, ref: PagedRef) -> None:  # type: ignore[override]
@@ -725,6 +838,12 @@ class QueueCursor:
             "page-reads": self.reads,
             "pages-skipped": self.pages_skipped,
         }
+
+
+def _enqueue_each(queue: Queue, refs: list[PagedRef]) -> None:
+    """`Queue.enqueue_all` for a queue type without it."""
+    for ref in refs:
+        queue.enqueue(ref)
 
 
 def _quarter(*limits: int) -> int:

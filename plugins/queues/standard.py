@@ -124,6 +124,50 @@ class StandardQueue:
         for browser in self._browsers:
             self._dispatch_browser(browser)
 
+    def enqueue_all(self, entries: list[Entry]) -> None:
+        """`enqueue` each of `entries`, in order (a cursor's batch read from pages).
+
+        With one consumer, no selectors and no browsers, they go to it up to its credit
+        without asking it each time (as `_dispatch_fifo` does), and the rest wait."""
+        consumers = self._consumers
+        if (
+            len(consumers) != 1
+            or self._filtered
+            or self._browsers
+            or self._dispatching
+            or self._messages.may_supersede
+        ):
+            for entry in entries:
+                self.enqueue(entry)
+            return
+        consumer = consumers[0]
+        deliver = consumer.deliver
+        broker = self.broker
+        self.messages_added += len(entries)
+        credit = consumer.credit()
+        taken = 0  # entries delivered or expired; only deliveries use credit
+        for entry in entries:
+            if credit <= 0:
+                break
+            taken += 1
+            message = entry.message
+            size = len(message.data)
+            self.memory_bytes += size
+            if message.data.__class__ is not bytes:
+                message.restore()  # it flowed to disk: consumers read the bytes
+            if message.expiration and broker.expired(message):
+                broker.expire(entry.as_ref(self))
+                continue
+            ref = entry.as_ref(self)
+            ref.consumer = consumer
+            self.delivering += 1
+            self.delivering_bytes += size
+            deliver(ref)
+            credit -= 1
+        for entry in entries[taken:]:
+            self.memory_bytes += len(entry.message.data)
+            self._messages.append(entry)  # no value to supersede: checked above
+
     def _offer(self, entry: Entry) -> bool:
         """Give `entry` to the next consumer with credit that accepts it."""
         consumers = self._consumers

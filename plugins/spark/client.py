@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from scow.plugins.spark.records import PACK_FILTER, unpack
 from scow.protocols.amqp import codec, engine, sasl_client
 
 _IO_SIZE = 1 << 18
@@ -32,10 +33,11 @@ _TAG = struct.Struct(">Q")
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 MANAGEMENT = "$management"
 DEFAULT_PORT = 5672
-#: Messages asked for per read round (one drain each). The broker serves a round in one
-#: go on its loop, so this bounds that pause (about 30 ms); rounds of 2,000 to 20,000
-#: read at the same rate.
-READ_CREDIT = 5000
+#: Records a read asks the broker to pack into one delivery (`scow:stream-pack`): one
+#: transfer, and one delivery for the broker's loop and proton, instead of one each.
+PACK_RECORDS = 500
+#: Deliveries asked for per read round (one drain each): up to 20,000 records in packs.
+READ_CREDIT = 40
 #: Unsettled messages a sender lets out before waiting for outcomes.
 SEND_WINDOW = 5000
 
@@ -325,15 +327,18 @@ class Client:
         selector: str | None = None,
         credit: int = READ_CREDIT,
     ) -> Iterator[list[bytes]]:
-        """The messages of stream `queue` from sequence `start` to `end` (exclusive), in
-        lists of at most `credit`, until the broker has no more of the range.
+        """The messages of stream `queue` from sequence `start` to `end` (exclusive), a
+        list per round of `credit` deliveries, until the broker has no more of the range.
 
-        Each round grants `credit` in drain mode: a round that brings fewer messages
-        than it asked for means the broker has sent all it holds of the range.
+        Records come in packs of up to PACK_RECORDS (one at a time from a broker that
+        does not pack). Each round grants `credit` in drain mode: a round that brings
+        fewer deliveries than it asked for means the broker has sent all it holds of the
+        range.
         """
         filters: dict[str, Any] = {
             "scow:stream-offset": codec.ULong(start),
             "scow:stream-end": codec.ULong(end),
+            PACK_FILTER: codec.UInt(PACK_RECORDS),
         }
         if selector:
             filters["apache.org:selector-filter:string"] = selector
@@ -355,15 +360,19 @@ class Client:
                 engine.link_drain(link, credit)
                 batch: list[bytes] = []
                 append = batch.append
+                deliveries = 0
                 while True:
                     delivery = current(link)
                     while delivery and not partial(delivery):
                         size = pending(delivery)
                         if size > _IO_SIZE:  # larger than the buffer: a buffer of its own
                             big, big_view = engine.new_buffer(size)
-                            append(bytes(big_view[: recv(link, big, size)]))
+                            data = bytes(big_view[: recv(link, big, size)])
                         else:
-                            append(bytes(view[: recv(link, buf, size)]))
+                            data = bytes(view[: recv(link, buf, size)])
+                        if not unpack(data, batch):
+                            append(data)
+                        deliveries += 1
                         advance(link)
                         settle(delivery)  # pre-settled by the broker: only freed here
                         delivery = current(link)
@@ -373,7 +382,7 @@ class Client:
                     self._pump(self.endpoint.timeout)
                 if batch:
                     yield batch
-                if len(batch) < credit:
+                if deliveries < credit:
                     return
         finally:
             engine.close_link(link)
@@ -385,9 +394,9 @@ class Client:
         self._tags += 1
         return engine.send(link, _TAG.pack(self._tags), data)
 
-    def sender(self, address: str) -> Sender:
+    def sender(self, address: str, window: int = SEND_WINDOW) -> Sender:
         """A link sending to `address` (see `Sender`)."""
-        return Sender(self, address)
+        return Sender(self, address, window)
 
     def send(self, address: str, messages: Iterable[bytes]) -> int:
         """Send every message and wait until the broker accepted each; how many."""
@@ -401,16 +410,17 @@ class Client:
 
 
 class Sender:
-    """Sends on one link, at most SEND_WINDOW unsettled: messages go out as `put` is given
+    """Sends on one link, at most `window` unsettled: messages go out as `put` is given
     them; `finish` waits for the outcomes of those still unsettled; `detach` ends the link.
 
     Several senders (one per broker) can be fed in turn: each waits only on its own
     broker's window.
     """
 
-    def __init__(self, client: Client, address: str) -> None:
+    def __init__(self, client: Client, address: str, window: int = SEND_WINDOW) -> None:
         self.client = client
         self.address = address
+        self.window = window
         self.link = client._sender(address)
         self.unsettled: list[Any] = []
         self.sent = 0
@@ -446,10 +456,10 @@ class Sender:
     def put(self, messages: Iterable[bytes]) -> None:
         """Send `messages` (waiting for credit or outcomes when the window is full)."""
         client, link, unsettled = self.client, self.link, self.unsettled
-        credit, send = engine.link_credit, client._send_raw
+        credit, send, window = engine.link_credit, client._send_raw, self.window
         what = f"sending to {self.address!r}"
         for data in messages:
-            while credit(link) <= 0 or len(unsettled) >= SEND_WINDOW:
+            while credit(link) <= 0 or len(unsettled) >= window:
                 client._check_link(link, what)
                 client._pump(0.05)
                 self._settle()

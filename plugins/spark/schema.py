@@ -316,8 +316,6 @@ def check_write_schema(names: list[str], key_column: str | None = None) -> None:
         raise ValueError(f"column {unknown[0]!r} cannot be written to scow (accepted: {accepted})")
 
 
-#: A durable message's header section (what encode_message puts before the rest).
-_DURABLE_HEADER = codec.encode_message(b"", durable=True)[: -len(codec.encode_message(b""))]
 _APPLICATION_SECTION_HEAD = b"\x00\x53\x74"
 _DUPLICATE_KEY = b"\xa1" + bytes((len(DUPLICATE_ID_PROPERTY),)) + DUPLICATE_ID_PROPERTY.encode()
 _PACK_SIZE = struct.Struct(">I").pack
@@ -346,7 +344,7 @@ def _duplicate_id_section(value: str) -> bytes:
 def _bodies_only(bodies: list[Any], duplicate_ids: str | None, first_row: int) -> Iterator[bytes]:
     """`messages_of` for rows that are a body and nothing else (the common case), encoded
     from fixed parts instead of through encode_message's general path."""
-    header = _DURABLE_HEADER
+    header = records.DURABLE_HEADER
     for i, body in enumerate(bodies):
         if body is None:
             body = b""

@@ -50,7 +50,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from scow.plugins.spark.client import Client, ClientError, Endpoint, Sender
+from scow.plugins.spark.client import SEND_WINDOW, Client, ClientError, Endpoint, Sender
+from scow.plugins.spark.records import MAX_PACK_RECORDS, grouped, pack
 from scow.plugins.spark.schema import SCHEMA_DDL, check_write_schema, messages_of, to_batch
 
 NAME = "scow"
@@ -74,7 +75,7 @@ OPTIONS = {
     "startingTimestamp": "ms since the epoch: start at the first message enqueued then or later",
     "selector": "a JMS selector the broker applies",
     "maxMessagesPerPartition": "messages per Spark partition at most",
-    "minPartitions": "split a read into at least this many partitions",
+    "minPartitions": "split a read (a micro-batch: default 2) into at least this many partitions",
     "maxMessagesPerTrigger": "messages per micro-batch at most",
     "maxBytesPerTrigger": "bytes per micro-batch at most (estimated from the stream's mean)",
     "failOnDataLoss": "true (default): fail when retention removed messages not yet read",
@@ -88,6 +89,14 @@ _BY_LOWER = {name.lower(): name for name in OPTIONS}
 #: Options Spark itself passes to every source and sink; not ours to check.
 SPARK_OPTIONS = frozenset({"checkpointlocation", "path"})
 DEFAULT_PARTITION_SIZE = 250_000
+#: A micro-batch is split into at least this many partitions unless minPartitions says
+#: otherwise (so that two executor cores read it)...
+STREAM_MIN_PARTITIONS = 2
+#: ...but not into partitions of fewer messages than this (a small micro-batch is one
+#: task: a task costs more than reading a few thousand messages).
+STREAM_MIN_SPLIT = 10_000
+#: Packs a task lets out unsettled (each up to the broker's `pack-bytes`): about 2 MiB.
+PACK_WINDOW = 64
 COMMIT_WAIT = 60.0
 
 
@@ -377,6 +386,20 @@ def _resolve(
     return out
 
 
+def _partition_size(options: Options, total: int, streaming: bool) -> int:
+    """Messages per partition for a read of `total` messages: maxMessagesPerPartition
+    (default DEFAULT_PARTITION_SIZE), smaller if minPartitions asks for more partitions
+    (a micro-batch: STREAM_MIN_PARTITIONS unless set, in parts of STREAM_MIN_SPLIT or
+    more)."""
+    size = options.partition_size or DEFAULT_PARTITION_SIZE
+    parts = options.min_partitions
+    if parts:
+        return min(size, max(math.ceil(total / parts), 1))
+    if streaming:
+        return min(size, max(math.ceil(total / STREAM_MIN_PARTITIONS), STREAM_MIN_SPLIT))
+    return size
+
+
 def _split(
     broker: int, queue: str, address: str, start: int, end: int, size: int
 ) -> list[ScowPartition]:
@@ -479,9 +502,7 @@ class ScowBatchReader(DataSourceReader):
                 client.close()
         parts: list[ScowPartition] = []
         total = sum(max(ends[k] - starts[k], 0) for k in states)
-        size = options.partition_size or DEFAULT_PARTITION_SIZE
-        if options.min_partitions:
-            size = min(size, max(math.ceil(total / options.min_partitions), 1))
+        size = _partition_size(options, total, streaming=False)
         for key, state in states.items():
             broker, queue = streams[key]
             start = _check_loss(options, key, starts[key], int(state["first-sequence"]))
@@ -566,12 +587,16 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[ScowPartition]:
         states = self._states()
-        size = self.options.partition_size or DEFAULT_PARTITION_SIZE
+        begins = {}
+        for key, state in states.items():
+            first = int(state["first-sequence"])
+            begins[key] = _check_loss(self.options, key, int(start.get(key, first)), first)
+        total = sum(max(int(end.get(k, b)) - b, 0) for k, b in begins.items())
+        size = _partition_size(self.options, total, streaming=True)
         parts: list[ScowPartition] = []
         for key, state in states.items():
             broker, queue = self.streams[key]
-            first = int(state["first-sequence"])
-            begin = _check_loss(self.options, key, int(start.get(key, first)), first)
+            begin = begins[key]
             stream_parts = _split(
                 broker, queue, state["address"], begin, int(end.get(key, begin)), size
             )
@@ -675,7 +700,11 @@ def _by_key(column: pa.Array, brokers: int) -> list[int]:
 
 
 class _Staging:
-    """A task's staging areas, one per broker it writes to, each opened at its first row."""
+    """A task's staging areas, one per broker it writes to, each opened at its first row.
+
+    Rows go in packs where the broker offers them (STAGE's `pack-bytes`), one message
+    each elsewhere.
+    """
 
     def __init__(self, options: Options, sink: str, batch: int, properties: dict[str, Any]):
         self.options = options
@@ -684,6 +713,8 @@ class _Staging:
         self.properties = properties
         #: broker -> its sender, or None where the batch is committed already (a replay)
         self.senders: dict[int, Sender | None] = {}
+        #: broker -> the pack size it offers (0: rows one to a message)
+        self.pack_bytes: dict[int, int] = {}
         self.clients: list[Client] = []
 
     def put(self, broker: int, messages: Iterable[bytes]) -> None:
@@ -692,10 +723,18 @@ class _Staging:
             self.clients.append(client)
             answer = client.call("stream-sink", self.sink, "STAGE", self.properties)
             replay = answer["committed-batch"] >= self.batch
-            self.senders[broker] = None if replay else client.sender(answer["address"])
+            size = self.pack_bytes[broker] = int(answer.get("pack-bytes", 0))
+            window = PACK_WINDOW if size else SEND_WINDOW
+            self.senders[broker] = None if replay else client.sender(answer["address"], window)
         sender = self.senders[broker]
-        if sender is not None:
-            sender.put(messages)
+        if sender is None:
+            return
+        size = self.pack_bytes[broker]
+        if size:
+            # durable, as the rows it holds: journaled, so a broker's crash keeps it
+            packs = grouped(messages, MAX_PACK_RECORDS, size)
+            messages = (pack(rows, durable=True) for rows in packs)
+        sender.put(messages)
 
     def finish(self) -> tuple[int, ...]:
         """Wait until every broker has every row; the brokers staged on."""

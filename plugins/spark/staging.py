@@ -17,6 +17,11 @@ there came from a task of a driver that died (a restarted query runs its batch a
 the same numbers), and committing it beside the new rows would write them twice. Staged
 rows carry the `_AMQ_DUPL_ID` the connector gives them (see `configure`).
 
+STAGE's answer offers packs (`pack-bytes`): a task may stage its rows several to a message
+(`records.pack`), which a commit sends on as the rows they hold. Staging a row costs the
+broker a transfer, a journal record and an acknowledgement; in packs, that is paid once
+per pack rather than once per row.
+
 A streaming query's STAGE and COMMIT name the query (Spark's query id, kept in its
 checkpoint), and the marker records it. A batch at or below the marker from another query
 is refused, not taken for a replay: that query's batch ids are not the ones the marker
@@ -30,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from scow.core.large_messages import with_body
 from scow.core.message import MessageRef
 from scow.core.model import (
     BrokerError,
@@ -40,6 +46,7 @@ from scow.core.model import (
     RoutingType,
 )
 from scow.plugins.queues.standard import StandardQueue
+from scow.plugins.spark.records import is_pack, unpack
 from scow.protocols.amqp.codec import MessageInfo, encode_message
 
 if TYPE_CHECKING:
@@ -52,6 +59,10 @@ STAGING_PREFIX = "$scow.staging."
 MARKERS = "$scow.sinks"
 #: Staged messages of a batch nobody committed or aborted are dropped after this (ms).
 DEFAULT_STAGING_TTL = 3600 * 1000
+#: The pack size STAGE offers: below the default `min-large-message-size` (100 KiB), so a
+#: pack is staged as an ordinary message (under a lower threshold, as a large one, which a
+#: commit reads back).
+STAGED_PACK_BYTES = 32 << 10
 
 #: The address settings pattern of every staging address.
 STAGING_ADDRESSES = f"{STAGING_PREFIX}#"
@@ -177,7 +188,11 @@ class Sinks:
             routing_type="ANYCAST",
             arguments={"x-queue-type": STAGING_TYPE, "to": to},
         )
-        return {"address": name, "committed-batch": self.committed.get(sink, -1)}
+        return {
+            "address": name,
+            "committed-batch": self.committed.get(sink, -1),
+            "pack-bytes": STAGED_PACK_BYTES,
+        }
 
     def read(self, sink: str) -> dict[str, Any]:
         self.load()
@@ -226,13 +241,14 @@ class Sinks:
                 tx.acks += refs  # from here a rollback puts them back
                 for ref in refs:
                     message = ref.message
-                    to = MessageInfo(message.data).to or default_to
-                    if not to:
-                        raise InvalidField(
-                            f"sink {sink!r}: a staged message names no address and the sink "
-                            "has none (set the 'address' option or a 'to' column)"
-                        )
-                    tx.sends.append((message.data, to, message.format, None))
+                    for row in _rows(message):
+                        to = _to(row) or default_to
+                        if not to:
+                            raise InvalidField(
+                                f"sink {sink!r}: a staged message names no address and the "
+                                "sink has none (set the 'address' option or a 'to' column)"
+                            )
+                        tx.sends.append((row, to, message.format, None))
             markers = broker.queues[MARKERS]
             tx.acks += markers.take(lambda e: _marker_sink(e) == sink)
             marker = encode_message(
@@ -284,6 +300,28 @@ class Sinks:
         for name in names:
             self.broker.delete_queue(name)
         return len(names)
+
+
+def _rows(message: Any) -> list[bytes]:
+    """The rows a staged message holds: those of a pack, else the message itself."""
+    if message.data.__class__ is not bytes:
+        message.restore()  # flowed to disk meanwhile
+    data = message.data
+    rows: list[bytes] = []
+    # a pack of `min-large-message-size` or more was stored as a large message: its file
+    # is read here (on the loop, once, at commit; packs are STAGED_PACK_BYTES at most)
+    if is_pack(data) and unpack(with_body(data, data), rows):
+        return rows
+    return [data]
+
+
+_PROPERTIES_SECTION = b"\x00\x53\x73"
+
+
+def _to(row: bytes) -> str | None:
+    """A row's `to`. Most rows (the connector's body-only ones) have no properties
+    section: found without scanning their sections."""
+    return MessageInfo(row).to if _PROPERTIES_SECTION in row else None
 
 
 def _query(properties: Mapping[str, Any]) -> str | None:

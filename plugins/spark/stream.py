@@ -15,13 +15,17 @@ it is stored.
 
 Reads do not consume: each consumer reads from its own position, given as a source filter
 when it attaches (`scow:stream-offset`: "first", "last", "next", a sequence number or a
-timestamp; optional `scow:stream-end`: a sequence number (exclusive) or a timestamp).
+timestamp; optional `scow:stream-end`: a sequence number (exclusive) or a timestamp;
+optional `scow:stream-pack`: up to that many records per delivery, as one pack (see
+`records.pack`), which is what makes a bulk reader fast).
 Reads, seeks by time and selectors run on reader threads, never on the event loop: the
 loop gets the messages a consumer wants, ready to deliver, and a consumer's drain is
-answered once the read it waits for is in. Settling a delivery removes nothing. Gaps in
-the sequence numbers are normal (selectors, retention). Retention deletes whole
-segments: past `retention-bytes`, older than `retention-time`, or (with
-`retention-cursors`) once every named cursor has passed them.
+answered once the read it waits for is in. A selector runs on the properties read from a
+record's bytes (a `Message` is made only for a record it wants), and a read passes over
+the chunks of records whose summaries prove it wants none of them (see `chunks`).
+Settling a delivery removes nothing. Gaps in the sequence numbers are normal (selectors,
+retention). Retention deletes whole segments: past `retention-bytes`, older than
+`retention-time`, or (with `retention-cursors`) once every named cursor has passed them.
 """
 
 from __future__ import annotations
@@ -38,8 +42,17 @@ import structlog
 
 from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import InvalidField
+from scow.plugins.paging.selecting import RecordFilter
+from scow.plugins.spark.chunks import CHUNK, ChunkSummaries
 from scow.plugins.spark.cursors import Cursors, now_ms
-from scow.plugins.spark.records import annotate
+from scow.plugins.spark.records import (
+    MAX_PACK_RECORDS,
+    PACK_BYTES,
+    PACK_FILTER,
+    annotate,
+    grouped,
+    pack,
+)
 from scow.plugins.spark.writer import StreamWriter, Written
 from scow.protocols.amqp.codec import Described, Timestamp
 
@@ -55,8 +68,9 @@ END_FILTER = "scow:stream-end"
 #: RabbitMQ's name for the start filter, accepted as well.
 RABBITMQ_START_FILTER = "rabbitmq:stream-offset-spec"
 START_NAMES = ("first", "last", "next")
-#: Records read ahead per consumer at most.
-READ_AHEAD = 4096
+#: Records read ahead per consumer at most: a chunk, so a read from a chunk's start
+#: covers it whole (and can summarize it).
+READ_AHEAD = CHUNK
 #: Records a read with a selector scans at most for one the selector wants.
 SCAN_LIMIT = 16 * READ_AHEAD
 
@@ -147,16 +161,33 @@ def parse_position(queue: str, filters: Mapping[str, Any]) -> tuple[Any, Any]:
     return start, end
 
 
+def pack_size(queue: str, filters: Mapping[str, Any]) -> int:
+    """Records per delivery a consumer's `scow:stream-pack` filter asks for (1: no packs);
+    InvalidField naming a bad value."""
+    raw = filters.get(PACK_FILTER)
+    if raw is None:
+        return 1
+    value = _filter_value(raw)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PACK_RECORDS:
+        raise InvalidField(
+            f"stream '{queue}': filter {PACK_FILTER} = {value!r}: expected records per "
+            f"delivery, 1 to {MAX_PACK_RECORDS}"
+        )
+    return int(value)
+
+
 class _Reader:
-    """One consumer's position and the messages read ahead for it."""
+    """One consumer's position and the messages read ahead for it (each with the number
+    of records it carries: more than one in a pack)."""
 
-    __slots__ = ("buffer", "consumer", "end", "next", "reading")
+    __slots__ = ("buffer", "consumer", "end", "next", "pack", "reading")
 
-    def __init__(self, consumer: Consumer, start: int, end: int) -> None:
+    def __init__(self, consumer: Consumer, start: int, end: int, pack: int) -> None:
         self.consumer = consumer
         self.next = start
         self.end = end
-        self.buffer: deque[Message] = deque()
+        self.pack = pack
+        self.buffer: deque[tuple[Message, int]] = deque()
         #: A read (or a seek) for it runs off the loop: its drain waits for the answer.
         self.reading = False
 
@@ -228,11 +259,13 @@ class StreamQueue:
         self._format: Any = broker.message_format
         self._address_info: Any = None
         self._closed = False
+        self.chunks = ChunkSummaries(self._properties)
         self.writer = StreamWriter(
             store,
             place,
             lambda written: self._loop.call_soon_threadsafe(self._written, written),
             annotate,
+            self.chunks.appended,
         )
         self.memory_bytes = 0
         self.delivering = 0
@@ -289,6 +322,8 @@ class StreamQueue:
             "messages-added": self.messages_added,
             "messages-delivered": self.messages_delivered,
             "segments-deleted": self.segments_deleted,
+            "chunk-summaries": len(self.chunks),
+            "chunks-skipped": self.chunks.skipped,
             "write-errors": self.writer.errors,
             "writes-held": self.writer.held,
         }
@@ -397,6 +432,7 @@ class StreamQueue:
             self.segments = segments[drop:]
             self.segments_deleted += drop
             self.writer.delete([s.first for s in gone])
+            self.chunks.forget_before(self.segments[0].first)
         return drop
 
     # ------------------------------------------------------------------ reading
@@ -420,13 +456,15 @@ class StreamQueue:
         return self.next_seq if found is None else found
 
     def add_consumer(self, consumer: Consumer) -> None:
-        start, end = parse_position(self.name, getattr(consumer, "filters", None) or {})
+        filters = getattr(consumer, "filters", None) or {}
+        start, end = parse_position(self.name, filters)
         if self._address_info is None:
             self._address_info = self.broker.get_address(self.address)
         reader = self._readers[consumer] = _Reader(
             consumer,
             0 if _is_time(start) else self.position(start),
             1 << 63 if end is None or _is_time(end) else self.position(end),
+            pack_size(self.name, filters),
         )
         if _is_time(start) or _is_time(end):  # a position by time is a read of the store
             reader.reading = True
@@ -472,7 +510,9 @@ class StreamQueue:
         if reader.next >= limit:
             return
         reader.reading = True
-        future = self._reads.submit(self._read, reader.next, limit, reader.consumer.filter)
+        future = self._reads.submit(
+            self._read, reader.next, limit, reader.consumer.filter, reader.pack
+        )
         future.add_done_callback(lambda f: self._from_reader(self._read_in, reader, f))
 
     def _from_reader(
@@ -499,27 +539,52 @@ class StreamQueue:
                 drain_ready()
 
     def _read(
-        self, seq: int, end: int, selector: Callable[[Message], bool] | None
-    ) -> tuple[list[Message], int]:
-        """(reader thread) The messages from `seq` below `end` the selector wants, and
-        where to read next. Records a selector refuses never reach the loop; a read
-        scans up to SCAN_LIMIT records for one it wants."""
-        name, fmt, read = self.address, self._format, self.store.read
-        wanted: list[Message] = []
+        self, seq: int, end: int, selector: Callable[[Message], bool] | None, per_pack: int
+    ) -> tuple[list[tuple[Message, int]], int]:
+        """(reader thread) The messages from `seq` below `end` the selector wants, in
+        packs of up to `per_pack` records when that is more than 1, and where to read
+        next. Records a selector refuses never reach the loop, nor become messages when it
+        can judge them by their bytes; a read passes over the chunks whose summaries prove
+        it wants nothing there, and scans up to SCAN_LIMIT records for one it wants."""
+        name, fmt, read, chunks = self.address, self._format, self.store.read, self.chunks
+        selecting = None if selector is None else RecordFilter([selector], self._properties)
+        wanted: list[tuple[int, bytes]] = []
         scanned = 0
         while seq < end and not wanted and scanned < SCAN_LIMIT:
+            if selecting is not None:
+                seq = chunks.skip(seq, end, selecting)
+                if seq >= end:
+                    break
             records, following = read(seq, end, READ_AHEAD)
+            if selecting is not None:
+                chunks.rebuild(seq, records, following)
             seq = max(seq, following)
             if not records:
                 break
             scanned += len(records)
+            if selecting is None:
+                wanted += [(rseq, data) for rseq, _enqueued, data in records]
+                continue
             for rseq, _enqueued, data in records:
-                message = Message(rseq, data, name, fmt)
-                if selector is None or selector(message):
-                    wanted.append(message)
-        return wanted, seq
+                verdict = selecting.accepts(data)
+                if verdict is False:
+                    continue
+                if verdict or selector(Message(rseq, data, name, fmt)):  # type: ignore[misc]
+                    wanted.append((rseq, data))
+        if per_pack == 1:
+            return [(Message(rseq, data, name, fmt), 1) for rseq, data in wanted], seq
+        packs: list[tuple[Message, int]] = []
+        at = 0  # the first record of each pack gives it its id
+        for group in grouped([data for _s, data in wanted], per_pack, PACK_BYTES):
+            packs.append((Message(wanted[at][0], pack(group), name, fmt), len(group)))
+            at += len(group)
+        return packs, seq
 
-    def _read_in(self, reader: _Reader, read: tuple[list[Message], int]) -> None:
+    def _properties(self, data: bytes) -> Mapping[str, object]:
+        """A record's application properties, read from its bytes (any thread)."""
+        return self._format.properties(data)  # type: ignore[no-any-return]
+
+    def _read_in(self, reader: _Reader, read: tuple[list[tuple[Message, int]], int]) -> None:
         messages, following = read
         reader.next = max(reader.next, following)
         reader.buffer.extend(messages)
@@ -533,11 +598,11 @@ class StreamQueue:
         browse = consumer.browse
         delivered = 0
         while buffer and credit() > 0:
-            message = buffer.popleft()
+            message, records = buffer.popleft()
             if not browse and address is not None:
                 address.add_memory(len(message.data))  # given back when the consumer settles it
             deliver(MessageRef(message, self))
-            delivered += 1
+            delivered += records
         self.messages_delivered += delivered
 
     # ------------------------------------------------------------------ outcomes

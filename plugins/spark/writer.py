@@ -58,11 +58,15 @@ class StreamWriter:
         place: Path,
         on_written: Callable[[Written], None],
         annotate: Callable[[bytes, int, int], bytes],
+        on_stored: Callable[[list[tuple[int, bytes]]], None] | None = None,
     ) -> None:
         self.store = store
         self.place = place
         self.on_written = on_written
         self.annotate = annotate
+        #: Told (in this thread) the (sequence, bytes) of each append once it is stored,
+        #: before `on_written`.
+        self.on_stored = on_stored
         self._last_time = 0
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         #: Appends the store refused, and the records waiting to be appended again.
@@ -166,4 +170,6 @@ class StreamWriter:
         if not records:
             return
         written.appended = self.store.append(records)
+        if self.on_stored is not None:
+            self.on_stored([(record[0], record[3]) for record in records])
         self.on_written(written)

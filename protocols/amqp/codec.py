@@ -850,24 +850,42 @@ def _application_properties_map(data: Buffer) -> tuple[int, int, int, int] | Non
 def application_property(data: Buffer, name: str) -> Any:
     """The value of application property `name`, or None when the message has none.
 
-    Narrower than `MessageInfo.application_properties`: it reads the section headers up
-    to the application-properties (never the body) and, in that map, decodes the keys
-    and only the value asked for. Raises DecodeError on malformed data it reads.
+    Narrower than `application_properties`: it reads the section headers up
+    to the application-properties (never the body) and, in that map, compares the keys'
+    bytes with the name's and decodes only the value asked for. Raises DecodeError on
+    malformed data it reads.
     """
     found = _application_properties_map(data)
     if found is None:
         return None
     voff, p, end, entries = found
+    encoded = name.encode("utf-8")
+    size = len(encoded)
     try:
         for _ in range(entries):
-            key, p = _DECODERS[data[p]](data, p + 1)
-            if p < end and key == name:
-                value, p = _DECODERS[data[p]](data, p + 1)
+            code = data[p]
+            # keys are str8 (or, from some clients, sym8): compared without decoding
+            if code == 0xA1 or code == 0xA3:
+                start = p + 2
+                p = start + data[p + 1]
+                matched = p - start == size and data[start:p] == encoded
             else:
-                value, p = None, _skip(data, p)
+                key, p = _DECODERS[code](data, p + 1)
+                matched = key == name
+            if p >= end:
+                raise DecodeError("a map entry ends past the map's size", voff, data[voff])
+            if matched:
+                if data[p] == 0xA0:  # vbin8, the usual duplicate id: no decoder to call
+                    start = p + 2
+                    p = start + data[p + 1]
+                    value = bytes(data[start:p])
+                else:
+                    value, p = _DECODERS[data[p]](data, p + 1)
+            else:
+                p = _skip(data, p)
             if p > end:
                 raise DecodeError("a map entry ends past the map's size", voff, data[voff])
-            if key == name:
+            if matched:
                 return value
     except (IndexError, struct.error):
         raise DecodeError("truncated: application-properties end early", voff) from None

@@ -76,6 +76,8 @@ class AmqpConnection(asyncio.Protocol):
         #: Consumer links streaming a large message from its file, fed as output drains.
         self.streams: list[ConsumerLink] = []
         self._writing_paused = False
+        #: What holds the socket's input back (see `hold_input`).
+        self._input_holders: set[object] = set()
 
     # ------------------------------------------------------------------ socket side
 
@@ -149,6 +151,22 @@ class AmqpConnection(asyncio.Protocol):
         self.engine.close_output()
         self._process_events()
         self._cleanup()
+
+    def hold_input(self, holder: object) -> None:
+        """Stop reading the socket until every holder has let go (`release_input`): a
+        large message's store that is behind holds it, so the producer's bytes wait in
+        the network, not in memory."""
+        if not self._input_holders and self.socket is not None:
+            self.socket.pause_reading()
+        self._input_holders.add(holder)
+
+    def release_input(self, holder: object) -> None:
+        """`holder` no longer holds the input (see `hold_input`)."""
+        if holder in self._input_holders:
+            self._input_holders.discard(holder)
+            socket = self.socket
+            if not self._input_holders and socket is not None and not socket.is_closing():
+                socket.resume_reading()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -411,4 +429,7 @@ class AmqpConnection(asyncio.Protocol):
             self.security.release(self.principal)
         if self._opened:
             self.server.hooks.scow_connection_closed(info=self.info)
+        # the info's callbacks are bound to this connection: without them it is freed now,
+        # not at the next full collection (rare in a broker: app.GC_THRESHOLD)
+        self.info.close = self.info.links = None
         self.engine.free()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from scow.core.interfaces import holds_drain
-from scow.core.large_messages import Arrival, LargeBody, LargeHead, LargeMessageStore
+from scow.core.large_messages import Arrival, Chunks, LargeBody, LargeHead, LargeMessageStore
 from scow.core.model import BrokerError, RouteStatus, RoutingType
 from scow.protocols.amqp import codec, engine
 from scow.protocols.amqp.codec import Described
@@ -70,7 +69,7 @@ class _HeadTooLarge(BrokerError):
 
 
 class _LargeArrival:
-    """A large message arriving on a link: every byte to its file, its head kept too."""
+    """A large message arriving on a link: every byte to its store, its head kept too."""
 
     __slots__ = ("file", "head", "head_size")
 
@@ -258,7 +257,7 @@ class ProducerLink:
             try:
                 arrival = self.arrival = _LargeArrival(store, self.conn.broker.next_id())
             except OSError as exc:
-                self._large_failed(f"large message file not created in {store.directory}: {exc}")
+                self._large_failed(f"large message not stored: {exc}")
                 return
         total = arrival.file.written + size
         if self.max_size and total > self.max_size:
@@ -276,8 +275,11 @@ class ProducerLink:
             self.conn.drop_link(link, "amqp:decode-error", str(exc))
             return
         except OSError as exc:
-            self._large_failed(f"large message file {arrival.file.file_id}: {exc}")
+            file = arrival.file
+            self._large_failed(f"large message {file.store.describe(file.file_id)}: {exc}")
             return
+        if not arrival.file.room(self._store_caught_up):
+            self.conn.hold_input(self)  # the store is behind: the socket waits for it
         if engine.delivery_partial(delivery):
             return
         engine.link_advance(link)
@@ -300,6 +302,10 @@ class ProducerLink:
         if self.arrival is not None:
             self.arrival.file.abandon()
             self.arrival = None
+        self.conn.release_input(self)
+
+    def _store_caught_up(self) -> None:
+        self.conn.release_input(self)
 
     def _large_failed(self, reason: str) -> None:
         """The file system refused a large message: its link closes, the broker goes on."""
@@ -411,11 +417,11 @@ class ProducerLink:
 
 
 class _Stream:
-    """A large message's delivery in progress: what is left of its file to send."""
+    """A large message's delivery in progress: what is left of its body to send."""
 
     __slots__ = ("chunks", "delivery", "ref")
 
-    def __init__(self, ref: MessageRef, delivery: Any, chunks: Iterator[bytes]) -> None:
+    def __init__(self, ref: MessageRef, delivery: Any, chunks: Chunks) -> None:
         self.ref = ref
         self.delivery = delivery
         self.chunks = chunks
@@ -433,6 +439,11 @@ class ConsumerLink:
         self.filters: dict[str, Any] = source.filters
         self.browse = source.distribution_mode == engine.DIST_MODE_COPY
         self.unsettled: dict[Any, MessageRef] = {}
+        # A receiver that asks for settled deliveries (at-most-once) gets them: without
+        # this our end stayed `mixed`, every delivery went unsettled and the client's
+        # settle came back as one disposition per message for the broker to process.
+        if engine.link_remote_snd_settle_mode(link) == engine.SND_SETTLED:
+            engine.set_sender_settle_mode_settled(link)
         self.presettled = engine.link_snd_settle_mode(link) == engine.SND_SETTLED
         self._tag = 0
         #: The delivery tag proton copies from, rewritten in place for each message.
@@ -509,7 +520,7 @@ class ConsumerLink:
         """Start the delivery of a large message: its head now, its body from its file
         as the consumer's window and the socket let it out (`pump`)."""
         delivery = engine.begin_send(self.link, _TAG.pack(self._tag), head)
-        self.stream = _Stream(ref, delivery, body.chunks())
+        self.stream = _Stream(ref, delivery, body.chunks(wake=self.conn.mark_dirty))
         if not (self.browse or self.presettled):
             self.unsettled[delivery] = ref  # a close before its end gives it back
         self.conn.streams.append(self)
@@ -532,6 +543,8 @@ class ConsumerLink:
             if chunk is None:
                 self._end_stream()
                 break
+            if not chunk:
+                break  # the store is still reading: it wakes the connection once it has
             engine.send_more(link, chunk)
             sent += len(chunk)
         return sent
@@ -571,7 +584,7 @@ class ConsumerLink:
     def _stop_stream(self) -> None:
         stream = self.stream
         if stream is not None:
-            stream.chunks.close()  # closes its file
+            stream.chunks.close()  # closes its file, or stops its reads
             self.stream = None
             if self in self.conn.streams:
                 self.conn.streams.remove(self)

@@ -1,5 +1,5 @@
-"""The shared Journal, PageStore and StreamStore conformance suites on SQLite and
-PostgreSQL."""
+"""The shared Journal, PageStore, StreamStore and LargeMessageStore conformance suites on
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from scow.core.journal_suite import JournalConformance, MakeJournal
+from scow.core.large_message_store_suite import LargeMessageStoreConformance
+from scow.core.large_message_store_suite import OpenStore as OpenLargeMessageStore
 from scow.core.page_store_suite import OpenStore, PageStoreConformance
 from scow.core.stream_store_suite import OpenStore as OpenStreamStore
 from scow.core.stream_store_suite import StreamStoreConformance
 from scow.plugins.database_store.journal import DatabaseJournal
+from scow.plugins.database_store.large_messages import DatabaseLargeMessageStore
 from scow.plugins.database_store.page_store import DatabasePageStore
 from scow.plugins.database_store.settings import resolve
 from scow.plugins.database_store.stream_store import DatabaseStreamStore
@@ -44,3 +47,11 @@ class TestDatabaseStreamStore(StreamStoreConformance):
             )
 
         return open_store
+
+
+class TestDatabaseLargeMessageStore(LargeMessageStoreConformance):
+    @pytest.fixture
+    def open_store(self, database_url: str) -> OpenLargeMessageStore:
+        return lambda data_dir: DatabaseLargeMessageStore(
+            resolve({"url": database_url, **FAST_LOCK}, data_dir), sync=True
+        )

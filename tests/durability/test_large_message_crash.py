@@ -14,7 +14,6 @@ from proton import Message
 
 from scow.core.testing import free_port, wait_for
 from scow.protocols.amqp import engine
-from tests.database.backends import on_database
 from tests.stomp.stomp_helpers import RawStomp
 from tests.wire.helpers import RawClient, connected, consume_all, pump, receive, send
 
@@ -38,16 +37,22 @@ def body_of(size: int, seed: int = 0) -> bytes:
     return bytes((i * 13 + seed) & 0xFF for i in range(256)) * (size // 256)
 
 
-def test_sigkill_mid_arrival_leaves_no_file_and_no_message(scow_broker_process, tmp_path):
-    broker = scow_broker_process(plugins=PLUGINS, sections=sections())
+def send_half(port: int, address: str) -> RawClient:
+    """The first 4 MiB of a durable 8 MiB message to `address`, its end never sent."""
     encoded = Message(body=body_of(8 << 20), durable=True).encode()
-    client = RawClient(broker.port)
-    link = engine.new_sender(client.session, "half", "half")
+    client = RawClient(port)
+    link = engine.new_sender(client.session, address, address)
     client.until(lambda: engine.link_credit(link) > 0, "credit")
     engine.begin_send(link, b"1", encoded[: 1 << 20])
     for start in range(1 << 20, 4 << 20, 1 << 20):
-        engine.send_more(link, encoded[start : start + (1 << 20)])  # half of it, no end
+        engine.send_more(link, encoded[start : start + (1 << 20)])
     client.flush()
+    return client
+
+
+def test_sigkill_mid_arrival_leaves_no_file_and_no_message(scow_broker_process, tmp_path):
+    broker = scow_broker_process(plugins=PLUGINS, sections=sections())
+    client = send_half(broker.port, "half")
     wait_for(
         lambda: large_files(tmp_path) and large_files(tmp_path)[0].stat().st_size >= 3 << 20,
         10,
@@ -194,24 +199,6 @@ def test_scow_data_export_and_import_carry_large_messages(scow_broker_process, t
     paged = consume_all(restarted.url, "paged", quiet=0.5)
     assert [bytes(m.body) for m in paged[40:]] == bodies
     wait_for(lambda: not large_files(tmp_path), 10, what="the files to go")
-
-
-def test_the_database_journal_keeps_a_large_messages_head_and_the_file_its_body(
-    scow_broker_process, tmp_path
-):
-    # SQLite: the journal's records in the database; the body stays in the data dir's file
-    kwargs = on_database(
-        {"plugins": PLUGINS, "sections": {"amqp": {"min-large-message-size": LARGE}}}, ""
-    )
-    broker = scow_broker_process(**kwargs)
-    body = body_of(1 << 20, seed=5)
-    with connected(broker.url) as conn:
-        send(conn, "db", Message(body=body, durable=True))
-    broker.kill()
-    restarted = scow_broker_process(**kwargs, port=broker.port)
-    assert len(large_files(tmp_path)) == 1
-    assert [bytes(m.body) for m in consume_all(restarted.url, "db", quiet=0.5)] == [body]
-    wait_for(lambda: not large_files(tmp_path), 5, what="the file to go")
 
 
 def test_large_messages_interleaved_on_two_links_of_one_connection_arrive_whole(

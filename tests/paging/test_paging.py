@@ -69,6 +69,27 @@ def test_order_is_kept_across_memory_and_pages_and_paging_ends(scow_broker):
     assert broker.queue_stats("orders")["message-count"] == 0
 
 
+def test_two_consumers_share_a_paged_backlog_each_message_once_in_order(scow_broker):
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "shared", 300, numbered)
+    assert broker.queue_stats("shared")["messages-paged"] > 250
+    with connected(broker.url) as conn:
+        receivers = [conn.create_receiver("shared", name=f"r{c}", credit=c) for c in (7, 13)]
+        got: list[list[int]] = [[], []]
+
+        def take() -> bool:
+            for receiver, into in zip(receivers, got, strict=True):
+                while receiver.fetcher.has_message:
+                    into.append(receiver.fetcher.pop().properties["n"])
+                    receiver.accept()
+            return sum(map(len, got)) >= 300
+
+        pump([conn], take, what="300 messages between the two consumers")
+    assert all(got), "one consumer got nothing"
+    assert sorted(got[0] + got[1]) == list(range(300))
+    assert all(ns == sorted(ns) for ns in got), "a consumer got messages out of order"
+
+
 def test_new_messages_after_paging_ends_go_to_memory_in_order(scow_broker):
     broker = paging_broker(scow_broker)
     bulk_send(broker.url, "q", 50, numbered)
@@ -238,6 +259,21 @@ def test_browser_sees_paged_messages_once_and_leaves_them(scow_broker):
         with pytest.raises(Timeout):
             browser.receive(timeout=0.5)
     assert broker.queue_stats("catalog")["message-count"] == 120
+
+
+def test_paged_messages_expired_when_read_leave_a_small_credit_for_the_live_ones(scow_broker):
+    broker = paging_broker(scow_broker)
+    expiring = range(20, 40)
+    bulk_send(
+        broker.url, "mixed", 50, lambda i: numbered(i, ttl=0.3) if i in expiring else numbered(i)
+    )
+    assert broker.queue_stats("mixed")["messages-paged"] >= 30  # all the expiring ones
+    time.sleep(0.4)  # the TTL of messages 20..39 runs out while they sit in pages
+    live = [i for i in range(50) if i not in expiring]
+    with connected(broker.url) as conn:
+        # the expired ones, read in the same batches, must not use up the 5 credits
+        assert ns(receive(conn.create_receiver("mixed", credit=5), 30)) == live
+        assert ns(receive(conn.create_receiver("ExpiryQueue"), 20)) == list(expiring)
 
 
 def test_paged_messages_expire_without_a_consumer(scow_broker):

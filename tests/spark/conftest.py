@@ -39,11 +39,14 @@ class Streams:
         spark: dict[str, Any] | None = None,
         address_settings: dict[str, dict[str, Any]] | None = None,
         name: str = "",
+        amqp: dict[str, Any] | None = None,
     ) -> Path:
         """The config file of broker `name` (each name its own data dir)."""
         root = self.tmp_path / name
         root.mkdir(parents=True, exist_ok=True)
         sections = {"queues": streams, "broker": {"log-level": "warning"}, "spark": spark or {}}
+        if amqp:
+            sections["amqp"] = amqp
         tables = broker_config(
             root / "data",
             plugins=PLUGINS,
@@ -61,10 +64,11 @@ class Streams:
         spark: dict[str, Any] | None = None,
         address_settings: dict[str, dict[str, Any]] | None = None,
         name: str = "",
+        amqp: dict[str, Any] | None = None,
     ) -> BrokerThread:
-        """A broker declaring `streams`, with the `[spark]` and address settings given;
-        brokers of different `name`s run side by side."""
-        config = self.config(streams, port, spark, address_settings, name)
+        """A broker declaring `streams`, with the `[spark]`, `[amqp]` and address settings
+        given; brokers of different `name`s run side by side."""
+        config = self.config(streams, port, spark, address_settings, name, amqp)
         broker = BrokerThread(config).start()
         self.started.append(broker)
         return broker

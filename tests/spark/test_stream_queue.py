@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proton import Described, Message, Timeout, symbol, timestamp
+from proton import Described, Message, Timeout, symbol, timestamp, ulong
 from proton.reactor import Filter
 
 from scow.core import cli
@@ -23,6 +23,8 @@ from tests.spark.conftest import (
     wait_stream,
 )
 from tests.wire.helpers import connected
+
+OFFSET = symbol("scow:stream-offset")
 
 
 def receive_bodies(url: str, queue: str, filters: dict, count: int, **kwargs) -> list[Message]:
@@ -104,6 +106,48 @@ def test_selectors_apply_and_leave_gaps(streams):
 
 def _selector(text: str) -> Described:
     return Described(symbol("apache.org:selector-filter:string"), text)
+
+
+def _records_of_pack(got: Message) -> list[Message]:
+    """The records a pack delivery carries (length-prefixed in its one data section)."""
+    body, records, at = got.body, [], 0
+    while at < len(body):
+        size = int.from_bytes(body[at : at + 4], "big")
+        record = Message()
+        record.decode(body[at + 4 : at + 4 + size])
+        records.append(record)
+        at += 4 + size
+    return records
+
+
+def test_a_reader_asking_for_packs_gets_its_records_several_to_a_delivery(streams):
+    broker = streams.start({"s": stream()})
+    publish(broker.url, "s", [f"m{i}" for i in range(10)], app=lambda b: {"odd": int(b[1:]) % 2})
+    wait_stream(broker, "s", 10)
+    pack = symbol("scow:stream-pack")
+    got = receive_bodies(broker.url, "s", {OFFSET: "first", pack: ulong(4)}, 3)
+    assert [m.annotations["x-opt-scow-records"] for m in got] == [4, 4, 2]
+    records = [r for m in got for r in _records_of_pack(m)]
+    assert [r.id for r in records] == [f"m{i}" for i in range(10)]
+    assert [r.annotations["x-opt-sequence-number"] for r in records] == list(range(10))
+    assert broker.queue_stats("s")["messages-delivered"] == 10  # records, not deliveries
+    # a selector picks records before they are packed
+    filters = {OFFSET: "first", pack: ulong(8), symbol("selector"): _selector("odd = 1")}
+    (odd,) = receive_bodies(broker.url, "s", filters, 1)
+    assert [r.id for r in _records_of_pack(odd)] == ["m1", "m3", "m5", "m7", "m9"]
+
+
+def test_bad_pack_size_refuses_the_link_and_names_what_is_accepted(streams):
+    broker = streams.start({"s": stream()})
+    with (
+        connected(broker.url) as conn,
+        pytest.raises(
+            Exception, match=r"scow:stream-pack = 0: expected records per delivery, 1 to"
+        ),
+    ):
+        conn.create_receiver(
+            "s", name="bad", options=Filter({OFFSET: "first", symbol("scow:stream-pack"): 0})
+        )
 
 
 def test_bad_start_position_refuses_the_link_and_names_it(streams):

@@ -27,6 +27,7 @@ from scow.plugins import database_store
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.protocols.amqp.codec import MessageInfo, encode_message
+from tests.database.test_database_large_messages import stored_bodies
 from tests.spark.conftest import Producer, client
 from tests.system.ha import (
     ASKING,
@@ -463,6 +464,28 @@ def test_database_store_backup_takes_over_a_sigkilled_primary_without_losing_mes
         traffic.kill()
     traffic.drain(pair.backup.url)
     _assert_clean(traffic, pair)
+
+
+@pytest.mark.postgres
+def test_database_store_backup_serves_large_messages_from_the_database_after_a_sigkill(
+    pairs: list[Pair], tmp_path: Path, postgres_url: str
+) -> None:
+    pair = _database_pair(pairs, tmp_path / "pair", postgres_url, postgres_url)
+    # over the default min-large-message-size (100 KiB): bodies in the LARGE_MESSAGES table
+    bodies = [bytes([i]) * (300_000 + i) for i in range(5)]
+    with connected(pair.primary.url) as conn:
+        send(conn, "ha.large", *(Message(body=b, durable=True) for b in bodies))
+        receiver = conn.create_receiver("ha.large", credit=1)
+        assert receive(receiver, 1)[0].body == bodies[0]
+    # acknowledged (the close sent the accept): its body goes, the others' stay
+    wait_for(lambda: len(stored_bodies(postgres_url)) == 4, 10, what="the acked body to go")
+    pair.kill(pair.primary)
+    pair.backup.wait_serving(EXPIRATION + 15)
+    got = consume_all(pair.backup.url, "ha.large", quiet=0.5)
+    assert [bytes(m.body) for m in got] == bodies[1:]
+    # the backup has its own data dir: the bodies came from the database, not from files
+    assert not list(pair.backup.data_dir.rglob("*.msg"))
+    assert not list(pair.primary.data_dir.rglob("*.msg"))
 
 
 @pytest.mark.postgres

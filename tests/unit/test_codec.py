@@ -922,3 +922,25 @@ def test_application_property_never_reads_the_body() -> None:
     assert codec.application_property(data + b"\xff\xff", "k") == "v"
     no_properties = encode_message(b"k", properties={"subject": "k"})
     assert codec.application_property(no_properties, "k") is None
+
+
+def test_application_property_finds_keys_of_every_string_encoding() -> None:
+    # a symbol key (some clients send them), a str32 key with a vbin32 value, then a
+    # str8 key with a vbin8 value (the usual duplicate id)
+    entries = (
+        b"\xa3\x01k\xa1\x01v"
+        + b"\xb1\x00\x00\x00\x01n\xb0\x00\x00\x00\x02ab"
+        + b"\xa1\x0c_AMQ_DUPL_ID\xa0\x03\x01\x02\x03"
+    )
+    section = b"\x00St\xc1" + bytes((len(entries) + 1, 6)) + entries
+    data = section + b"\x00Su\xa0\x01x"
+    assert codec.application_property(data, "k") == "v"
+    assert codec.application_property(data, "n") == b"ab"
+    assert codec.application_property(data, "_AMQ_DUPL_ID") == b"\x01\x02\x03"
+    assert codec.application_property(memoryview(data), "_AMQ_DUPL_ID") == b"\x01\x02\x03"
+    assert codec.application_property(data, "kk") is None
+    with pytest.raises(codec.DecodeError, match="past the map's size"):
+        # the id's value claims more bytes than its map holds
+        codec.application_property(
+            section[:-4] + b"\x09\x01\x02\x03" + data[len(section) :], "_AMQ_DUPL_ID"
+        )

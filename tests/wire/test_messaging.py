@@ -242,3 +242,17 @@ def test_auto_created_queue_is_deleted_once_its_consumer_leaves_it_empty(scow_br
         what="the empty auto-created queue to be deleted",
     )
     assert broker.call(lambda: name not in broker.broker.addresses)
+
+
+def test_receiver_asking_for_settled_deliveries_gets_them_at_most_once(scow_broker):
+    from proton import Link
+    from proton.reactor import AtMostOnce
+
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        send(conn, "once", Message(body="a"), Message(body="b"))
+        receiver = conn.create_receiver("once", options=AtMostOnce())
+        # the broker's attach agrees, and nothing waits for the client's outcome
+        assert receiver.link.remote_snd_settle_mode == Link.SND_SETTLED
+        assert bodies(receive(receiver, 2, accept=False)) == ["a", "b"]
+        pump([conn], lambda: broker.queue_stats("once")["message-count"] == 0, what="no ack due")

@@ -153,7 +153,7 @@ class StompConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         if self._stream is not None:
-            self._pump()  # offers more once the stream is out
+            self.pump()  # offers more once the stream is out
         else:
             self._offer()
 
@@ -185,21 +185,21 @@ class StompConnection(asyncio.Protocol):
             self._after_stream.append(frame)
             return
         self._start_stream(frame)
-        self._pump()
+        self.pump()
 
     def _start_stream(self, frame: StreamedFrame) -> None:
         self._out.append(frame.head)
         self._flush()
         self._stream = frame
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
         """Write more of the streamed body while the socket takes it; once it is out,
         what waited for it, and then the subscriptions may take more."""
         written = 0
         ended = False
         while (stream := self._stream) is not None and not self.paused and not self.closed:
             if written >= STREAM_TURN:  # the rest in a later turn of the loop
-                asyncio.get_running_loop().call_soon(self._pump)
+                asyncio.get_running_loop().call_soon(self.pump)
                 return
             try:
                 chunk = next(stream.chunks, None)
@@ -208,6 +208,8 @@ class StompConnection(asyncio.Protocol):
                 self.fail(f"a large message's body could not be read: {exc}")
                 return
             assert self.socket is not None
+            if chunk == b"":  # the store is still reading: it calls `pump` once it has
+                return
             if chunk is not None:
                 self.socket.write(chunk)
                 self._last_write = time.monotonic()

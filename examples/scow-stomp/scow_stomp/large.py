@@ -10,9 +10,8 @@ then the body's bytes read from the file as the socket takes them.
 
 from __future__ import annotations
 
-import os
 import struct
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from scow.core import LargeHead, MessageRef
@@ -78,30 +77,30 @@ def payload_spans(data: LargeHead) -> list[tuple[int, int]] | None:
     of another kind (converted whole). Raises OSError when the file cannot be read."""
     body = data.body
     spans: list[tuple[int, int]] = []
-    fd = os.open(body.path, os.O_RDONLY)
-    try:
-        pos = body.head_size
-        while pos < body.length:
-            head = os.pread(fd, 8, pos)
-            if len(head) < 5 or head[:2] != b"\x00\x53":
+    pos = body.head_size
+    while pos < body.length:
+        chunks = body.chunks(pos)  # read when asked: the section's head only is needed
+        try:
+            head = next(chunks, b"")[:8]
+        finally:
+            chunks.close()
+        if len(head) < 5 or head[:2] != b"\x00\x53":
+            return None
+        code, kind = head[2], head[3]
+        if code == amqp_codec.FOOTER:
+            break
+        if not (code == amqp_codec.DATA and kind in _BYTES) and not (
+            code == amqp_codec.VALUE and kind in _BYTES_OR_TEXT and not spans
+        ):
+            return None
+        if kind & 0x10:
+            if len(head) < 8:
                 return None
-            code, kind = head[2], head[3]
-            if code == amqp_codec.FOOTER:
-                break
-            if not (code == amqp_codec.DATA and kind in _BYTES) and not (
-                code == amqp_codec.VALUE and kind in _BYTES_OR_TEXT and not spans
-            ):
-                return None
-            if kind & 0x10:
-                if len(head) < 8:
-                    return None
-                start, size = pos + 8, _U32.unpack_from(head, 4)[0]
-            else:
-                start, size = pos + 5, head[4]
-            spans.append((start, start + size))
-            pos = start + size
-    finally:
-        os.close(fd)
+            start, size = pos + 8, _U32.unpack_from(head, 4)[0]
+        else:
+            start, size = pos + 5, head[4]
+        spans.append((start, start + size))
+        pos = start + size
     return spans
 
 
@@ -110,16 +109,32 @@ class StreamedFrame:
 
     __slots__ = ("chunks", "head", "ref")
 
-    def __init__(self, head: bytes, data: LargeHead, spans: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, head: bytes, data: LargeHead, spans: list[tuple[int, int]], wake: Callable[[], None]
+    ) -> None:
         #: The frame up to its body.
         self.head = head
-        #: The body's bytes, read as they are asked for (the file opens on the first).
-        self.chunks: Generator[bytes, None, None] = _read(data, spans)
+        #: The body's bytes, read as they are asked for; `b""` while the store is still
+        #: reading (it calls `wake` on the event loop once more is ready).
+        self.chunks: Generator[bytes, None, None] = _read(data, spans, wake)
         #: Acknowledged once the frame is written whole (auto mode), released if it is
         #: not; None when the client acknowledges.
         self.ref: MessageRef | None = None
 
 
-def _read(data: LargeHead, spans: list[tuple[int, int]]) -> Generator[bytes, None, None]:
+def _read(
+    data: LargeHead, spans: list[tuple[int, int]], wake: Callable[[], None]
+) -> Generator[bytes, None, None]:
     for start, end in spans:
-        yield from data.body.chunks(start, end)
+        chunks = data.body.chunks(start, wake)
+        try:
+            pos = start
+            while pos < end:
+                chunk = next(chunks, None)
+                if chunk is None:
+                    raise OSError(f"large message {data.body.file_id}: ends at {pos} of {end}")
+                chunk = chunk[: end - pos]
+                pos += len(chunk)
+                yield chunk
+        finally:
+            chunks.close()

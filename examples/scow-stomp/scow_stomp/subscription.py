@@ -91,7 +91,8 @@ class Subscription:
         if spans is not None:
             length = sum(end - start for start, end in spans)
             headers["content-length"] = str(length)
-            frame = StreamedFrame(frames.encode_head("MESSAGE", headers, length), data, spans)
+            head = frames.encode_head("MESSAGE", headers, length)
+            frame = StreamedFrame(head, data, spans, self.conn.pump)
             if self.ack == "auto":
                 frame.ref = ref  # acknowledged once written whole
             self.conn.write_streamed(frame)

@@ -1,0 +1,181 @@
+"""Large messages on the database store: their bodies are rows of the LARGE_MESSAGES table
+(no file under the data dir), one body per message however many queues it reaches, gone
+with the last reference; `scow data export`/`import` carry them between files and a
+database. Crashes: tests/durability/test_database_large_message_crash.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from proton import Message
+
+from scow.core import cli
+from scow.core.management import Management
+from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
+from scow.plugins.database_store import large_messages as db_large
+from tests.database.backends import on_database
+from tests.wire.helpers import Capabilities, connected, receive, send
+
+LARGE = 16 << 10
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
+SECTIONS = {"amqp": {"min-large-message-size": LARGE}}
+
+
+def body_of(size: int, seed: int = 0) -> bytes:
+    return bytes((i * 11 + seed) & 0xFF for i in range(256)) * (size // 256) + b"z" * (size % 256)
+
+
+def stored_bodies(url: str) -> dict[int, int]:
+    """Rows of the LARGE_MESSAGES table per body id, read with a client of our own."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text('SELECT id, count(*) FROM "LARGE_MESSAGES" GROUP BY id')
+            ).all()
+    finally:
+        engine.dispose()
+    return {int(i): int(n) for i, n in rows}
+
+
+def large_files(data_dir: Path) -> list[Path]:
+    directory = data_dir / "large-messages"
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
+def on_db(database_url: str, **sections: Any) -> dict[str, Any]:
+    return on_database({"plugins": PLUGINS, "sections": {**SECTIONS, **sections}}, database_url)
+
+
+def test_a_large_message_body_is_rows_of_the_database_and_comes_back_whole(
+    scow_broker: Any, database_url: str, tmp_path: Path
+) -> None:
+    broker = scow_broker(**on_db(database_url))
+    body = body_of(3 << 20 | 12345)  # over three rows, the last one short
+    with connected(broker.url) as conn:
+        send(conn, "big", Message(body=body, durable=True, subject="s", properties={"k": 1}))
+        (rows,) = stored_bodies(database_url).values()
+        assert rows == 4
+        assert not large_files(tmp_path / "data-0")
+        figures = broker.call(broker.broker.stats)["large-messages"]
+        assert figures["files"] == 1 and figures["bytes"] > len(body)
+        assert broker.call(lambda: broker.broker.addresses["big"].size) < 4096
+        (got,) = receive(conn.create_receiver("big", credit=1), 1)
+    assert got.body == body and got.subject == "s" and got.properties == {"k": 1}
+    wait_for(lambda: not stored_bodies(database_url), 5, what="the rows to go with the ack")
+
+
+def test_one_body_for_every_queue_a_multicast_message_reaches(
+    scow_broker: Any, database_url: str
+) -> None:
+    broker = scow_broker(**on_db(database_url))
+    body = body_of(1 << 20 | 7)
+    with connected(broker.url) as conn:
+        first = conn.create_receiver("news", name="a", options=Capabilities("topic"), credit=0)
+        second = conn.create_receiver("news", name="b", options=Capabilities("topic"), credit=0)
+        conn.create_sender("news", options=Capabilities("topic")).send(
+            Message(body=body, durable=True)
+        )
+        assert len(stored_bodies(database_url)) == 1
+        first.flow(1)
+        assert receive(first, 1)[0].body == body
+        assert len(stored_bodies(database_url)) == 1  # the other subscription holds it
+        second.flow(1)
+        assert receive(second, 1)[0].body == body
+    wait_for(lambda: not stored_bodies(database_url), 5, what="the rows to go with the last ack")
+
+
+def test_a_rejected_large_message_moves_to_the_dead_letter_address_with_its_body(
+    scow_broker: Any, database_url: str
+) -> None:
+    broker = scow_broker(**on_db(database_url))
+    body = body_of(2 << 20, seed=5)
+    with connected(broker.url) as conn:
+        send(conn, "doomed", Message(body=body, durable=True))
+        receiver = conn.create_receiver("doomed", credit=1)
+        receiver.receive(timeout=10)
+        receiver.reject()
+        (dead,) = receive(conn.create_receiver("DLA", credit=1), 1)
+        assert len(stored_bodies(database_url)) == 1  # moved, not copied
+    assert dead.body == body
+    wait_for(lambda: not stored_bodies(database_url), 5, what="the rows to go")
+
+
+def test_large_messages_stream_through_while_the_store_writes_behind(
+    scow_broker: Any, database_url: str
+) -> None:
+    # more than BEHIND bytes in one message: the producer's socket waits for the store
+    broker = scow_broker(**on_db(database_url))
+    bodies = [body_of(db_large.BEHIND * 2 + 999, seed=i) for i in range(2)]
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("flow", credit=2)
+        send(conn, "flow", *(Message(body=b, durable=True) for b in bodies))
+        got = receive(receiver, 2)
+    assert [m.body for m in got] == bodies
+    wait_for(lambda: not stored_bodies(database_url), 5, what="the rows to go")
+
+
+def test_a_purged_queue_deletes_its_large_messages_bodies(
+    scow_broker: Any, database_url: str
+) -> None:
+    broker = scow_broker(**on_db(database_url))
+    with connected(broker.url) as conn:
+        send(conn, "purged", *(Message(body=body_of(LARGE * 4, seed=i)) for i in range(3)))
+    assert len(stored_bodies(database_url)) == 3
+    assert broker.call(lambda: Management(broker.broker).purge_queue("purged")) == 3
+    wait_for(lambda: not stored_bodies(database_url), 5, what="the rows to go with the purge")
+
+
+def _config(tmp_path: Path, name: str, database_url: str | None) -> Path:
+    kwargs: dict[str, Any] = {"plugins": PLUGINS, "sections": SECTIONS}
+    if database_url is not None:
+        kwargs = on_database(kwargs, database_url)
+    return write_config(tmp_path / f"{name}.toml", broker_config(tmp_path / name, **kwargs))
+
+
+def test_export_and_import_carry_large_messages_between_files_and_a_database(
+    tmp_path: Path, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bodies = [body_of(2 << 20 | i, seed=i) for i in range(3)]
+    files = BrokerThread(_config(tmp_path, "files", None)).start()
+    try:
+        with connected(files.url) as conn:
+            send(conn, "kept", *(Message(body=b, durable=True, subject="k") for b in bodies))
+    finally:
+        files.stop()
+    exported = tmp_path / "files.jsonl"
+    data = ["--data-dir", str(tmp_path / "files")]
+    assert cli.main(["data", "export", *data, "--output", str(exported)]) == 0
+    db_config = _config(tmp_path, "db", database_url)
+    assert cli.main(["data", "import", "--config", str(db_config), "--input", str(exported)]) == 0
+    assert len(stored_bodies(database_url)) == 3
+    assert not large_files(tmp_path / "db")
+    again = tmp_path / "db.jsonl"
+    assert cli.main(["data", "export", "--config", str(db_config), "--output", str(again)]) == 0
+    assert "'messages': 3" in capsys.readouterr().out
+    back = ["--data-dir", str(tmp_path / "back")]
+    assert cli.main(["data", "import", *back, "--input", str(again)]) == 0
+    assert len(large_files(tmp_path / "back")) == 3
+
+    on_db = BrokerThread(db_config).start()
+    try:
+        with connected(on_db.url) as conn:
+            got = receive(conn.create_receiver("kept", credit=3), 3)
+        assert [(m.body, m.subject) for m in got] == [(b, "k") for b in bodies]
+        wait_for(lambda: not stored_bodies(database_url), 5, what="the rows to go")
+    finally:
+        on_db.stop()
+    back_config = write_config(
+        tmp_path / "back.toml",
+        broker_config(tmp_path / "back", plugins=PLUGINS, sections=SECTIONS),
+    )
+    on_files = BrokerThread(back_config).start()
+    try:
+        with connected(on_files.url) as conn:
+            got = receive(conn.create_receiver("kept", credit=3), 3)
+        assert [m.body for m in got] == bodies
+    finally:
+        on_files.stop()
