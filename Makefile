@@ -22,8 +22,13 @@ $(TSTAMP): pyproject.toml $(STAMP)
 run: $(STAMP)
 	$(BIN)/scow run
 
+# The suite spends about half its time waiting (on brokers in subprocesses, sockets,
+# fsync, JVM starts): one pytest worker per core, at most four (pytest-xdist).
+# `make test PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= auto
+
 test: $(TSTAMP)
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --maxprocesses 4 --durations=15 $(PYTEST_ARGS)
 
 lint: $(TSTAMP)
 	$(BIN)/pip install -q -e '.[dev]'
