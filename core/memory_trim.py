@@ -8,10 +8,9 @@ it freed: glibc returns memory to the system only from the top of the heap, so a
 RSS stays at its high-water mark although its live data went back to the baseline.
 
 Every `PERIOD` seconds a full collection runs on the event loop (11-28 ms with 500,000
-messages queued, which queues hold untracked: `benchmarks/RESULTS.md`, "The soak, third
-time") and `malloc_trim(0)` off it. Measured on 30-minute soaks of client kills: RSS at rest
-after the drain 84.4 MiB without the collection, 68 MiB with one every minute (baseline 55).
-Where the C library has no `malloc_trim` the trim is left out.
+messages queued, which queues hold untracked) and `malloc_trim(0)` off it. What each gives
+on a soak of client kills is in `benchmarks/RESULTS.md` ("The soak, third time"). Where the
+C library has no `malloc_trim` the trim is left out.
 """
 
 from __future__ import annotations
