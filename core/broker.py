@@ -898,15 +898,16 @@ class Broker:
         DuplicateMessage if one carries a duplicate id its address has admitted (or
         another message of the transaction carries too): Artemis's rule.
         """
-        ids = self._ids_of(tx)  # first: a duplicate refuses the commit before anything
+        headers = [fmt.inspect(data) for data, _address, fmt, _routing_type in tx.sends]
+        ids = self._ids_of(tx, headers)  # first: a duplicate refuses the commit before anything
         bodies = _large_bodies(tx)
         if bodies:
             on_done = _after_files(bodies, on_done)
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
         paged: list[tuple[Message, list[Any], Any]] = []
-        for data, address_name, fmt, routing_type in tx.sends:
+        for (data, address_name, fmt, routing_type), header in zip(tx.sends, headers, strict=True):
             address = self.address_for(address_name, routing_type)
-            result = self._route(data, address, fmt, routing_type, fmt.inspect(data))
+            result = self._route(data, address, fmt, routing_type, header)
             if not isinstance(result, RouteStatus):
                 _place(result, address, kept, paged)
         status = self._commit_routed(tx, on_done, ids, kept, paged)
@@ -982,13 +983,18 @@ class Broker:
             return RouteStatus.ROUTED
         return RouteStatus.PENDING
 
-    def _ids_of(self, tx: Transaction) -> list[tuple[DuplicateIdCache, str, bytes]]:
-        """(cache, address, key) of each duplicate id the transaction's messages carry;
-        DuplicateMessage when one was already admitted or two messages carry it."""
+    def _ids_of(
+        self, tx: Transaction, headers: list[Header]
+    ) -> list[tuple[DuplicateIdCache, str, bytes]]:
+        """(cache, address, key) of each duplicate id the transaction's messages carry
+        (their `headers`, in `tx.sends` order); DuplicateMessage when one was already
+        admitted or two messages carry it."""
         ids: list[tuple[DuplicateIdCache, str, bytes]] = []
         seen: set[tuple[str, bytes]] = set()
-        for data, address_name, fmt, _routing_type in tx.sends:
-            value = fmt.duplicate_id(data)
+        for (_data, address_name, _fmt, _routing_type), header in zip(
+            tx.sends, headers, strict=True
+        ):
+            value = header[3]
             if value is None:
                 continue
             cache = self._id_cache(address_name)

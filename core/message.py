@@ -51,10 +51,6 @@ class MessageFormat(Protocol):
     def target_address(self, data: bytes) -> str | None:
         """The address the message names itself (AMQP `to`), for anonymous relays."""
 
-    def duplicate_id(self, data: bytes) -> object:
-        """The message's `_AMQ_DUPL_ID` application property (duplicate detection), or
-        None (as `inspect` reads it)."""
-
     def describe(self, data: bytes, preview: int) -> dict[str, Any]:
         """Headers, properties and the first `preview` characters of the body, as plain
         JSON-able values (management's browse)."""

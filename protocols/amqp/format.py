@@ -64,11 +64,6 @@ class AmqpMessageFormat:
     def target_address(self, data: bytes) -> str | None:
         return codec.MessageInfo(data).to
 
-    def duplicate_id(self, data: bytes) -> object:
-        if len(data) <= _SEARCH_WHOLE and data.find(_DUPLICATE_ID_NAME) < 0:
-            return None
-        return self._duplicate_id(data)
-
     @staticmethod
     def _duplicate_id(data: bytes) -> object:
         try:  # reads the section headers and the application-properties' keys only
