@@ -832,7 +832,13 @@ def commit(
                 client.call("stream-sink", sink, "COMMIT", properties, parts)
         deadline = time.monotonic() + COMMIT_WAIT
         for client in committing:
-            while client.call("stream-sink", sink, "READ")["committed-batch"] < batch:
+            while (answer := client.call("stream-sink", sink, "READ"))["committed-batch"] < batch:
+                failed = answer.get("failed", {}).get(str(batch))
+                if failed is not None:  # .get: brokers before sliced commits have none
+                    raise ClientError(
+                        f"sink {sink!r}: batch {batch} not committed on "
+                        f"{broker_label(client.endpoint)}: {failed}"
+                    )
                 if time.monotonic() > deadline:
                     raise ClientError(
                         f"sink {sink!r}: batch {batch} not committed after {COMMIT_WAIT} s "

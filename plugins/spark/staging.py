@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from scow.core.large_messages import with_body
 from scow.core.message import MessageRef
 from scow.core.model import (
@@ -51,8 +53,10 @@ from scow.protocols.amqp.codec import MessageInfo, encode_message
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettingsRepository
-    from scow.core.broker import Broker
+    from scow.core.broker import Broker, Transaction
     from scow.core.interfaces import Consumer
+
+log = structlog.get_logger("scow.spark")
 
 STAGING_TYPE = "stream-staging"
 STAGING_PREFIX = "$scow.staging."
@@ -132,6 +136,9 @@ class Sinks:
         #: older than queries were recorded)
         self.owners: dict[str, str | None] = {}
         self.committing: set[tuple[str, int]] = set()
+        #: why a commit failed after COMMIT answered (a large one is done in slices, see
+        #: `Broker.commit`), by (sink, batch), for READ to tell the driver
+        self.failed: dict[tuple[str, int], str] = {}
         self._loaded = False
 
     def load(self) -> None:
@@ -201,6 +208,7 @@ class Sinks:
             "committed-batch": self.committed.get(sink, -1),
             "query": self.owners.get(sink),
             "committing": sorted(b for s, b in self.committing if s == sink),
+            "failed": {str(b): why for (s, b), why in self.failed.items() if s == sink},
         }
 
     def commit(self, sink: str, properties: Mapping[str, Any], parts: Any) -> tuple[int, str, Any]:
@@ -260,7 +268,12 @@ class Sinks:
             )
             tx.sends.append((marker, MARKERS, broker.message_format, RoutingType.ANYCAST))
             self.committing.add((sink, batch))
-            broker.commit(tx, lambda: self._committed(sink, batch, query))
+            self.failed.pop((sink, batch), None)
+            broker.commit(
+                tx,
+                lambda: self._committed(sink, batch, query),
+                lambda exc: self._failed(sink, batch, tx, exc),
+            )
         except BrokerError:
             self.committing.discard((sink, batch))
             broker.rollback(tx)  # what was taken (staged messages, the marker) goes back
@@ -269,10 +282,19 @@ class Sinks:
 
     def _committed(self, sink: str, batch: int, query: str | None) -> None:
         self.committing.discard((sink, batch))
+        self.failed.pop((sink, batch), None)
         if batch > self.committed.get(sink, -1):
             self.committed[sink] = batch
             self.owners[sink] = query
         self._discard(sink, batch)
+
+    def _failed(self, sink: str, batch: int, tx: Transaction, exc: BrokerError) -> None:
+        """A commit failed after COMMIT answered: what it took goes back to staging, and
+        READ says why until the batch is committed."""
+        self.committing.discard((sink, batch))
+        self.broker.rollback(tx)
+        self.failed[(sink, batch)] = exc.description
+        log.warning("sink commit failed", sink=sink, batch=batch, error=exc.description)
 
     def abort(self, sink: str, properties: Mapping[str, Any]) -> int:
         """Discard everything staged for the batch; how many staging queues went."""

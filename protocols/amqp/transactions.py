@@ -8,6 +8,7 @@ rollback with fail=true). The broker side lives in `Broker.commit`/`Broker.rollb
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scow.core.model import BrokerError, RouteStatus
@@ -120,12 +121,30 @@ class CoordinatorLink:
             self._accept(delivery)
             return
         try:
-            status = broker.commit(tx, self.conn.accepter(delivery, self))
+            status = broker.commit(
+                tx, self.conn.accepter(delivery, self), self._rolled_back(delivery, tx)
+            )
         except BrokerError as exc:
             broker.rollback(tx)
             raise TransactionRollback(f"transaction rolled back: {exc.description}") from exc
         if status is not RouteStatus.PENDING:
             return  # the accepter already ran
+
+    def _rolled_back(self, delivery: Any, tx: Transaction) -> Callable[[BrokerError], None]:
+        """What a commit done in slices calls if one of them fails: as for an error
+        raised at once, the transaction is rolled back and its discharge rejected."""
+
+        def failed(exc: BrokerError) -> None:
+            self.conn.broker.rollback(tx)
+            if not (self.conn.closed or self.closed):
+                engine.reject(
+                    delivery,
+                    TransactionRollback.condition,
+                    f"transaction rolled back: {exc.description}",
+                )
+                self.conn.mark_dirty()
+
+        return failed
 
     @staticmethod
     def _accept(delivery: Any) -> None:
