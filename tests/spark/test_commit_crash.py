@@ -1,0 +1,88 @@
+"""A sink's large commit, done a slice per pass of the broker's loop, as a crash meets it:
+`scow run` killed with SIGKILL while the commit is part way through, or just after it is
+durable, then restarted. Either every row of the batch is in the stream or none is (and
+the driver's retry of the commit then writes each once); the broker answers READ while
+it commits.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scow.core.broker import COMMIT_SLICE
+from scow.core.testing import BrokerProcess, free_port, wait_for
+from tests.spark.conftest import client, stream
+
+#: Rows of the batch: a commit of many slices.
+ROWS = 25 * COMMIT_SLICE
+
+
+def stream_length(url: str) -> int:
+    reader = client(url)
+    try:
+        return int(reader.call("stream", "out", "READ")["next-sequence"])
+    finally:
+        reader.close()
+
+
+def distinct_rows(url: str) -> tuple[int, int]:
+    """(rows, distinct bodies) in stream `out`."""
+    from scow.plugins.spark.schema import to_batch
+
+    reader = client(url)
+    try:
+        found: list[bytes] = []
+        for messages in reader.read("out", 0, ROWS * 2 + 1):
+            found += to_batch("out", messages).column(0).to_pylist()
+        return len(found), len(set(found))
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("kill", ["part-way", "durable"])
+def test_broker_killed_during_a_large_commit_keeps_all_of_it_or_none(streams, tmp_path, kill):
+    pa = pytest.importorskip("pyarrow")
+    pytest.importorskip("pyspark")
+    from scow.plugins.spark.source import Options, commit, stage
+
+    port = free_port()
+    config = streams.config({"out": stream()}, port=port)
+    broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
+    try:
+        options = Options.parse({"url": broker.url, "address": "out", "timeout": "60"})
+        bodies = [f"r{i:06d}".encode() for i in range(ROWS)]
+        batch = pa.RecordBatch.from_arrays([pa.array(bodies)], ["body"])
+        staged = stage(options, "crash", 0, iter([batch]))
+        driver = client(broker.url)
+        answer = driver.call("stream-sink", "crash", "COMMIT", {"batch": 0}, [[0, 0]])
+        assert answer == {"batch": 0}  # 202: committing
+        if kill == "part-way":
+            # answered between slices: the batch is still being committed
+            state = driver.call("stream-sink", "crash", "READ")
+            assert state["committing"] == [0] and state["committed-batch"] == -1, state
+        else:
+            wait_for(
+                lambda: driver.call("stream-sink", "crash", "READ")["committed-batch"] == 0,
+                60,
+                0.01,
+                "the batch to be committed",
+            )
+        broker.kill()
+        driver.close()
+        broker.start()
+
+        after = client(broker.url)
+        committed = after.call("stream-sink", "crash", "READ")["committed-batch"]
+        after.close()
+        if committed == 0:  # all of it: the stream has every row (its writer catches up)
+            wait_for(lambda: stream_length(broker.url) >= ROWS, 60, 0.1, "every row")
+        else:
+            assert kill == "part-way", "a durable commit was lost"
+            assert committed == -1
+            assert stream_length(broker.url) == 0, "part of an undone commit is visible"
+        # the driver, not knowing, commits again: a replay, or the whole batch from staging
+        commit(options, "crash", 0, [staged])
+        wait_for(lambda: stream_length(broker.url) >= ROWS, 60, 0.1, "every row")
+        assert distinct_rows(broker.url) == (ROWS, ROWS)
+    finally:
+        broker.stop()
