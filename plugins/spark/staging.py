@@ -252,7 +252,13 @@ class Sinks:
                 tx.acks += refs  # from here a rollback puts them back
                 for ref in refs:
                     message = ref.message
-                    for row in _rows(message):
+                    rows = _rows(message)
+                    data = message.data
+                    if default_to and data.__class__ is bytes and _PROPERTIES_SECTION not in data:
+                        # no row of it has a properties section, so none names its own `to`
+                        tx.sends += [(row, default_to, message.format, None) for row in rows]
+                        continue
+                    for row in rows:
                         to = _to(row) or default_to
                         if not to:
                             raise InvalidField(
