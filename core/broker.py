@@ -1021,18 +1021,14 @@ class Broker:
         def finish() -> None:
             for pager in pagers:
                 pager.commit_tx(tx.id)
-            show(0)
+            if loop is None:
+                _enqueue(visible, 0, len(visible))
+                settle()
+            else:
+                _enqueue_in_slices(loop, visible, settle)
 
-        def show(start: int) -> None:
+        def settle() -> None:
             nonlocal done_now
-            end = len(visible) if loop is None else start + COMMIT_SLICE
-            for message, queues in visible[start:end]:
-                for queue in queues:
-                    queue.enqueue(message)
-            if end < len(visible):
-                assert loop is not None
-                loop.call_soon(show, end)
-                return
             for ref in acks:
                 self._settle_ack(ref)
             on_done()
@@ -1759,6 +1755,29 @@ def _after_files(bodies: list[Any], on_done: Completion) -> Completion:
     done = barrier.add()
     barrier.arm(on_done)
     return done
+
+
+def _enqueue(visible: list[tuple[Message, list[Any]]], start: int, end: int) -> None:
+    for message, queues in visible[start:end]:
+        for queue in queues:
+            queue.enqueue(message)
+
+
+def _enqueue_in_slices(
+    loop: asyncio.AbstractEventLoop,
+    visible: list[tuple[Message, list[Any]]],
+    then: Callable[[], None],
+    start: int = 0,
+) -> None:
+    """Enqueue a committed transaction's messages COMMIT_SLICE per pass of `loop`, then
+    run `then`. (A function of the module, not a closure naming itself: that would be a
+    reference cycle, kept with all it holds until a full collection, for every commit.)"""
+    end = start + COMMIT_SLICE
+    _enqueue(visible, start, end)
+    if end < len(visible):
+        loop.call_soon(_enqueue_in_slices, loop, visible, then, end)
+    else:
+        then()
 
 
 class _Taken:
