@@ -9,11 +9,13 @@ transaction (one journal transaction) their messages are sent on to their addres
 message's `to`, else the sink's address) and taken out of staging, and a marker message
 recording "sink S committed batch B" replaces the sink's previous marker in the durable
 queue `MARKERS`. So after any crash either the whole batch and its marker are there or
-neither is; a COMMIT of a batch at or below the sink's marker changes nothing. COMMIT
-answers 202 as soon as the transaction is under way: a batch of more than `COMMIT_SLICE`
-rows is routed a slice per pass of the loop (`Broker.commit`), and READ lists it under
-`committing` until it is durable, then as `committed-batch`, or under `failed` with why. ABORT, a
+neither is; a COMMIT of a batch at or below the sink's marker changes nothing. ABORT, a
 commit (for the other attempts of its batch) and `staging-ttl` discard orphans.
+
+COMMIT answers 202 as soon as the transaction is under way: a batch of more than
+`COMMIT_SLICE` rows is routed a slice per pass of the loop (`Broker.commit`). READ lists
+it under `committing` until it is durable, then as `committed-batch`, or under `failed`
+with the reason when a slice failed (and the batch went back to staging).
 
 A STAGE of a (sink, batch, partition, attempt) staged before starts it afresh: what is
 there came from a task of a driver that died (a restarted query runs its batch again with

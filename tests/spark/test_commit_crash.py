@@ -2,7 +2,7 @@
 `scow run` killed with SIGKILL while the commit is part way through, or just after it is
 durable, then restarted. Either every row of the batch is in the stream or none is (and
 the driver's retry of the commit then writes each once); the broker answers READ while
-it commits.
+it commits. A slice that fails is reported by READ, and the batch is back in staging.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from scow.core.broker import COMMIT_SLICE
 from scow.core.testing import BrokerProcess, free_port, wait_for
+from scow.plugins.spark.client import ClientError
 from tests.spark.conftest import client, stream
 
 #: Rows of the batch: a commit of many slices.
@@ -86,3 +87,31 @@ def test_broker_killed_during_a_large_commit_keeps_all_of_it_or_none(streams, tm
         assert distinct_rows(broker.url) == (ROWS, ROWS)
     finally:
         broker.stop()
+
+
+def test_a_large_commit_failing_in_a_later_slice_is_reported_and_changes_nothing(streams):
+    pa = pytest.importorskip("pyarrow")
+    pytest.importorskip("pyspark")
+    from scow.plugins.spark.source import Options, commit, stage
+
+    broker = streams.start(
+        {"out": stream()}, address_settings={"nowhere": {"auto-create-addresses": False}}
+    )
+    options = Options.parse({"url": broker.url, "address": "out"})
+    # the last row names an address that cannot be created: the last slice fails
+    to = [None] * (ROWS - 1) + ["nowhere"]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([b"x"] * ROWS), pa.array(to, pa.string())], ["body", "to"]
+    )
+    staged = stage(options, "bad", 0, iter([batch]))
+    with pytest.raises(ClientError, match=r"batch 0 not committed .*address 'nowhere'"):
+        commit(options, "bad", 0, [staged])
+    driver = client(broker.url)
+    state = driver.call("stream-sink", "bad", "READ")
+    driver.close()
+    assert state["committed-batch"] == -1 and state["committing"] == []
+    assert "nowhere" in state["failed"]["0"]
+    assert stream_length(broker.url) == 0
+    # what the failed commit took is back in staging
+    staging = broker.queue_stats("$scow.staging.bad.0.0.0")
+    assert staging is not None and staging["message-count"] > 0
