@@ -1,15 +1,17 @@
 """Large messages over STOMP: never whole in memory, either way.
 
-In: a SEND whose content-length is `[stomp] min-large-message-size` or more (the parser
-hands its body out in parts, see `scow_stomp.frames`) becomes an `IncomingSend`, which
-writes the message's AMQP head, then its data section's bytes as they arrive, to the
-message's file. Out: a large message whose body STOMP can carry as it is (data sections,
+In: a SEND whose body is `[stomp] min-large-message-size` or more (the parser hands it
+out in parts, see `scow_stomp.frames`) becomes an `IncomingSend`, which writes the
+message's AMQP head, then its body section's bytes as they arrive, to the message's
+file: a data section when a content-length gave its size, otherwise a string value
+(STOMP's text body) whose size is written over its placeholder once the NUL has come. Out: a large message whose body STOMP can carry as it is (data sections,
 or a binary or string value) goes out as a `StreamedFrame`: the MESSAGE frame's head,
 then the body's bytes read from the file as the socket takes them.
 """
 
 from __future__ import annotations
 
+import codecs
 import struct
 from collections.abc import Callable, Generator
 from typing import Any
@@ -26,14 +28,14 @@ _BYTES_OR_TEXT = _BYTES | {0xA1, 0xB1}
 class IncomingSend:
     """A large SEND arriving: its head kept, everything written to its message's file."""
 
-    __slots__ = ("address", "arrival", "head", "receipt", "routing", "sync", "tx")
+    __slots__ = ("address", "arrival", "head", "receipt", "routing", "sync", "text", "tx")
 
     def __init__(
         self,
         store: Any,
         file_id: int,
         head: bytes,
-        size: int,
+        size: int | None,
         *,
         sync: bool,
         address: str,
@@ -42,28 +44,52 @@ class IncomingSend:
         receipt: str | None,
     ) -> None:
         """`store` is the broker's large message store, `head` the message's sections
-        before its body of `size` bytes; `address`, `routing` and `tx` say where it goes
-        once whole, `receipt` what to answer then. Raises OSError when its file cannot
-        be written."""
+        before its body of `size` bytes (None: a text body that ends at its NUL);
+        `address`, `routing` and `tx` say where it goes once whole, `receipt` what to
+        answer then. Raises OSError when its file cannot be written."""
         self.head = head
         self.sync = sync
         self.address = address
         self.routing = routing
         self.tx = tx
         self.receipt = receipt
+        #: Checks a text body is UTF-8 as it arrives (an AMQP string must be).
+        self.text = None if size is not None else codecs.getincrementaldecoder("utf-8")()
         self.arrival = store.begin(file_id)
         try:
-            self.arrival.write(head + amqp_codec.data_section_head(size))
+            if size is None:
+                self.arrival.write(head + amqp_codec.text_section_head(0))
+            else:
+                self.arrival.write(head + amqp_codec.data_section_head(size))
         except OSError:
             self.arrival.abandon()
             raise
 
     def write(self, data: memoryview) -> None:
-        """The body's next bytes (raises OSError, leaving the caller to `abandon`)."""
+        """The body's next bytes. Raises OSError when they cannot be stored, ValueError
+        when a text body is not UTF-8 (leaving the caller to `abandon`)."""
+        if self.text is not None:
+            self._check_text(data)
         self.arrival.write(data)
 
+    def _check_text(self, data: memoryview, final: bool = False) -> None:
+        assert self.text is not None
+        try:
+            self.text.decode(data, final)  # the text itself is not kept
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"a body without content-length is text and must be UTF-8 ({exc.reason}); "
+                "send a binary body with a content-length"
+            ) from None
+
     def complete(self) -> LargeHead:
-        """The body has arrived whole: the message, its body in its file."""
+        """The body has arrived whole: the message, its body in its file (raises
+        OSError or ValueError as `write`)."""
+        if self.text is not None:
+            self._check_text(memoryview(b""), final=True)
+            section = amqp_codec.text_section_head(0)
+            size = self.arrival.written - len(self.head) - len(section)
+            self.arrival.overwrite(len(self.head), amqp_codec.text_section_head(size))
         return LargeHead(self.head, self.arrival.complete(len(self.head), sync=self.sync))
 
     def abandon(self) -> None:
