@@ -5,11 +5,16 @@ test_large_message_crash.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import sqlalchemy as sa
 from proton import Message
-from stomp_helpers import RawStomp, client, start
+from stomp_helpers import PLUGINS, RawStomp, client, start
 
 from scow.core.testing import wait_for
+from tests.conftest import DATABASES
+from tests.database.backends import on_database
 from tests.wire.helpers import connected, receive, send
 
 LARGE = 64 << 10
@@ -165,3 +170,107 @@ def test_a_large_amqp_value_body_reaches_stomp_as_its_text(scow_broker, body, pa
         (frame,) = seen.wait_messages(1)
     assert frame.body == payload
     wait_for(lambda: not _files(broker), 5, what="the file to go")
+
+
+@pytest.fixture(params=["file", *DATABASES])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the bodies of the tests taking it are: files (""), then rows of
+    LARGE_MESSAGES in SQLite and in PostgreSQL (the database's URL)."""
+    if request.param == "file":
+        return ""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return f"sqlite:///{tmp_path / 'test.db'}"
+
+
+def _start_on(scow_broker, url: str, stomp: dict) -> object:
+    sections = {"stomp": stomp}
+    if not url:
+        return start(scow_broker, sections=sections)
+    kwargs = on_database({"plugins": PLUGINS, "sections": sections}, url)
+    return start(scow_broker, **kwargs)
+
+
+def _bodies(broker) -> list:
+    """The stored bodies: files, or the ids of the bodies in the table."""
+    store = broker.broker.large_messages
+    if hasattr(store, "directory"):
+        return _files(broker)
+    t = store.db.schema.large_messages.c
+    with store.db.engine.connect() as conn:
+        return sorted(conn.execute(sa.select(t.id).distinct()).scalars())
+
+
+def test_a_large_send_over_max_frame_size_is_bounded_by_max_message_size(scow_broker, store):
+    stomp = {"min-large-message-size": LARGE, "max-frame-size": 16 << 10, "max-message-size": 3 << 20}
+    broker = _start_on(scow_broker, store, stomp)
+    body = bytes(range(256)) * (12 << 10)  # 3 MiB: 192 times max-frame-size
+    with client(broker) as (conn, seen):
+        conn.send("/queue/big", body, headers={"persistent": "true"}, receipt="r")
+        seen.wait_receipt("r")
+    with connected(broker.url) as amqp:
+        (message,) = receive(amqp.create_receiver("big", credit=1), 1)
+    assert bytes(message.body) == body
+    # one byte more is refused by its content-length, before any of its body is read
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/big\nreceipt:r\ncontent-length:%d\n\n" % (len(body) + 1))
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR"
+    assert b"exceeds [stomp] max-message-size 3145728" in text, text
+    assert "max-message-size" in headers["message"]
+    wait_for(lambda: not _bodies(broker), 5, what="no body left")
+    # headers still count against max-frame-size
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/big\nh:" + b"v" * (20 << 10) + b"\n\n\x00")
+    command, _, text = raw.read_frame()
+    assert command == "ERROR" and b"headers of" in text and b"max-frame-size 16384" in text
+
+
+def test_a_send_without_content_length_goes_to_its_file_as_it_arrives(scow_broker, store):
+    # max-frame-size bounds what is held before the body passes min-large-message-size
+    stomp = {"min-large-message-size": LARGE, "max-frame-size": 2 * LARGE}
+    broker = _start_on(scow_broker, store, stomp)
+    text = "".join(chr(0x20 + i % 0x3000) for i in range(2 << 20))  # 1-3 bytes each in UTF-8
+    body = text.encode()
+    cut = len(body) // 2 + 1  # inside a character: its bytes are split between reads
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/text\npersistent:true\nreceipt:r\n\n" + body[:cut])
+    wait_for(lambda: _stats(broker)["arriving"] == 1, 10, what="the body to stream")
+    raw.send(body[cut:] + b"\x00")
+    assert raw.read_frame()[:2] == ("RECEIPT", {"receipt-id": "r"})
+    raw.close()
+    assert len(_bodies(broker)) == 1
+    assert broker.call(lambda: broker.broker.addresses["text"].size) < 4096
+    with client(broker) as (conn, seen):  # as STOMP sends it: the text's bytes
+        conn.subscribe("/queue/text", id="s", ack="client-individual")
+        (frame,) = seen.wait_messages(1)
+        assert frame.body == body
+    with connected(broker.url) as amqp:  # as AMQP: a string
+        (message,) = receive(amqp.create_receiver("text", credit=1), 1)
+    assert message.body == text and message.durable
+    wait_for(lambda: not _bodies(broker), 5, what="the body to go")
+
+
+@pytest.mark.parametrize(
+    ("tail", "says"),
+    [
+        (b"\xff\xfe", b"must be UTF-8"),
+        (b"y" * (1 << 20), b"exceeds [stomp] max-message-size 1048576"),
+    ],
+    ids=["not-utf8", "too-large"],
+)
+def test_a_send_without_content_length_refused_mid_body_leaves_nothing(scow_broker, tail, says):
+    stomp = {"min-large-message-size": LARGE, "max-message-size": 1 << 20}
+    broker = start(scow_broker, sections={"stomp": stomp})
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/bad\nreceipt:r\n\n" + b"x" * (200 << 10))
+    wait_for(lambda: _stats(broker)["arriving"] == 1, 10, what="the body to stream")
+    raw.send(tail + b"\x00")
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR" and says in text, text
+    wait_for(lambda: _stats(broker)["arriving"] == 0, 5, what="the arrival to go")
+    assert _files(broker) == []
+    assert (broker.queue_stats("bad") or {}).get("message-count", 0) == 0
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/bad", b"fine", receipt="ok")
+        seen.wait_receipt("ok")
