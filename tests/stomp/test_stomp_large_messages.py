@@ -5,6 +5,7 @@ test_large_message_crash.py."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -274,3 +275,34 @@ def test_a_send_without_content_length_refused_mid_body_leaves_nothing(scow_brok
     with client(broker) as (conn, seen):  # the broker serves others
         conn.send("/queue/bad", b"fine", receipt="ok")
         seen.wait_receipt("ok")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [bytes(range(256)) * (12 << 10), ["x" * 100] * 30_000],  # 3 MiB of data; a list
+    ids=["data", "list"],
+)
+@pytest.mark.parametrize("store", DATABASES, indirect=True)
+def test_on_the_database_a_stomp_delivery_reads_its_rows_off_the_event_loop(
+    scow_broker, store, monkeypatch, body
+):
+    broker = _start_on(scow_broker, store, {})
+    broker.call(lambda: None)
+    large = broker.broker.large_messages
+    threads: list[int] = []
+    fetch = large.fetch
+
+    def fetch_and_say_where(*args):  # the store's own reads, noting the thread they run on
+        threads.append(threading.get_ident())
+        return fetch(*args)
+
+    monkeypatch.setattr(large, "fetch", fetch_and_say_where)
+    with connected(broker.url) as amqp:
+        send(amqp, "rows", Message(body=body, durable=True, properties={"n": 1}))
+    with client(broker) as (conn, seen):
+        conn.subscribe("/queue/rows", id="s")
+        (frame,) = seen.wait_messages(1)
+    expected = body if isinstance(body, bytes) else str(body).encode()
+    assert frame.body == expected and frame.headers["n"] == "1"
+    assert threads, "the body was not read from the database"
+    assert broker.call(threading.get_ident) not in threads

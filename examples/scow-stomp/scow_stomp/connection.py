@@ -229,7 +229,6 @@ class StompConnection(asyncio.Protocol):
         self.pump()
 
     def _start_stream(self, frame: StreamedFrame) -> None:
-        self._out.append(frame.head)
         self._flush()
         self._stream = frame
 

@@ -4,9 +4,10 @@ In: a SEND whose body is `[stomp] min-large-message-size` or more (the parser ha
 out in parts, see `scow_stomp.frames`) becomes an `IncomingSend`, which writes the
 message's AMQP head, then its body section's bytes as they arrive, to the message's
 file: a data section when a content-length gave its size, otherwise a string value
-(STOMP's text body) whose size is written over its placeholder once the NUL has come. Out: a large message whose body STOMP can carry as it is (data sections,
-or a binary or string value) goes out as a `StreamedFrame`: the MESSAGE frame's head,
-then the body's bytes read from the file as the socket takes them.
+(STOMP's text body) whose size is written over its placeholder once the NUL has come. Out: a large message goes out as a `StreamedFrame`: its sections' heads read
+from its store, the MESSAGE frame's head, then its body's bytes (data sections, or a
+binary or string value) read from its store as the socket takes them; a body of
+another kind (converted to its text) is read whole, then converted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from scow.core import LargeHead, MessageRef
-from scow_stomp import amqp_codec
+from scow_stomp import amqp_codec, convert, frames
 
 _U32 = struct.Struct(">I")
 #: The encodings of a body whose bytes STOMP sends as they are: binary and string.
@@ -97,70 +98,146 @@ class IncomingSend:
         self.arrival.abandon()
 
 
-def payload_spans(data: LargeHead) -> list[tuple[int, int]] | None:
-    """Where the bytes of a MESSAGE frame's body lie in a large message's file: one
-    (start, end) per data section, or the one binary or string value; None for a body
-    of another kind (converted whole). Raises OSError when the file cannot be read."""
-    body = data.body
-    spans: list[tuple[int, int]] = []
-    pos = body.head_size
-    while pos < body.length:
-        chunks = body.chunks(pos)  # read when asked: the section's head only is needed
-        try:
-            head = next(chunks, b"")[:8]
-        finally:
-            chunks.close()
-        if len(head) < 5 or head[:2] != b"\x00\x53":
-            return None
-        code, kind = head[2], head[3]
-        if code == amqp_codec.FOOTER:
-            break
-        if not (code == amqp_codec.DATA and kind in _BYTES) and not (
-            code == amqp_codec.VALUE and kind in _BYTES_OR_TEXT and not spans
-        ):
-            return None
-        if kind & 0x10:
-            if len(head) < 8:
-                return None
-            start, size = pos + 8, _U32.unpack_from(head, 4)[0]
-        else:
-            start, size = pos + 5, head[4]
-        spans.append((start, start + size))
-        pos = start + size
-    return spans
-
-
 class StreamedFrame:
-    """A MESSAGE frame whose body is written from its large message's file."""
+    """A MESSAGE frame of a large message, written as its store hands out its body.
 
-    __slots__ = ("chunks", "head", "ref")
+    Its `chunks` are the frame's bytes, read as they are asked for: `b""` while the
+    store is still reading (it calls `wake` on the event loop once more is ready), so no
+    read of a store that must not block the loop (the database's) runs on it. Where the
+    body's bytes lie is read first (its sections' heads), then the frame's head goes
+    out, then the body from its store. A body STOMP cannot carry as it is (a list, a
+    map: converted to its text) is read whole the same way, then converted.
+    """
+
+    __slots__ = ("chunks", "ref")
 
     def __init__(
-        self, head: bytes, data: LargeHead, spans: list[tuple[int, int]], wake: Callable[[], None]
+        self,
+        headers: dict[str, str],
+        delivered: bytes,
+        data: LargeHead,
+        wake: Callable[[], None],
     ) -> None:
-        #: The frame up to its body.
-        self.head = head
-        #: The body's bytes, read as they are asked for; `b""` while the store is still
-        #: reading (it calls `wake` on the event loop once more is ready).
-        self.chunks: Generator[bytes, None, None] = _read(data, spans, wake)
+        """`headers` are the MESSAGE frame's but its content-length, `delivered` the
+        message's head as delivered, `data` the stored message."""
+        self.chunks: Generator[bytes, None, None] = _frame(headers, delivered, data, wake)
         #: Acknowledged once the frame is written whole (auto mode), released if it is
         #: not; None when the client acknowledges.
         self.ref: MessageRef | None = None
 
 
-def _read(
-    data: LargeHead, spans: list[tuple[int, int]], wake: Callable[[], None]
-) -> Generator[bytes, None, None]:
-    for start, end in spans:
-        chunks = data.body.chunks(start, wake)
+class _Reader:
+    """One read of a body from `at` on: its next piece, waiting while the store reads."""
+
+    __slots__ = ("at", "chunks", "piece", "store")
+
+    def __init__(self, data: LargeHead, at: int, wake: Callable[[], None]) -> None:
+        self.store = data.body
+        self.chunks = data.body.chunks(at, wake)
+        #: Where `piece` starts in the message, and what was read and not handed out.
+        self.at = at
+        self.piece = b""
+
+    def fill(self, size: int) -> Generator[bytes, None, None]:
+        """Read until `piece` holds `size` bytes (a few: it is joined) or the body's
+        end; `b""` while waiting."""
+        while len(self.piece) < size and self.at + len(self.piece) < self.store.length:
+            more = next(self.chunks, None)
+            if more is None:
+                raise OSError(
+                    f"large message {self.store.file_id}: ends at "
+                    f"{self.at + len(self.piece)} of {self.store.length}"
+                )
+            if more:
+                self.piece += more
+            else:
+                yield b""
+
+    def between(self, start: int, end: int) -> Generator[bytes, None, None]:
+        """The message's bytes from `start` (not before `at`) to `end`; then closes."""
         try:
-            pos = start
-            while pos < end:
-                chunk = next(chunks, None)
-                if chunk is None:
-                    raise OSError(f"large message {data.body.file_id}: ends at {pos} of {end}")
-                chunk = chunk[: end - pos]
-                pos += len(chunk)
-                yield chunk
+            while self.at < end:
+                yield from self.fill(1)
+                piece, self.piece = self.piece, b""
+                lo, hi = max(start - self.at, 0), min(end - self.at, len(piece))
+                self.at += len(piece)
+                if lo < hi:
+                    yield piece[lo:hi]
         finally:
-            chunks.close()
+            self.chunks.close()
+
+
+def _frame(
+    headers: dict[str, str], delivered: bytes, data: LargeHead, wake: Callable[[], None]
+) -> Generator[bytes, None, None]:
+    body = data.body
+    spans: list[tuple[int, int]] = []
+    #: The read that found the first section's head goes on with its bytes.
+    first: _Reader | None = None
+    pos = body.head_size
+    try:
+        while pos < body.length:
+            reader = _Reader(data, pos, wake)
+            yield from reader.fill(8)
+            span = _span(reader.piece[:8], pos, not spans)
+            if first is None:
+                first = reader
+            else:
+                reader.chunks.close()
+            if span is None:  # the footer
+                break
+            if not span:  # not bytes STOMP can carry as they are
+                spans = []
+                break
+            spans.append(span)
+            pos = span[1]
+        if not spans and pos < body.length:
+            yield from _converted(headers, delivered, data, wake)
+            return
+        length = sum(end - start for start, end in spans)
+        headers["content-length"] = str(length)
+        yield frames.encode_head("MESSAGE", headers, length)
+        for n, (start, end) in enumerate(spans):
+            reader = first if n == 0 and first is not None else _Reader(data, start, wake)
+            yield from reader.between(start, end)
+    finally:
+        if first is not None:
+            first.chunks.close()
+
+
+def _span(head: bytes, pos: int, first: bool) -> tuple[int, int] | tuple[()] | None:
+    """Where the STOMP body's bytes of the section at `pos` (whose first bytes are
+    `head`) lie: (start, end) for a data section, or a first binary or string value;
+    None for the footer; () for anything else."""
+    if len(head) < 5 or head[:2] != b"\x00\x53":
+        return ()
+    code, kind = head[2], head[3]
+    if code == amqp_codec.FOOTER:
+        return None
+    if not (code == amqp_codec.DATA and kind in _BYTES) and not (
+        code == amqp_codec.VALUE and kind in _BYTES_OR_TEXT and first
+    ):
+        return ()
+    if kind & 0x10:
+        if len(head) < 8:
+            return ()
+        start, size = pos + 8, _U32.unpack_from(head, 4)[0]
+    else:
+        start, size = pos + 5, head[4]
+    return start, start + size
+
+
+def _converted(
+    headers: dict[str, str], delivered: bytes, data: LargeHead, wake: Callable[[], None]
+) -> Generator[bytes, None, None]:
+    """The frame of a body converted to its text: read whole first (off the loop where
+    the store reads so), as its conversion needs the value decoded."""
+    body = data.body
+    parts = [delivered]
+    for piece in _Reader(data, body.head_size, wake).between(body.head_size, body.length):
+        if piece:
+            parts.append(piece)
+        else:
+            yield b""
+    _, payload = convert.from_amqp(b"".join(parts))
+    yield frames.encode("MESSAGE", headers, payload)
