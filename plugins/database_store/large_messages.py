@@ -21,6 +21,7 @@ failed-over primary) never deletes a body its backup now serves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -83,7 +84,7 @@ class DatabaseArrival(Arrival):
     def _check(self) -> None:
         """Raise OSError once the database has refused a row: the caller abandons."""
         if self._error is not None:
-            raise OSError(f"{self.store.describe(self.file_id)} not stored: {self._error}")
+            raise OSError(self._error)
 
     def overwrite(self, offset: int, data: bytes) -> None:
         self._check()
@@ -289,6 +290,18 @@ class _Syncer:
         self.thread.join()
 
 
+@contextlib.contextmanager
+def _driver_errors(conn: sa.Connection, statement: str) -> Iterator[None]:
+    """A raw cursor's errors as SQLAlchemy's (it does not wrap them), so that
+    `Database.run` retries a lost connection and the callers' handlers see them: a
+    refused row must fail its message, never vanish on the lane's thread."""
+    base = conn.dialect.loaded_dbapi.Error
+    try:
+        yield
+    except base as error:
+        raise sa.exc.DBAPIError.instance(statement, None, error, base) from None
+
+
 def _insert_chunk(
     conn: sa.Connection, table: sa.Table, file_id: int, number: int, data: bytes
 ) -> None:
@@ -296,9 +309,12 @@ def _insert_chunk(
     escaped, not hex: measured faster than a one-row binary COPY)."""
     if conn.dialect.driver == "psycopg":
         name = conn.dialect.identifier_preparer.format_table(table)
-        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-            cursor.execute(f"INSERT INTO {name} (id, chunk, data) VALUES (%s, %s, %b)",
-                           (file_id, number, data))  # fmt: skip
+        statement = f"INSERT INTO {name} (id, chunk, data) VALUES (%s, %s, %b)"
+        with (
+            _driver_errors(conn, statement),
+            conn.connection.driver_connection.cursor() as cursor,  # type: ignore[union-attr]
+        ):
+            cursor.execute(statement, (file_id, number, data))
         return
     conn.execute(sa.insert(table).values(id=file_id, chunk=number, data=data))
 
@@ -312,13 +328,16 @@ def _select_chunks(
     """
     if conn.dialect.driver == "psycopg":
         name = conn.dialect.identifier_preparer.format_table(table)
+        statement = (
+            f"SELECT chunk, data FROM {name} WHERE id = %s AND chunk >= %s AND chunk < %s "
+            "ORDER BY chunk"
+        )
         cursor: Any
-        with conn.connection.driver_connection.cursor(binary=True) as cursor:  # type: ignore[union-attr]
-            cursor.execute(
-                f"SELECT chunk, data FROM {name} WHERE id = %s AND chunk >= %s AND chunk < %s "
-                "ORDER BY chunk",
-                (file_id, first, first + count),
-            )
+        with (
+            _driver_errors(conn, statement),
+            conn.connection.driver_connection.cursor(binary=True) as cursor,  # type: ignore[union-attr]
+        ):
+            cursor.execute(statement, (file_id, first, first + count))
             return [(int(n), bytes(data)) for n, data in cursor.fetchall()]
     t = table.c
     query = (

@@ -5,6 +5,7 @@ test_large_message_crash.py."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from stomp_helpers import PLUGINS, RawStomp, client, start
 
 from scow.core.testing import wait_for
 from tests.conftest import DATABASES
-from tests.database.backends import on_database
+from tests.database.backends import REFUSED, on_database, refuse_rows
 from tests.wire.helpers import connected, receive, send
 
 LARGE = 64 << 10
@@ -306,3 +307,26 @@ def test_on_the_database_a_stomp_delivery_reads_its_rows_off_the_event_loop(
     assert frame.body == expected and frame.headers["n"] == "1"
     assert threads, "the body was not read from the database"
     assert broker.call(threading.get_ident) not in threads
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "text"])
+@pytest.mark.parametrize("store", DATABASES, indirect=True)
+def test_a_send_the_database_refuses_gets_an_error_and_its_rows_go(scow_broker, store, length):
+    broker = _start_on(scow_broker, store, {"min-large-message-size": LARGE})
+    refuse_rows(store)  # from a body's third row on, as if the table went read-only
+    body = b"x" * (5 << 20)
+    raw = RawStomp(broker.port_of("stomp"))
+    head = b"SEND\ndestination:/queue/refused\npersistent:true\nreceipt:r\n"
+    raw.send(head + (b"content-length:%d\n" % len(body) if length else b"") + b"\n")
+    with contextlib.suppress(OSError):  # the broker may close before it has read all
+        raw.send(body + b"\x00")
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR" and headers.get("receipt-id") == "r"
+    assert REFUSED.encode() in text and b"LARGE_MESSAGES" in text, text
+    wait_for(lambda: not _bodies(broker), 10, what="the partial rows to go")
+    assert _stats(broker) == {"files": 0, "bytes": 0, "arriving": 0}
+    assert (broker.queue_stats("refused") or {}).get("message-count", 0) == 0
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/refused", b"y" * (3 << 19), headers={"persistent": "true"}, receipt="ok")
+        seen.wait_receipt("ok")
+    assert broker.queue_stats("refused")["message-count"] == 1

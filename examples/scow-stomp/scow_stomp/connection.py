@@ -545,9 +545,7 @@ class StompConnection(asyncio.Protocol):
         except (OSError, ValueError) as exc:
             self._incoming = None
             incoming.abandon()
-            raise ClientError(
-                f"SEND to {incoming.address!r}: large message not stored: {exc}", incoming.receipt
-            ) from None
+            raise ClientError(incoming.refused(exc), incoming.receipt) from None
         # the frames after it wait until its store has every byte (or refused some)
         self._hold_input(self._incoming_stored)
         incoming.arrival.when_stored(lambda error: self._incoming_stored(incoming, data, error))
@@ -561,10 +559,7 @@ class StompConnection(asyncio.Protocol):
             data.body.acquire()
             data.body.release()  # nothing refers to it: the body goes
             if not self.closed:
-                self.fail(
-                    f"SEND to {incoming.address!r}: large message not stored: {error}",
-                    incoming.receipt,
-                )
+                self.fail(incoming.refused(error), incoming.receipt)
             return
         with self._failing():
             try:

@@ -97,6 +97,11 @@ class IncomingSend:
         """The message will not be kept (the connection went, the file system failed)."""
         self.arrival.abandon()
 
+    def refused(self, reason: object) -> str:
+        """What the client is told when its store refused the message."""
+        where = self.arrival.store.describe(self.arrival.file_id)
+        return f"SEND to {self.address!r}: large message ({where}) not stored: {reason}"
+
 
 class StreamedFrame:
     """A MESSAGE frame of a large message, written as its store hands out its body.
