@@ -155,17 +155,20 @@ def test_large_messages_in_client_ack_mode_stream_one_after_another(scow_broker)
 
 
 @pytest.mark.parametrize(
-    ("body", "payload"),
+    ("body", "payload", "sequence"),
     [
-        ("é" * (LARGE // 2 + 1), ("é" * (LARGE // 2 + 1)).encode()),  # a string value
-        (list(range(LARGE // 4)), str(list(range(LARGE // 4))).encode()),  # converted whole
+        ("é" * (LARGE // 2 + 1), ("é" * (LARGE // 2 + 1)).encode(), False),  # a string value
+        (list(range(LARGE // 4)), str(list(range(LARGE // 4))).encode(), False),  # converted
+        (["ab" * 64] * 1024, str(["ab" * 64] * 1024).encode(), True),  # an amqp-sequence
     ],
-    ids=["string", "list"],
+    ids=["string", "list", "sequence"],
 )
-def test_a_large_amqp_value_body_reaches_stomp_as_its_text(scow_broker, body, payload):
+def test_a_large_amqp_value_body_reaches_stomp_as_its_text(scow_broker, body, payload, sequence):
     broker = start(scow_broker, sections={"amqp": {"min-large-message-size": LARGE}})
+    message = Message(body=body, durable=True)
+    message.inferred = sequence
     with connected(broker.url) as amqp:
-        send(amqp, "text", Message(body=body, durable=True))
+        send(amqp, "text", message)
     assert len(_files(broker)) == 1
     with client(broker) as (conn, seen):
         conn.subscribe("/queue/text", id="s")
