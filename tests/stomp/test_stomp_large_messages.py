@@ -207,7 +207,11 @@ def _bodies(broker) -> list:
 
 
 def test_a_large_send_over_max_frame_size_is_bounded_by_max_message_size(scow_broker, store):
-    stomp = {"min-large-message-size": LARGE, "max-frame-size": 16 << 10, "max-message-size": 3 << 20}
+    stomp = {
+        "min-large-message-size": LARGE,
+        "max-frame-size": 16 << 10,
+        "max-message-size": 3 << 20,
+    }
     broker = _start_on(scow_broker, store, stomp)
     body = bytes(range(256)) * (12 << 10)  # 3 MiB: 192 times max-frame-size
     with client(broker) as (conn, seen):
@@ -271,7 +275,7 @@ def test_a_send_without_content_length_refused_mid_body_leaves_nothing(scow_brok
     raw.send(b"SEND\ndestination:/queue/bad\nreceipt:r\n\n" + b"x" * (200 << 10))
     wait_for(lambda: _stats(broker)["arriving"] == 1, 10, what="the body to stream")
     raw.send(tail + b"\x00")
-    command, headers, text = raw.read_frame()
+    command, _, text = raw.read_frame()
     assert command == "ERROR" and says in text, text
     wait_for(lambda: _stats(broker)["arriving"] == 0, 5, what="the arrival to go")
     assert _files(broker) == []

@@ -1,13 +1,16 @@
-"""Large messages over STOMP: never whole in memory, either way.
+"""Large messages over STOMP: bodies go through in pieces, not whole.
 
 In: a SEND whose body is `[stomp] min-large-message-size` or more (the parser hands it
 out in parts, see `scow_stomp.frames`) becomes an `IncomingSend`, which writes the
 message's AMQP head, then its body section's bytes as they arrive, to the message's
-file: a data section when a content-length gave its size, otherwise a string value
-(STOMP's text body) whose size is written over its placeholder once the NUL has come. Out: a large message goes out as a `StreamedFrame`: its sections' heads read
-from its store, the MESSAGE frame's head, then its body's bytes (data sections, or a
-binary or string value) read from its store as the socket takes them; a body of
-another kind (converted to its text) is read whole, then converted.
+store: a data section when a content-length gave its size, otherwise a string value
+(STOMP's text body) whose size is written over its placeholder once the NUL has come.
+
+Out: a large message goes out as a `StreamedFrame`: its sections' heads read from its
+store, the MESSAGE frame's head, then its body's bytes (data sections, or a binary or
+string value) read as the socket takes them. The one exception is a body STOMP cannot
+carry as it is (a list, a map, amqp-sequence sections): its frame carries its text,
+whose length is only known once the whole value is decoded, so it is read whole first.
 """
 
 from __future__ import annotations
