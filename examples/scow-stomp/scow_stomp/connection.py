@@ -42,6 +42,9 @@ MAX_CHECKED = 1024
 #: Bytes of a streamed body written per turn of the loop, so that a consumer as fast as
 #: the socket does not hold up every other connection.
 STREAM_TURN = 4 << 20
+#: What may hold a connection's reading paused (see `_hold_input`).
+_STORING = "a large SEND waiting for its store to have all of it"
+_BEHIND = "a store that is behind"
 
 
 class ClientError(Exception):
@@ -112,7 +115,7 @@ class StompConnection(asyncio.Protocol):
         self._held: Iterator[frames.Frame | frames.BodyPart] | None = None
         #: What holds the socket's reading paused: a large SEND waiting for its store,
         #: a store that is behind (`room`).
-        self._input_holders: set[object] = set()
+        self._input_holders: set[str] = set()
         #: The MESSAGE whose body is being written from its file, and the frames
         #: written meanwhile, which wait for it.
         self._stream: StreamedFrame | None = None
@@ -154,7 +157,7 @@ class StompConnection(asyncio.Protocol):
                     self._handle(event)
                 if self.closed or self._closing:
                     return
-                if self._incoming_stored in self._input_holders:
+                if _STORING in self._input_holders:
                     self._held = events
                     return
 
@@ -173,13 +176,13 @@ class StompConnection(asyncio.Protocol):
             log.exception("stomp connection failed", remote=self.info.remote)
             self.fail("the broker failed on this connection")
 
-    def _hold_input(self, holder: object) -> None:
+    def _hold_input(self, holder: str) -> None:
         """Stop reading the socket until every holder has let go (`_release_input`)."""
         if not self._input_holders and self.socket is not None:
             self.socket.pause_reading()
         self._input_holders.add(holder)
 
-    def _release_input(self, holder: object) -> None:
+    def _release_input(self, holder: str) -> None:
         self._input_holders.discard(holder)
         socket = self.socket
         if not self._input_holders and socket is not None and not socket.is_closing():
@@ -538,7 +541,7 @@ class StompConnection(asyncio.Protocol):
             incoming.write(part.data)
             if not part.last:
                 if not incoming.arrival.room(self._store_caught_up):
-                    self._hold_input(self._store_caught_up)  # the store is behind
+                    self._hold_input(_BEHIND)
                 return
             self._incoming = None
             data = incoming.complete()
@@ -547,11 +550,11 @@ class StompConnection(asyncio.Protocol):
             incoming.abandon()
             raise ClientError(incoming.refused(exc), incoming.receipt) from None
         # the frames after it wait until its store has every byte (or refused some)
-        self._hold_input(self._incoming_stored)
+        self._hold_input(_STORING)
         incoming.arrival.when_stored(lambda error: self._incoming_stored(incoming, data, error))
 
     def _store_caught_up(self) -> None:
-        self._release_input(self._store_caught_up)
+        self._release_input(_BEHIND)
 
     def _incoming_stored(self, incoming: IncomingSend, data: LargeHead, error: str | None) -> None:
         """A large SEND's store has all of it: route it, or refuse it (its body goes)."""
@@ -568,7 +571,7 @@ class StompConnection(asyncio.Protocol):
                 raise ClientError(f"SEND refused: {exc.description}", incoming.receipt) from None
             if incoming.receipt is not None:
                 self._receipt(incoming.receipt)
-        self._release_input(self._incoming_stored)
+        self._release_input(_STORING)
         held, self._held = self._held, None
         if held is not None and not self.closed:
             self._take(held)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import codecs
 import struct
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, NoReturn
 
 from scow.core import LargeHead, MessageRef
 from scow_stomp import amqp_codec, convert, frames
@@ -137,10 +137,10 @@ class StreamedFrame:
 class _Reader:
     """One read of a body from `at` on: its next piece, waiting while the store reads."""
 
-    __slots__ = ("at", "chunks", "piece", "store")
+    __slots__ = ("at", "body", "chunks", "piece")
 
     def __init__(self, data: LargeHead, at: int, wake: Callable[[], None]) -> None:
-        self.store = data.body
+        self.body = data.body
         self.chunks = data.body.chunks(at, wake)
         #: Where `piece` starts in the message, and what was read and not handed out.
         self.at = at
@@ -149,23 +149,28 @@ class _Reader:
     def fill(self, size: int) -> Generator[bytes, None, None]:
         """Read until `piece` holds `size` bytes (a few: it is joined) or the body's
         end; `b""` while waiting."""
-        while len(self.piece) < size and self.at + len(self.piece) < self.store.length:
+        while len(self.piece) < size and self.at + len(self.piece) < self.body.length:
             more = next(self.chunks, None)
             if more is None:
-                raise OSError(
-                    f"large message {self.store.file_id}: ends at "
-                    f"{self.at + len(self.piece)} of {self.store.length}"
-                )
+                self._short()
             if more:
                 self.piece += more
             else:
                 yield b""
+
+    def _short(self) -> NoReturn:
+        raise OSError(
+            f"large message {self.body.store.describe(self.body.file_id)}: ends at "
+            f"{self.at + len(self.piece)} of {self.body.length} bytes"
+        )
 
     def between(self, start: int, end: int) -> Generator[bytes, None, None]:
         """The message's bytes from `start` (not before `at`) to `end`; then closes."""
         try:
             while self.at < end:
                 yield from self.fill(1)
+                if not self.piece:  # a section that says it goes past the body's end
+                    self._short()
                 piece, self.piece = self.piece, b""
                 lo, hi = max(start - self.at, 0), min(end - self.at, len(piece))
                 self.at += len(piece)
