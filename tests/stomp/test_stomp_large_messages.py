@@ -17,6 +17,7 @@ from stomp_helpers import PLUGINS, RawStomp, client, start
 from scow.core.testing import wait_for
 from tests.conftest import DATABASES
 from tests.database.backends import REFUSED, on_database, refuse_rows
+from tests.database.test_database_store import private_postgres  # noqa: F401 (a fixture)
 from tests.wire.helpers import connected, receive, send
 
 LARGE = 64 << 10
@@ -337,3 +338,34 @@ def test_a_send_the_database_refuses_gets_an_error_and_its_rows_go(scow_broker, 
         conn.send("/queue/refused", b"y" * (3 << 19), headers={"persistent": "true"}, receipt="ok")
         seen.wait_receipt("ok")
     assert broker.queue_stats("refused")["message-count"] == 1
+
+
+@pytest.mark.slow  # ~16 s with its own server; the refusals above are the fast variant
+@pytest.mark.postgres
+def test_a_send_across_a_postgresql_outage_waits_for_it_then_is_stored_whole(
+    private_postgres, scow_broker
+):  # in that order: the broker stops before its database
+    """A lost database is an outage, not a refusal (the database store retries until it
+    is back, as for every record): the SEND's rows wait, and its RECEIPT comes once
+    PostgreSQL is back, with nothing of the body lost."""
+    url = private_postgres.url(private_postgres.create_database())
+    broker = _start_on(scow_broker, url, {"min-large-message-size": LARGE})
+    body = bytes(range(256)) * (24 << 10)  # 6 MiB
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(
+        b"SEND\ndestination:/queue/outage\npersistent:true\nreceipt:r\n"
+        b"content-length:%d\n\n" % len(body) + body[: 3 << 20]
+    )
+    wait_for(lambda: sum(1 for _ in _bodies(broker)), 10, what="the first rows")
+    private_postgres.stop("fast")
+    raw.send(body[3 << 20 :] + b"\x00")
+    raw.sock.settimeout(2)
+    with pytest.raises(TimeoutError):  # no answer while the database is down
+        raw.read_frame()
+    private_postgres.start()
+    raw.sock.settimeout(60)
+    assert raw.read_frame()[:2] == ("RECEIPT", {"receipt-id": "r"})
+    raw.close()
+    with connected(broker.url) as amqp:
+        (message,) = receive(amqp.create_receiver("outage", credit=1), 1)
+    assert bytes(message.body) == body
