@@ -17,7 +17,6 @@ from stomp_helpers import PLUGINS, RawStomp, client, start
 from scow.core.testing import wait_for
 from tests.conftest import DATABASES
 from tests.database.backends import REFUSED, on_database, refuse_rows
-from tests.database.test_database_store import private_postgres  # noqa: F401 (a fixture)
 from tests.wire.helpers import connected, receive, send
 
 LARGE = 64 << 10
