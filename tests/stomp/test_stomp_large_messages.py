@@ -10,7 +10,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 from proton import Message
 from stomp_helpers import PLUGINS, RawStomp, client, start
 
@@ -18,6 +17,7 @@ from scow.core.testing import wait_for
 from tests.conftest import DATABASES
 from tests.database.backends import REFUSED, on_database, refuse_rows
 from tests.wire.helpers import connected, receive, send
+from tests.wire.test_large_messages import files as _bodies
 
 LARGE = 64 << 10
 
@@ -194,16 +194,6 @@ def _start_on(scow_broker, url: str, stomp: dict) -> object:
         return start(scow_broker, sections=sections)
     kwargs = on_database({"plugins": PLUGINS, "sections": sections}, url)
     return start(scow_broker, **kwargs)
-
-
-def _bodies(broker) -> list:
-    """The stored bodies: files, or the ids of the bodies in the table."""
-    store = broker.broker.large_messages
-    if hasattr(store, "directory"):
-        return _files(broker)
-    t = store.db.schema.large_messages.c
-    with store.db.engine.connect() as conn:
-        return sorted(conn.execute(sa.select(t.id).distinct()).scalars())
 
 
 def test_a_large_send_over_max_frame_size_is_bounded_by_max_message_size(scow_broker, store):

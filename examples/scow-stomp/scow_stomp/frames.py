@@ -241,13 +241,13 @@ class Parser:
         lines = bytes(buf[start:head_end]).replace(b"\r\n", b"\n").split(b"\n")
         frame = self._head(lines)
         self._check_size(frame, body_start - start, "headers")
-        streams = self.stream_from is not None and frame.command == "SEND"
+        stream_from = self.stream_from if frame.command == "SEND" else None
         length = frame.headers.get("content-length")
         if length is not None:
             if not length.isdigit():
                 raise FrameError(f"{frame.command}: content-length {length!r} is not a number")
             size = int(length)
-            if streams and size >= self.stream_from:  # type: ignore[operator]
+            if stream_from is not None and size >= stream_from:
                 if self.max_message_size and size > self.max_message_size:
                     raise FrameTooLarge(
                         f"SEND body of {size} bytes (its content-length) exceeds [stomp] "
@@ -268,7 +268,7 @@ class Parser:
         else:
             body_end = buf.find(b"\x00", max(body_start, start + self._searched))
             size = (len(buf) if body_end == -1 else body_end) - body_start
-            if streams and size >= self.stream_from:  # type: ignore[operator]
+            if stream_from is not None and size >= stream_from:
                 frame.streamed = True
                 self._to_nul = True
                 self._streamed = 0
