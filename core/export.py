@@ -427,7 +427,7 @@ def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: 
         raise ExportError(f"line {number}: bad duplicate-id line ({exc})") from None
     if not isinstance(address, str) or not key:
         raise ExportError(f"line {number}: a duplicate-id needs an address and an id")
-    storage.store_duplicate_id(storage.next_id(), address, key)
+    storage.store_duplicate_ids(storage.next_id(), address, [key])
 
 
 def _parse(text: str, number: int) -> dict[str, Any]:

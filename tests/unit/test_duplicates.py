@@ -8,14 +8,44 @@ from scow.core.duplicates import DuplicateIdCache, describe_id, id_key
 from scow.core.model import InvalidField
 
 
-def test_ids_are_forgotten_oldest_first_with_their_records():
-    cache = DuplicateIdCache(2)
-    assert cache.add(b"a", 10) == [] and cache.add(b"b", 11) == []
-    assert cache.pushed_out(1) == [10]  # what adding one more would push out
-    assert cache.add(b"c", 12) == [10]
-    assert b"a" not in cache and b"b" in cache and len(cache) == 2
-    assert cache.add(b"b", 13) == [11]  # an id admitted again replaces its old record
-    assert cache.clear() == [12, 13] and len(cache) == 0
+def test_ids_are_forgotten_oldest_first_a_block_s_record_when_its_last_id_goes():
+    cache = DuplicateIdCache(3)
+    assert cache.add_block([b"a", b"b"], 10) == []
+    assert cache.add_block([b"c"], 11) == []
+    assert cache.emptied_by(1) == []  # one more pushes out a, b stays: block 10 stays
+    assert cache.emptied_by(2) == [10]  # what adding two more would push out whole
+    assert cache.add_block([b"d"], 12) == [] and b"a" not in cache and b"b" in cache
+    assert cache.add_block([b"e"], 13) == [10]
+    assert list(cache.ids) == [b"c", b"d", b"e"]
+    assert cache.add_block([b"c"], 14) == [11]  # an id admitted again leaves its old block
+    assert cache.clear() == [12, 13, 14] and len(cache) == 0
+
+
+def test_ids_admitted_alone_form_one_block_per_close_even_when_partly_pushed_out():
+    cache = DuplicateIdCache(3)
+    assert cache.admit(b"a") is True  # opened the block: a close is due
+    assert cache.admit(b"b") is False and cache.admit(b"c") is False
+    block, keys, dead = cache.close()
+    assert keys == [b"a", b"b", b"c"] and dead == [] and block is not None
+    block.record_id = 20
+    cache.admit(b"d")
+    cache.admit(b"e")  # pushes a and b out: block 20 keeps c
+    block, keys, dead = cache.close()
+    assert keys == [b"d", b"e"] and dead == []
+    block.record_id = 21
+    for key in (b"f", b"g", b"h", b"i"):  # c goes (block 20 with it), then d and e
+        cache.admit(key)
+    block, keys, dead = cache.close()
+    assert keys == [b"g", b"h", b"i"]  # f was pushed out before its block was written
+    assert dead == [20, 21]
+    assert cache.close() == (None, [], [])
+
+
+def test_a_cache_that_is_not_journaled_writes_nothing():
+    cache = DuplicateIdCache(2, journaled=False)
+    assert [cache.admit(key) for key in (b"a", b"b", b"c")] == [False] * 3
+    assert list(cache.ids) == [b"b", b"c"]
+    assert cache.close() == (None, [], [])
 
 
 def test_ids_admitted_together_keep_the_newest_that_fit():
@@ -23,9 +53,10 @@ def test_ids_admitted_together_keep_the_newest_that_fit():
     assert cache.kept([b"a", b"b"]) == [b"a", b"b"]
     assert cache.kept([b"a", b"b", b"c", b"d"]) == [b"b", b"c", b"d"]
     assert DuplicateIdCache(0).kept([b"a"]) == []
-    for key, record in ((b"x", 1), (b"y", 0), (b"z", 3)):
-        cache.add(key, record)
-    assert cache.pushed_out(2) == [1]  # y was never journaled: no record to delete
+    cache.add_block([b"x"], 1)
+    cache.add_block([b"y"], 0)
+    cache.add_block([b"z"], 3)
+    assert cache.emptied_by(2) == [1]  # y was never journaled: no record to delete
 
 
 def test_strings_and_binaries_are_distinct_keys_and_other_types_are_refused():
