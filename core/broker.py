@@ -603,9 +603,9 @@ class Broker:
         header: Header,
     ) -> RouteStatus:
         """Send a message that carries a duplicate id (`header[3]`): dropped (but
-        accepted) when its address's cache holds the id, else routed as a transaction of
-        its own, so that the message and its id are journaled together: both durable, or
-        neither."""
+        accepted) when its address's cache holds the id, else routed. A journaled message
+        goes as a transaction of its own, so that it and its id are journaled together:
+        both durable, or neither; any other's id joins its cache's open block."""
         cache = self.duplicate_ids.get(address.name)  # _id_cache, inlined: per message
         if cache is None or cache.size <= 0:
             cache = self._id_cache(address.name)
@@ -624,7 +624,8 @@ class Broker:
             return RouteStatus.DUPLICATE
         routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):  # it goes nowhere, but its id counts (Artemis)
-            self._admit_alone(cache, address.name, key)
+            if cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
             return routed
         message, queues, full = routed
         pager = address.pager
@@ -650,7 +651,8 @@ class Broker:
                 if waits:
                     cache.pending.pop(key, None)
                 raise
-            self._admit_alone(cache, address.name, key)
+            if cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
             if waits and status is not RouteStatus.PENDING and cache.pending.get(key) is resends:
                 del cache.pending[key]  # accepted at once: `on_stored` is not called
             return status
@@ -671,18 +673,17 @@ class Broker:
             return RouteStatus.PENDING
         return RouteStatus.ROUTED
 
-    def _admit_alone(self, cache: DuplicateIdCache, address_name: str, key: bytes) -> None:
-        """Admit the id of a message that is not journaled. With persist-id-cache it is
-        journaled (unsynced: nothing waits for it) at the end of the loop pass, in one
-        record with the other ids its address admitted on their own meanwhile."""
-        if cache.admit(key):  # the first of this pass
-            if not self._ids_to_write:
-                try:
-                    asyncio.get_running_loop().call_soon(self.write_duplicate_ids)
-                except RuntimeError:  # no loop runs (a tool driving the broker): at once
-                    self._write_block(address_name, cache)
-                    return
-            self._ids_to_write.append((address_name, cache))
+    def _write_ids_soon(self, address_name: str, cache: DuplicateIdCache) -> None:
+        """`cache` opened a block for ids of messages that are not journaled: with
+        persist-id-cache, it is journaled (unsynced: nothing waits for it) at the end of
+        the loop pass, one record for the ids its address admits meanwhile."""
+        if not self._ids_to_write:
+            try:
+                asyncio.get_running_loop().call_soon(self.write_duplicate_ids)
+            except RuntimeError:  # no loop runs (a tool driving the broker): at once
+                self._write_block(address_name, cache)
+                return
+        self._ids_to_write.append((address_name, cache))
 
     def write_duplicate_ids(self) -> None:
         """Journal the ids admitted on their own since the last call, a record per

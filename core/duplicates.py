@@ -136,8 +136,13 @@ class DuplicateIdCache:
         block.live += 1
         ids = self.ids
         ids[key] = block
-        if len(ids) > self.size:
-            self._push_out()
+        if len(ids) > self.size:  # full: the oldest goes (`_push_out`, inlined: per id)
+            oldest = ids.popitem(last=False)[1]
+            oldest.live -= 1
+            if not oldest.live and oldest.record_id:
+                self.dead.append(oldest.record_id)
+            if len(ids) > self.size:  # the size was lowered
+                self._push_out()
         return opened
 
     def close(self) -> tuple[IdBlock | None, list[bytes], list[int]]:

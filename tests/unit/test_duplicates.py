@@ -90,3 +90,34 @@ def test_inspect_reads_the_header_and_the_duplicate_id_of_every_message_shape():
     assert AMQP_FORMAT.inspect(_encoded(ProtonMessage(body="_AMQ_DUPL_ID")))[3] is None
     with pytest.raises(DecodeError):
         AMQP_FORMAT.inspect(b"\x00")
+
+
+def test_inspect_reads_ids_of_messages_alike_up_to_the_name_from_the_first_one_s_layout():
+    from proton import Message as ProtonMessage
+
+    from scow.protocols.amqp.format import AmqpMessageFormat
+
+    fmt = AmqpMessageFormat()  # a layout cache of its own
+
+    def inspect(**kwargs: object) -> object:
+        return fmt.inspect(_encoded(ProtonMessage(**kwargs)))[3]
+
+    # one layout (the map's size is in it), learnt from the first message, read for the
+    # next ones
+    assert inspect(body="a", properties={"_AMQ_DUPL_ID": b"\x01\x02"}) == b"\x01\x02"
+    assert inspect(body="b", properties={"_AMQ_DUPL_ID": b"\x03\x04"}) == b"\x03\x04"
+    assert len(fmt._id_layouts) == 1
+    # the same beginning with a string id, or an id after another key
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-1"}) == "s-1"
+    assert inspect(body="d", properties={"k": "v", "_AMQ_DUPL_ID": b"\x04"}) == b"\x04"
+    # the name first seen as a value, then as the key; as an annotation's key only; in
+    # the body only
+    both = {"k": "_AMQ_DUPL_ID", "_AMQ_DUPL_ID": b"\x05"}
+    assert inspect(body="e", properties=both) == b"\x05"
+    assert inspect(body="f", annotations={"_AMQ_DUPL_ID": b"\x06"}) is None
+    assert inspect(body="_AMQ_DUPL_ID") is None
+    # a message cut short after the name of a known layout has no id it can trust
+    whole = _encoded(ProtonMessage(body="g", properties={"_AMQ_DUPL_ID": b"\x07" * 8}))
+    cut = whole[: whole.index(b"_AMQ_DUPL_ID") + 16]
+    assert fmt.inspect(whole)[3] == b"\x07" * 8
+    assert fmt.inspect(cut)[3] is None
