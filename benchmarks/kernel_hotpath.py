@@ -28,7 +28,6 @@ from scow.core.testing import broker_config, write_config
 from scow.protocols.amqp.format import AMQP_FORMAT
 from scow.protocols.amqp.perf import id_offset, make_message
 
-
 #: Messages sent per loop pass, about what one socket read of small transfers brings;
 #: work the broker leaves to the end of a pass (the ids' journal records) runs then.
 PASS = 100
