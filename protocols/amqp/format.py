@@ -78,8 +78,9 @@ class AmqpMessageFormat:
 
         Whether the name there is a key of the application properties depends only on
         the bytes before it: messages alike up to there (a producer's, mostly) are parsed
-        for the first of them (`_id_layouts`), and the others' binary id read at once
-        after the name. Any other value, or the name elsewhere, is read the long way.
+        for the first of them (`_id_layouts`), and the others' id (a binary or a string
+        of up to 255 bytes) read at once after the name. Any other value, or the name
+        elsewhere, is read the long way.
         """
         prefix = data[:at]
         layouts = self._id_layouts
@@ -93,10 +94,17 @@ class AmqpMessageFormat:
                 layouts.clear()
             layouts[prefix] = end
         value = at + _NAME_SIZE
-        if value + 2 <= end <= len(data) and data[value] == 0xA0:  # vbin8
+        if value + 2 <= end <= len(data):
+            code = data[value]
             stop = value + 2 + data[value + 1]
             if stop <= end:
-                return data[value + 2 : stop]
+                if code == 0xA0:  # vbin8
+                    return data[value + 2 : stop]
+                if code == 0xA1:  # str8
+                    try:
+                        return str(data[value + 2 : stop], "utf-8")
+                    except UnicodeDecodeError:
+                        return None  # as the long way: unreadable, no id to go by
         return self._duplicate_id(data)
 
     @staticmethod

@@ -107,8 +107,11 @@ def test_inspect_reads_ids_of_messages_alike_up_to_the_name_from_the_first_one_s
     assert inspect(body="a", properties={"_AMQ_DUPL_ID": b"\x01\x02"}) == b"\x01\x02"
     assert inspect(body="b", properties={"_AMQ_DUPL_ID": b"\x03\x04"}) == b"\x03\x04"
     assert len(fmt._id_layouts) == 1
-    # the same beginning with a string id, or an id after another key
+    # string ids, read by their layout too, or an id after another key
     assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-1"}) == "s-1"
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-2"}) == "s-2"
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "\u00e9"}) == "\u00e9"
+    assert len(fmt._id_layouts) == 2
     assert inspect(body="d", properties={"k": "v", "_AMQ_DUPL_ID": b"\x04"}) == b"\x04"
     # the name first seen as a value, then as the key; as an annotation's key only; in
     # the body only
