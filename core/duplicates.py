@@ -175,13 +175,13 @@ class DuplicateIdCache:
         id already in the cache moves to the newest. Returns the records of the blocks
         this pushed out whole (`close` first: they are taken from `dead`)."""
         block = IdBlock(record_id, None)
+        block.live = len(keys)  # first: a key twice in `keys` leaves the block once
         ids = self.ids
         for key in keys:
             old = ids.pop(key, None)
             if old is not None:
                 self._leave(old)
             ids[key] = block
-        block.live = len(keys)
         self._push_out()
         dead, self.dead = self.dead, []
         return dead

@@ -19,6 +19,9 @@ def test_ids_are_forgotten_oldest_first_a_block_s_record_when_its_last_id_goes()
     assert list(cache.ids) == [b"c", b"d", b"e"]
     assert cache.add_block([b"c"], 14) == [11]  # an id admitted again leaves its old block
     assert cache.clear() == [12, 13, 14] and len(cache) == 0
+    # an import may hold an id twice: its block goes with its last id all the same
+    assert cache.add_block([b"x", b"x", b"y"], 15) == []
+    assert cache.add_block([b"p", b"q", b"r"], 16) == [15]
 
 
 def test_ids_admitted_alone_form_one_block_per_close_even_when_partly_pushed_out():
