@@ -127,3 +127,38 @@ def test_inspect_reads_ids_of_messages_alike_up_to_the_name_from_the_first_one_s
     cut = whole[: whole.index(b"_AMQ_DUPL_ID") + 16]
     assert fmt.inspect(whole)[3] == b"\x07" * 8
     assert fmt.inspect(cut)[3] is None
+
+
+def test_blocks_and_the_one_id_records_of_earlier_data_dirs_are_recovered_in_order(tmp_path):
+    from scow.core.storage import DUPLICATE_ID, StorageManager
+    from scow.plugins.file_journal.journal import FileJournal
+    from scow.plugins.file_journal.plugin import journal_settings
+
+    def storage() -> StorageManager:
+        return StorageManager(
+            FileJournal(journal_settings(tmp_path, "bindings", {})),
+            FileJournal(journal_settings(tmp_path, "messages", {})),
+        )
+
+    written = storage()
+    written.load()
+    # an id as written before blocks: its address's length and name, then its key
+    written.messages.append_add(5, DUPLICATE_ID, b"\x00\x01q" + b"\x02old", sync=True)
+    written.store_duplicate_ids(7, "q", [b"\x02a", b"\x01b" * 300, b"\x02"])
+    written.store_duplicate_ids(6, "r", [b"\x02c"])
+    written.store_duplicate_ids(8, "q", [b"\x02x"])
+    written.store_duplicate_ids(9, "q", [b"\x02d"], deleting=[8])  # 8 was pushed out
+    written.stop()
+    recovered = storage()
+    try:
+        found = recovered.load().duplicate_ids
+    finally:
+        recovered.stop()
+    assert [(d.record_id, d.address, d.key) for d in found] == [
+        (5, "q", b"\x02old"),
+        (6, "r", b"\x02c"),
+        (7, "q", b"\x02a"),
+        (7, "q", b"\x01b" * 300),
+        (7, "q", b"\x02"),
+        (9, "q", b"\x02d"),
+    ]
