@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from scow.core.large_messages import hold_body
 from scow.core.message import Message, MessageKind, PagedRef, kind_of
 from scow.core.page_frames import HEADER_SIZE as FRAME_HEADER
+from scow.core.page_frames import crc32, valid_length
 from scow.plugins.paging.record import DURABLE, HEAD, LARGE, head_of, message_data
 from scow.plugins.paging.selecting import RecordFilter
 
@@ -76,10 +77,10 @@ _Record = tuple[int, int, tuple, Any]
 _offset_of = itemgetter(0)
 _new_message = Message.__new__
 _new_ref = PagedRef.__new__
-#: A frame's length, its CRC skipped, a record's header and its first queue id: what the
-#: reader needs of a record, in one unpack. A message's frame is never shorter (it is
-#: routed to a queue), so a shorter frame at a page's end is a summary.
-_FRAME_AND_HEAD = struct.Struct(">I4x" + HEAD.format.lstrip(">") + "Q")
+#: A frame's length and CRC, a record's header and its first queue id: what the reader
+#: needs of a record, in one unpack. A message's frame is never shorter (it is routed to
+#: a queue), so a shorter frame at a page's end is a summary.
+_FRAME_AND_HEAD = struct.Struct(">II" + HEAD.format.lstrip(">") + "Q")
 
 
 def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Window:
@@ -160,13 +161,15 @@ def _read_run(
     (runs in the reader thread: it only reads the loop's objects).
 
     Every paged message passes through here once, so the loop is written out: the
-    frames walked inline (the store returns valid ones only, whose CRCs it checked),
-    one unpack per record, and the message and its reference built as their
-    `__init__`s would."""
-    buf = store.read(page, offset)
+    frames walked inline, each checked as `page_frames.valid_length` would (the
+    store's `read_unchecked` leaves that to this one walk), one unpack per record, and
+    the message and its reference built as their `__init__`s would."""
+    read = getattr(store, "read_unchecked", store.read)
+    buf = read(page, offset)
+    view = memoryview(buf)
     queue = cursor.queue
     queue_id = queue.id
-    run = _Run(page, offset, offset + len(buf))
+    run = _Run(page, offset, offset)
     refs = run.refs
     add_ref = refs.append
     add_next = run.nexts.append
@@ -179,10 +182,12 @@ def _read_run(
     priorities = 0  # bit p set: a message of priority p
     total = 0
     at = 0
-    stop = len(buf) - _FRAME_AND_HEAD.size
-    while at <= stop:
-        length, message_id, expiration, tx_id, flags, priority, n, first = unpack(buf, at)
+    size = len(buf)
+    while at + _FRAME_AND_HEAD.size <= size:
+        length, crc, message_id, expiration, tx_id, flags, priority, n, first = unpack(buf, at)
         pend = at + FRAME_HEADER + length
+        if length == 0 or pend > size or crc32(view[at + FRAME_HEADER : pend]) != crc:
+            break  # zero fill, a torn append or a corrupt frame: the page ends here
         if (n == 1 and first == queue_id) or (n > 1 and queue_id in _ids(buf, at + ids_from, n)):
             data = buf[at + ids_from + 8 * n : pend]
             ref = new_ref(PagedRef)
@@ -213,6 +218,8 @@ def _read_run(
             add_size(total)
             priorities |= 1 << priority
         at = pend
+    # what is too short for a message (a summary) is checked as the store would
+    run.end = offset + valid_length(view, at)
     run.plain = not special
     if priorities and not priorities & (priorities - 1):  # one bit: a single priority
         run.priority = priorities.bit_length() - 1
