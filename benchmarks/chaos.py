@@ -18,7 +18,9 @@ that failed (`SCOW_CHAOS_SEED=N pytest tests/system/test_chaos.py -k replay` rep
 The soak keeps the same traffic for `--soak` seconds with a client killed (or a TCP/TLS
 peer crashing) every `--kill-every` seconds, and prints the broker's RSS and open file
 descriptors at the start (no clients), sampled along the way, and at the end (drained,
-no clients, at rest: once the broker's periodic heap trim has given freed memory back).
+no clients). RSS at the start and at the end is read at rest: the lowest reading over a
+little more than the broker's trim period, so that both come after a trim has given freed
+heap back.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository, for the system tests' harness
 
+from scow.core.memory_trim import PERIOD as TRIM_PERIOD  # noqa: E402
 from tests.security.helpers import make_pki  # noqa: E402
 from tests.system import native  # noqa: E402
 from tests.system.faults import FAULT_KINDS  # noqa: E402
@@ -133,6 +136,7 @@ def run_soak(args: argparse.Namespace, workdir: Path) -> int:
         step=(args.kill_every * 0.5, args.kill_every * 1.5),
         rate_factor=args.rate_factor,
         sample_every=args.sample_every,
+        rest_window=TRIM_PERIOD + 5,
     )
     run = ChaosRun(settings, workdir / "soak", c_examples=c_examples, tls=tls)
     began = time.time()
@@ -157,7 +161,7 @@ def run_soak(args: argparse.Namespace, workdir: Path) -> int:
     print()
     print("faults: " + ", ".join(f"{k} {n}" for k, n in sorted(report.faults.items())))
     if base:
-        print(f"start (no clients):        rss {base['rss_kib'] / 1024:.1f} MiB, fds {base['fds']}")
+        print(f"start (no clients, rest):  rss {base['rss_kib'] / 1024:.1f} MiB, fds {base['fds']}")
     if samples:
         rss = [s["rss_kib"] / 1024 for s in samples]
         fds = [s["fds"] for s in samples]

@@ -56,8 +56,8 @@ class ManagementLink:
         engine.link_flow(link, _CREDIT)
 
     def on_delivery(self, delivery: Any) -> None:
-        if engine.delivery_partial(delivery):
-            return
+        if engine.delivery_partial(delivery) or not engine.delivery_readable(delivery):
+            return  # partial, or its event came again after it was read (see ProducerLink)
         request = ProtonMessage()
         try:
             request.decode(engine.receive(self.link, delivery))

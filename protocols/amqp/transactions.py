@@ -81,8 +81,8 @@ class CoordinatorLink:
         return {"name": engine.link_name(self.link), "role": "transaction coordinator"}
 
     def on_delivery(self, delivery: Any) -> None:
-        if engine.delivery_partial(delivery):
-            return
+        if engine.delivery_partial(delivery) or not engine.delivery_readable(delivery):
+            return  # partial, or its event came again after it was read (see ProducerLink)
         data = engine.receive(self.link, delivery)
         try:
             self._control(delivery, data)

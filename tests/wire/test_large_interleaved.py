@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from proton import Message
+from cproton_ffi import lib
+from proton import Described, Message, ulong
 
+from scow.core.management import MANAGEMENT_ADDRESS
 from scow.core.testing import wait_for
 from scow.protocols.amqp import engine
 
@@ -39,13 +41,22 @@ def _pieces(link: Any, messages: list[bytes], deliveries: list[Any]) -> Iterator
             yield
 
 
-def send_interleaved(client: RawClient, sends: list[tuple[Any, list[bytes]]]) -> list[Any]:
-    """Send each link's messages, the links' pieces alternating on the socket; returns
-    every delivery once the broker has answered them all."""
+def send_interleaved(
+    client: RawClient, sends: list[tuple[Any, list[bytes]]], *, at_once: bool = False
+) -> list[Any]:
+    """Send each link's messages, the links' pieces alternating on the socket, written
+    round by round or (`at_once`) in one write, so that the broker reads many rounds at a
+    time; returns every delivery once the broker has answered them all."""
     deliveries: list[Any] = []
     steps = [_pieces(link, messages, deliveries) for link, messages in sends]
+    held = bytearray()
     for _ in itertools.zip_longest(*steps):
-        client.read(0.001)
+        if at_once:
+            while out := client.engine.output():
+                held += out
+        else:
+            client.read(0.001)
+    client.sock.sendall(held)
     client.until(lambda: all(engine.delivery_remote_state(d) for d in deliveries), "outcomes")
     return deliveries
 
@@ -138,3 +149,56 @@ def test_a_link_detached_mid_message_leaves_the_other_whole_and_its_file_removed
     client.close()
     assert [bytes(m.body) for m in consume_all(broker.url, "half", quiet=0.3)] == [body]
     wait_for(lambda: not files(broker), 5, what="the file to go")
+
+
+def _coordinator(session: Any) -> Any:
+    link = lib.pn_sender(session, b"txn")
+    lib.pn_terminus_set_type(lib.pn_link_target(link), lib.PN_COORDINATOR)
+    lib.pn_link_open(link)
+    return link
+
+
+DECLARED = 0x33
+PAD = "p" * 40000  # takes ten frames
+
+#: Three management requests (each creates a queue) or three transaction declares, each
+#: taking several frames, and the outcome each gets.
+CONTROLS = {
+    "management": (
+        lambda session: engine.new_sender(session, "manage", MANAGEMENT_ADDRESS),
+        [
+            Message(
+                properties={"operation": "CREATE", "type": "queue", "name": f"made-{i}", "pad": PAD}
+            )
+            for i in range(3)
+        ],
+        engine.ACCEPTED,
+    ),
+    "coordinator": (
+        _coordinator,
+        [Message(properties={"pad": PAD}, body=Described(ulong(0x31), []))] * 3,
+        DECLARED,
+    ),
+}
+
+
+@pytest.mark.parametrize("control", list(CONTROLS))
+def test_control_messages_interleaved_with_messages_are_each_handled_once(scow_broker, control):
+    """The management and coordinator links meet the repeated event too: read as a new
+    message, it skipped the next request (accepted unread) or rejected the declares."""
+    broker = _broker(scow_broker)
+    client = RawClient(broker.port)
+    make, requests, outcome = CONTROLS[control]
+    link = make(client.session)
+    producer = engine.new_sender(client.session, "p", "ctl")
+    client.until(lambda: engine.link_credit(link) > 0 < engine.link_credit(producer), "credit")
+    small = [_encoded(body_of(STEP - 200, seed=i), i) for i in range(40)]
+    sends = [(link, [r.encode() for r in requests]), (producer, small)]
+    deliveries = send_interleaved(client, sends, at_once=True)
+    assert sorted(_outcomes(deliveries)) == sorted([outcome] * 3 + [engine.ACCEPTED] * len(small))
+    client.close()
+    got = consume_all(broker.url, "ctl", quiet=0.3)
+    assert [m.properties["n"] for m in got] == list(range(len(small)))
+    if control == "management":
+        made = broker.call(lambda: sorted(q for q in broker.broker.queues if q.startswith("made")))
+        assert made == ["made-0", "made-1", "made-2"]
