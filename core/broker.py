@@ -1257,8 +1257,9 @@ class Broker:
         if tx is not None:
             tx.acks.append(ref)
             return
-        # _journal_ack's own test, first: most acknowledgements have nothing to journal
-        if ref.__class__ is PagedRef or (ref.message.kind.durable and ref.queue.durable):
+        # _journal_ack's own tests, first: most acknowledgements have nothing to journal
+        # (a paged message's cursor journals only durable ones, as the journal does)
+        if ref.message.kind.durable and (ref.__class__ is PagedRef or ref.queue.durable):
             try:
                 self._journal_ack(ref, None)
             except StorageFull as exc:
