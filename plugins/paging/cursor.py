@@ -28,17 +28,21 @@ from functools import partial
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from scow.core.large_messages import hold_body
 from scow.core.message import Message, MessageKind, PagedRef, kind_of
 from scow.core.page_frames import HEADER_SIZE as FRAME_HEADER
 from scow.core.page_frames import crc32, valid_length
-from scow.plugins.paging.record import DURABLE, HEAD, LARGE, head_of, message_data
+from scow.plugins.paging.record import DURABLE, HEAD, LARGE, UNREADABLE, head_of, message_data
 from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
     from scow.core.interfaces import Completion, Consumer, PageStore, Queue
     from scow.core.message import MessageRef
     from scow.plugins.paging.pager import AddressPager
+
+log = structlog.get_logger("scow.paging")
 
 #: Records a selector look-ahead examines before it lets the loop serve others.
 SCAN_BATCH = 5000
@@ -48,12 +52,22 @@ DRAIN_BATCH = 1024
 _FRAME_LENGTH = struct.Struct(">I")
 
 
+def _covers(read: _Window | _Run, page: int, offset: int) -> bool:
+    """Whether `read` holds what is at `offset` of `page`: a read cut short at a damaged
+    frame holds that frame's place too (there is nothing more to read there)."""
+    return (
+        page == read.page
+        and read.start <= offset
+        and (offset < read.end or (read.cut and offset == read.end))
+    )
+
+
 class _Window:
     """Records of one page read from the store, from byte `start` of the page on, for
     reads that may take few of them (look-aheads, browsers, expiry): parsed by the
     reader thread (`_read_window`), made into messages on the loop as they are taken."""
 
-    __slots__ = ("end", "page", "records", "start")
+    __slots__ = ("cut", "end", "page", "records", "start")
 
     def __init__(self, page: int, start: int, end: int, records: list[_Record]) -> None:
         self.page = page
@@ -61,9 +75,11 @@ class _Window:
         #: The page offset just past the bytes read.
         self.end = end
         self.records = records
+        #: Whether the read ended at a damaged frame, short of the page's visible end.
+        self.cut = False
 
     def covers(self, page: int, offset: int) -> bool:
-        return page == self.page and self.start <= offset < self.end
+        return _covers(self, page, offset)
 
     def from_offset(self, offset: int) -> list[_Record]:
         """The records at and after page offset `offset`."""
@@ -115,7 +131,18 @@ class _Run:
     reader thread (`_read_run`), so that the loop hands over a run of them as one
     slice when nothing about them needs a look of its own (`plain`)."""
 
-    __slots__ = ("end", "nexts", "page", "plain", "priority", "refs", "sizes", "special", "start")
+    __slots__ = (
+        "cut",
+        "end",
+        "nexts",
+        "page",
+        "plain",
+        "priority",
+        "refs",
+        "sizes",
+        "special",
+        "start",
+    )
 
     def __init__(self, page: int, start: int, end: int) -> None:
         self.page = page
@@ -137,9 +164,11 @@ class _Run:
         self.plain = True
         #: The priority of every message in it, -1 if they differ (or there are none).
         self.priority = -1
+        #: Whether the read ended at a damaged frame, short of the page's visible end.
+        self.cut = False
 
     def covers(self, page: int, offset: int) -> bool:
-        return page == self.page and self.start <= offset < self.end
+        return _covers(self, page, offset)
 
     def index(self, offset: int) -> int:
         """Index of the first reference at or after page offset `offset`."""
@@ -395,7 +424,24 @@ class QueueCursor:
             run = self._run(page, offset)
             if run is None:
                 return  # a read is on its way; it calls fill again
+            if run.end == offset:  # visible bytes, but no valid frame at the position
+                self._skip_unreadable(page, offset, end)
+                continue
             self._take(run, end)
+
+    def _skip_unreadable(self, page: int, offset: int, end: int) -> None:
+        """A frame damaged on disk after it was written: the frames after it cannot be
+        found, so the position moves to the end of what is visible of the page (read
+        again, the frame would stop the queue there for good) and the loss is logged."""
+        log.error(
+            UNREADABLE,
+            address=self.pager.address.name,
+            queue=self.queue.name,
+            page=page,
+            offset=offset,
+            bytes_lost=end - offset,
+        )
+        self.offset = end
 
     def _selected_out(self, page: int) -> bool:
         """True when every consumer with credit has a selector and the page's summary
@@ -457,7 +503,7 @@ class QueueCursor:
         if (
             window is not None
             and window.covers(page, offset)
-            and (window.end >= end or self._reading)
+            and (window.end >= end or self._reading or window.cut)
         ):
             return window  # while another read is on its way, take what this one has
         if self._reading:
@@ -467,6 +513,8 @@ class QueueCursor:
 
         def done(window: _Window | _Run) -> None:
             self._reading = False
+            # the visible bytes are whole frames: a read that ends short met a damaged one
+            window.cut = window.end < end
             if not self.closed:
                 self._windows[slot] = window
                 if self.purging is not None or self.drain_to_queue:
