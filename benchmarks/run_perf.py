@@ -188,6 +188,8 @@ def run_client(
         command.append("--durable")
     if args.duplicate_ids:
         command.append("--duplicate-ids")
+    for prop in args.property:
+        command += ["--property", prop]
     if args.presettled:
         command.append("--presettled")
     if rate:
@@ -297,6 +299,14 @@ def main() -> int:
         "--duplicate-ids", action="store_true", help="an _AMQ_DUPL_ID of its own per message"
     )
     parser.add_argument("--presettled", action="store_true")
+    parser.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an application property on every message (repeatable); e.g. one the size of "
+        "--duplicate-ids' id under another name, to tell the id's cost from its bytes'",
+    )
     parser.add_argument("--latency-at", type=float, default=0.8, help="fraction of the median")
     parser.add_argument("--latency-runs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300.0, help="per client run (s)")

@@ -7,11 +7,17 @@ it holds all 10 is measured, with the broker's RSS (sampled every 0.1 s). Then 1
 red ones are sent and a consumer with `color LIKE 'r%'` (which page summaries cannot
 use: the scan reads every record) is timed the same way, for comparison.
 
+With --stream the same records go to a stream queue (`x-queue-type = "stream"`, the
+spark plugin) instead, and the consumers read it from its first record
+(`scow:stream-offset`) with the same selectors: chunk summaries take the place of page
+summaries.
+
 `scow run` is a subprocess; `scow perf client --mode send --property color=...` fills
 the backlog; the selector consumers are python-qpid-proton's blocking client.
 
     .venv/bin/python benchmarks/selector_scan.py                  # 1 M x 1 KiB
     .venv/bin/python benchmarks/selector_scan.py --count 10000000 --size 100
+    .venv/bin/python benchmarks/selector_scan.py --stream         # a stream of 1 M x 1 KiB
 """
 
 from __future__ import annotations
@@ -25,13 +31,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from paging_bench import Broker, client, mib, sampling
-from proton.reactor import Selector
+from paging_bench import PLUGINS, Broker, client, mib, sampling
+from proton import Described, symbol
+from proton.reactor import Filter, Selector
 from proton.utils import BlockingConnection
 from run_perf import platform_line
 
 ADDRESS = "colors"
 MATCHES = 10
+#: The stream queue of --stream: declared at startup, read from its first record.
+STREAM = f"""
+[queues."{ADDRESS}"]
+routing-type = "ANYCAST"
+arguments = {{ "x-queue-type" = "stream" }}
+"""
 
 
 def send(broker: Broker, count: int, size: int, color: str) -> float:
@@ -42,12 +55,24 @@ def send(broker: Broker, count: int, size: int, color: str) -> float:
     return float(result["send_rate"])
 
 
-def time_selector(broker: Broker, selector: str, timeout: float) -> float:
-    """Seconds from attaching a consumer with `selector` until it holds MATCHES messages."""
+def time_selector(broker: Broker, selector: str, timeout: float, stream: bool) -> float:
+    """Seconds from attaching a consumer with `selector` until it holds MATCHES messages
+    (a stream is read from its first record)."""
+    if stream:
+        options: Filter = Filter(
+            {
+                symbol("scow:stream-offset"): "first",
+                symbol("selector"): Described(
+                    symbol("apache.org:selector-filter:string"), selector
+                ),
+            }
+        )
+    else:
+        options = Selector(selector)
     connection = BlockingConnection(broker.url, timeout=timeout)
     try:
         began = time.monotonic()
-        receiver = connection.create_receiver(ADDRESS, credit=MATCHES, options=Selector(selector))
+        receiver = connection.create_receiver(ADDRESS, credit=MATCHES, options=options)
         for _ in range(MATCHES):
             message = receiver.receive(timeout=timeout)
             if message.properties.get("color") != "red":
@@ -62,7 +87,10 @@ def time_selector(broker: Broker, selector: str, timeout: float) -> float:
 
 
 def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
-    broker = Broker(root / "broker", settings="max-size-bytes = 0")
+    if args.stream:
+        broker = Broker(root / "broker", plugins=f'{PLUGINS}, "spark"', extra=STREAM)
+    else:
+        broker = Broker(root / "broker", settings="max-size-bytes = 0")
     broker.start()
     try:
         rate = send(broker, args.count, args.size, "blue")
@@ -70,9 +98,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
         idle = broker.rss()
         samples: list[int] = []
         with sampling(broker, samples, period=0.1):
-            summary = time_selector(broker, "color = 'red'", args.timeout)
-        send(broker, MATCHES, args.size, "red")
-        scan = time_selector(broker, "color LIKE 'r%'", args.timeout)
+            summary = time_selector(broker, "color = 'red'", args.timeout, args.stream)
+        if not args.stream:  # the stream keeps the first red ones: its LIKE read finds them
+            send(broker, MATCHES, args.size, "red")
+        scan = time_selector(broker, "color LIKE 'r%'", args.timeout, args.stream)
         after = broker.rss()
     finally:
         broker.stop()
@@ -92,6 +121,9 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1024, help="body bytes")
     parser.add_argument("--runs", type=int, default=1, help="brokers, each filled anew")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
+    parser.add_argument(
+        "--stream", action="store_true", help="a stream queue instead of a paged address"
+    )
     args = parser.parse_args()
     print(platform_line())
     print(f"# {' '.join(sys.argv)}")
@@ -103,7 +135,8 @@ def main() -> int:
             result = run(args, workdir)
             results.append(result)
             print(
-                f"run {run_index + 1}: {args.count:,} x {args.size} B blue then {MATCHES} red "
+                f"run {run_index + 1}: {'a stream of ' if args.stream else ''}"
+                f"{args.count:,} x {args.size} B blue then {MATCHES} red "
                 f"(sent at {result['send_rate']:,.0f} msg/s): color = 'red' got all "
                 f"{MATCHES} in {result['summary_s']:.2f} s (broker RSS {mib(result['rss_before'])}"
                 f", peak {mib(result['rss_peak'])}); color LIKE 'r%' (no summary) "

@@ -375,6 +375,7 @@ class Server:
         for service in reversed(self.services):
             await service.stop()
         if self.broker is not None:
+            self.broker.write_duplicate_ids()  # those of the last loop pass, if it has not
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self.broker.large_messages.close)
             await loop.run_in_executor(None, self.broker.storage.stop)

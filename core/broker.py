@@ -175,6 +175,8 @@ class Broker:
         self.duplicate_ids: dict[str, DuplicateIdCache] = {}
         self.id_cache_size = int(broker_cfg.get("id-cache-size", DEFAULT_ID_CACHE_SIZE))
         self.persist_id_cache = bool(broker_cfg.get("persist-id-cache", True))
+        #: Caches with ids admitted on their own to journal at the end of the loop pass.
+        self._ids_to_write: list[tuple[str, DuplicateIdCache]] = []
         #: Acknowledgements storage had no room for (see `_ack_not_stored`).
         self.acks_not_stored = 0
         #: Dead-letter/expiry moves storage refused, waiting to be tried again.
@@ -607,9 +609,9 @@ class Broker:
         header: Header,
     ) -> RouteStatus:
         """Send a message that carries a duplicate id (`header[3]`): dropped (but
-        accepted) when its address's cache holds the id, else routed as a transaction of
-        its own, so that the message and its id are journaled together: both durable, or
-        neither."""
+        accepted) when its address's cache holds the id, else routed. A journaled message
+        goes as a transaction of its own, so that it and its id are journaled together:
+        both durable, or neither; any other's id joins its cache's open block."""
         cache = self.duplicate_ids.get(address.name)  # _id_cache, inlined: per message
         if cache is None or cache.size <= 0:
             cache = self._id_cache(address.name)
@@ -628,7 +630,8 @@ class Broker:
             return RouteStatus.DUPLICATE
         routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):  # it goes nowhere, but its id counts (Artemis)
-            self._admit_alone(cache, address.name, key)
+            if cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
             return routed
         message, queues, full = routed
         pager = address.pager
@@ -654,7 +657,8 @@ class Broker:
                 if waits:
                     cache.pending.pop(key, None)
                 raise
-            self._admit_alone(cache, address.name, key)
+            if cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
             if waits and status is not RouteStatus.PENDING and cache.pending.get(key) is resends:
                 del cache.pending[key]  # accepted at once: `on_stored` is not called
             return status
@@ -675,19 +679,41 @@ class Broker:
             return RouteStatus.PENDING
         return RouteStatus.ROUTED
 
-    def _admit_alone(self, cache: DuplicateIdCache, address_name: str, key: bytes) -> None:
-        """Admit the id of a message that is not journaled: its record (with
-        persist-id-cache) is written on its own, unsynced, and nothing waits for it."""
-        record_id = 0
-        if self.persistent and self.persist_id_cache:
+    def _write_ids_soon(self, address_name: str, cache: DuplicateIdCache) -> None:
+        """`cache` opened a block for ids of messages that are not journaled: with
+        persist-id-cache, it is journaled (unsynced: nothing waits for it) at the end of
+        the loop pass, one record for the ids its address admits meanwhile."""
+        if not self._ids_to_write:
             try:
+                asyncio.get_running_loop().call_soon(self.write_duplicate_ids)
+            except RuntimeError:  # no loop runs (a tool driving the broker): at once
+                self._write_block(address_name, cache)
+                return
+        self._ids_to_write.append((address_name, cache))
+
+    def write_duplicate_ids(self) -> None:
+        """Journal the ids admitted on their own since the last call, a record per
+        address; runs at the end of a loop pass that admitted some, and before the
+        broker's storage stops."""
+        caches, self._ids_to_write = self._ids_to_write, []
+        for address_name, cache in caches:
+            self._write_block(address_name, cache)
+
+    def _write_block(self, address_name: str, cache: DuplicateIdCache) -> None:
+        """Journal `cache`'s open block (unsynced) and delete the blocks it pushed out."""
+        block, keys, dead = cache.close()
+        try:
+            if block is not None and keys:
                 record_id = self.next_id()
-                self.storage.store_duplicate_id(
-                    record_id, address_name, key, replacing=cache.pushed_out(1)
-                )
-            except StorageFull:  # the message is accepted: its id is kept in memory only
-                record_id = 0
-        cache.add(key, record_id)
+                self.storage.store_duplicate_ids(record_id, address_name, keys, deleting=dead)
+                block.record_id = record_id
+            else:
+                for record_id in dead:
+                    self.storage.delete_record(record_id)
+        except StorageFull:
+            # their messages were accepted: the ids are kept in memory only, and records
+            # not deleted are dropped by the cache's size at the next start
+            log.warning("duplicate ids not journaled: storage full", address=address_name)
 
     def _id_cache_size(self, address_name: str) -> int:
         size = self.settings_for(address_name).id_cache_size
@@ -700,7 +726,9 @@ class Broker:
             size = self._id_cache_size(address_name)
             if size <= 0:
                 return None
-            cache = self.duplicate_ids[address_name] = DuplicateIdCache(size)
+            cache = self.duplicate_ids[address_name] = DuplicateIdCache(
+                size, journaled=self.persistent and self.persist_id_cache
+            )
         elif cache.size <= 0:
             return None
         return cache
@@ -979,7 +1007,7 @@ class Broker:
         ids: list[tuple[DuplicateIdCache, str, bytes]],
         paged: list[tuple[Message, list[Any], Any]],
         taken: _Taken,
-    ) -> list[tuple[DuplicateIdCache, list[tuple[bytes, int]]]]:
+    ) -> list[tuple[DuplicateIdCache, list[bytes], int]]:
         """Journal, within `tx`, what a commit writes once its messages are stored: that
         its paged messages count, and its duplicate ids. Returns the ids to admit."""
         for _message, _queues, pager in paged:
@@ -991,14 +1019,14 @@ class Broker:
             self.storage.store_page_tx(tx.id)  # marks the tx's page records as committed
             taken.journaled = True
         admitted = self._journal_ids(tx, ids) if ids else []
-        taken.journaled |= any(rid for _, records in admitted for _, rid in records)
+        taken.journaled |= any(record_id for _, _, record_id in admitted)
         return admitted
 
     def _commit_stored(
         self,
         tx: Transaction,
         on_done: Completion,
-        admitted: list[tuple[DuplicateIdCache, list[tuple[bytes, int]]]],
+        admitted: list[tuple[DuplicateIdCache, list[bytes], int]],
         paged: list[tuple[Message, list[Any], Any]],
         taken: _Taken,
         loop: asyncio.AbstractEventLoop | None = None,
@@ -1072,11 +1100,11 @@ class Broker:
 
     def _journal_ids(
         self, tx: Transaction, ids: list[tuple[DuplicateIdCache, str, bytes]]
-    ) -> list[tuple[DuplicateIdCache, list[tuple[bytes, int]]]]:
-        """Journal, within `tx`, the ids its commit admits and the deletion of those they
-        push out of their caches (with persist-id-cache); the caches are unchanged.
-        Returns, per cache, the (key, record id) it is to take (record id 0: not
-        journaled)."""
+    ) -> list[tuple[DuplicateIdCache, list[bytes], int]]:
+        """Journal, within `tx`, the ids its commit admits (a record per address) and the
+        deletion of the blocks they push out of their caches (with persist-id-cache); the
+        caches are unchanged. Returns, per cache, the ids it is to take and their record
+        (0: not journaled)."""
         by_cache: dict[int, tuple[DuplicateIdCache, str, list[bytes]]] = {}
         for cache, address_name, key in ids:
             by_cache.setdefault(id(cache), (cache, address_name, []))[2].append(key)
@@ -1084,29 +1112,32 @@ class Broker:
         admitted = []
         for cache, address_name, keys in by_cache.values():
             kept = cache.kept(keys)
-            records = []
-            if persist:
-                for record_id in cache.pushed_out(len(kept)):
-                    self.storage.delete_record(record_id, tx_id=tx.id)
-            for key in kept:
-                record_id = 0
-                if persist:
-                    record_id = self.next_id()
-                    self.storage.store_duplicate_id(record_id, address_name, key, tx_id=tx.id)
-                records.append((key, record_id))
-            admitted.append((cache, records))
+            record_id = 0
+            if persist and kept:
+                # the ids admitted on their own before these go first, so that record ids
+                # keep the order of admission
+                self._write_block(address_name, cache)
+                record_id = self.next_id()
+                self.storage.store_duplicate_ids(
+                    record_id,
+                    address_name,
+                    kept,
+                    tx_id=tx.id,
+                    deleting=cache.emptied_by(len(kept)),
+                )
+            admitted.append((cache, kept, record_id))
         return admitted
 
     @staticmethod
     def _admit_ids(
-        admitted: list[tuple[DuplicateIdCache, list[tuple[bytes, int]]]],
+        admitted: list[tuple[DuplicateIdCache, list[bytes], int]],
     ) -> list[tuple[DuplicateIdCache, bytes, list[Completion]]]:
         """Put a commit's ids in their caches; each is pending (resends of it wait for
         its commit to be durable) until the returned lists are run."""
         waiting = []
-        for cache, records in admitted:
-            for key, record_id in records:
-                cache.add(key, record_id)
+        for cache, keys, record_id in admitted:
+            cache.add_block(keys, record_id)  # the blocks it empties: deleted in the commit
+            for key in keys:
                 resends: list[Completion] = []
                 cache.pending[key] = resends
                 waiting.append((cache, key, resends))
@@ -1289,8 +1320,9 @@ class Broker:
         if tx is not None:
             tx.acks.append(ref)
             return
-        # _journal_ack's own test, first: most acknowledgements have nothing to journal
-        if ref.__class__ is PagedRef or (ref.message.kind.durable and ref.queue.durable):
+        # _journal_ack's own tests, first: most acknowledgements have nothing to journal
+        # (a paged message's cursor journals only durable ones, as the journal does)
+        if ref.message.kind.durable and (ref.__class__ is PagedRef or ref.queue.durable):
             try:
                 self._journal_ack(ref, None)
             except StorageFull as exc:
@@ -1589,15 +1621,18 @@ class Broker:
         return restored
 
     def _recover_ids(self, found: list[RecoveredDuplicateId]) -> None:
-        """Rebuild the duplicate-id caches, oldest id first; records beyond an address's
-        id-cache-size (it was lowered), or all with persist-id-cache false, are deleted."""
+        """Rebuild the duplicate-id caches a block at a time, oldest id first; blocks
+        pushed out whole by an address's id-cache-size (the older ids of a block partly
+        pushed out, or a lowered size), or all with persist-id-cache false, are deleted."""
         stale: list[int] = []
-        for rec in found:
-            cache = self._id_cache(rec.address) if self.persist_id_cache else None
+        for (address, record_id), recs in itertools.groupby(
+            found, key=lambda rec: (rec.address, rec.record_id)
+        ):
+            cache = self._id_cache(address) if self.persist_id_cache else None
             if cache is None:
-                stale.append(rec.record_id)
+                stale.append(record_id)
             else:
-                stale += cache.add(rec.key, rec.record_id)
+                stale += cache.add_block([rec.key for rec in recs], record_id)
         try:
             for record_id in stale:
                 self.storage.delete_record(record_id)
@@ -1606,9 +1641,9 @@ class Broker:
         if found:
             log.info(
                 "duplicate ids recovered",
-                ids=len(found) - len(stale),
+                ids=sum(len(cache) for cache in self.duplicate_ids.values()),
                 addresses=len(self.duplicate_ids),
-                dropped=len(stale),
+                records_dropped=len(stale),
             )
 
     def _restore(

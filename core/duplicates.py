@@ -71,15 +71,45 @@ def duplicate_error(key: bytes, address: str) -> DuplicateMessage:
     )
 
 
+class IdBlock:
+    """Ids of one address's cache journaled as one record: the ids admitted on their own
+    in one loop pass, or those one transaction admits. Its record goes once every id of
+    it has been pushed out of the cache."""
+
+    __slots__ = ("keys", "live", "record_id")
+
+    def __init__(self, record_id: int, keys: list[bytes] | None) -> None:
+        #: Its journal record (0: not journaled, or not yet).
+        self.record_id = record_id
+        #: Its ids still in the cache.
+        self.live = 0
+        #: The ids admitted into it, while it is open (None once closed, or when the
+        #: cache is not journaled).
+        self.keys = keys
+
+
 class DuplicateIdCache:
-    """The last `size` ids one address admitted, oldest first, with their records."""
+    """The last `size` ids one address admitted, oldest first, in blocks of a record each.
 
-    __slots__ = ("ids", "pending", "size")
+    Ids admitted on their own (their message is not journaled) go into the open block,
+    which `close` hands over to be written as one record, with the records of the blocks
+    pushed out meanwhile to delete; ids admitted by a transaction come as a block of their
+    own (`add_block`), as do the records recovery finds, oldest first.
+    """
 
-    def __init__(self, size: int) -> None:
+    __slots__ = ("dead", "ids", "journaled", "open", "pending", "size")
+
+    def __init__(self, size: int, *, journaled: bool = True) -> None:
         self.size = size
-        #: id key -> the record id of its journal record (0: not journaled), oldest first.
-        self.ids: OrderedDict[bytes, int] = OrderedDict()
+        #: Whether the cache's blocks are journaled (persist-id-cache on a journal).
+        self.journaled = journaled
+        #: id key -> its block, oldest first.
+        self.ids: OrderedDict[bytes, IdBlock] = OrderedDict()
+        #: The block that ids admitted on their own go into; a cache that is not
+        #: journaled keeps one for good.
+        self.open: IdBlock | None = None if journaled else IdBlock(0, None)
+        #: Records of blocks whose every id was pushed out, to delete at the next `close`.
+        self.dead: list[int] = []
         #: Ids whose admitting commit is not durable yet -> outcomes of resends waiting
         #: for it (a resend is confirmed only once what it duplicates is safe).
         self.pending: dict[bytes, list[Completion]] = {}
@@ -94,35 +124,85 @@ class DuplicateIdCache:
         """Of ids about to be admitted together (oldest first), those the cache keeps."""
         return keys[max(len(keys) - self.size, 0) :] if self.size > 0 else []
 
-    def pushed_out(self, adding: int) -> list[int]:
-        """The records of the entries that `adding` more ids would push out (journaled
-        ones), oldest first, without changing anything."""
+    def admit(self, key: bytes) -> bool:
+        """Admit `key` (newest, not in the cache) into the open block; True when this
+        opened the block, so that a `close` is due."""
+        block = self.open
+        opened = block is None
+        if block is None:
+            block = self.open = IdBlock(0, [])
+        if block.keys is not None:
+            block.keys.append(key)
+        block.live += 1
+        ids = self.ids
+        ids[key] = block
+        if len(ids) > self.size:  # full: the oldest goes (`_push_out`, inlined: per id)
+            oldest = ids.popitem(last=False)[1]
+            oldest.live -= 1
+            if not oldest.live and oldest.record_id:
+                self.dead.append(oldest.record_id)
+            if len(ids) > self.size:  # the size was lowered
+                self._push_out()
+        return opened
+
+    def close(self) -> tuple[IdBlock | None, list[bytes], list[int]]:
+        """End the open block: (it, its ids still in the cache, oldest first), to be
+        written as one record (then set its `record_id`), and the records to delete."""
+        block, self.open = self.open, None
+        dead, self.dead = self.dead, []
+        if block is None or block.keys is None:
+            self.open = block  # a cache that is not journaled keeps its block
+            return None, [], dead
+        keys, block.keys = block.keys, None
+        if block.live < len(keys):  # some were pushed out already
+            ids = self.ids
+            keys = [key for key in keys if ids.get(key) is block]
+        return block, keys, dead
+
+    def emptied_by(self, adding: int) -> list[int]:
+        """The records of the blocks that `adding` more ids would push out whole, oldest
+        first, without changing anything (`close` first: this ignores `dead`)."""
         over = len(self.ids) + adding - self.size
         if over <= 0:
             return []
-        if over == 1:  # a full cache admitting one more: the usual case
-            rid = next(iter(self.ids.values()))
-            return [rid] if rid else []
-        return [rid for rid in itertools.islice(self.ids.values(), over) if rid]
+        leaving: dict[IdBlock, int] = {}
+        for block in itertools.islice(self.ids.values(), over):
+            leaving[block] = leaving.get(block, 0) + 1
+        return [b.record_id for b, n in leaving.items() if n == b.live and b.record_id]
 
-    def add(self, key: bytes, record_id: int) -> list[int]:
-        """Admit `key` (newest); returns the records of the entries it pushed out, and of
-        an older entry of the same key."""
+    def add_block(self, keys: list[bytes], record_id: int) -> list[int]:
+        """Admit ids journaled together as record `record_id` (0: none), oldest first; an
+        id already in the cache moves to the newest. Returns the records of the blocks
+        this pushed out whole (`close` first: they are taken from `dead`)."""
+        block = IdBlock(record_id, None)
+        block.live = len(keys)  # first: a key twice in `keys` leaves the block once
         ids = self.ids
-        dropped = []
-        if key in ids:
-            old = ids.pop(key)
-            if old:
-                dropped.append(old)
-        ids[key] = record_id
-        while len(ids) > self.size:
-            rid = ids.popitem(last=False)[1]
-            if rid:
-                dropped.append(rid)
-        return dropped
+        for key in keys:
+            old = ids.pop(key, None)
+            if old is not None:
+                self._leave(old)
+            ids[key] = block
+        self._push_out()
+        dead, self.dead = self.dead, []
+        return dead
 
     def clear(self) -> list[int]:
-        """Forget every id; returns their records."""
-        records = [rid for rid in self.ids.values() if rid]
+        """Forget every id; returns the records of their blocks, and those to delete."""
+        records = {block.record_id for block in self.ids.values() if block.record_id}
+        records.update(self.dead)
         self.ids.clear()
-        return records
+        self.dead = []
+        if self.journaled:
+            self.open = None
+        return sorted(records)
+
+    def _push_out(self) -> None:
+        ids = self.ids
+        while len(ids) > self.size:
+            self._leave(ids.popitem(last=False)[1])
+
+    def _leave(self, block: IdBlock) -> None:
+        """One id of `block` left the cache."""
+        block.live -= 1
+        if not block.live and block.record_id:
+            self.dead.append(block.record_id)

@@ -27,7 +27,9 @@ then the paged ones in page order. An import puts paged messages back into pages
 the importer can (the paging plugin's tools), otherwise into the journal.
 The duplicate-id caches come last, each address's oldest id first, so that producers
 resending to the imported broker are still deduplicated (an import keeps them whatever
-its persist-id-cache; a broker with it false drops them at its start). A file without
+its persist-id-cache; a broker with it false drops them at its start). The ids of a
+journal record partly pushed out of its cache come too; the importing broker's cache
+size drops them again at its start, oldest first. A file without
 them (written before they were exported) imports as one with empty caches.
 Streams (queues of queue-type "stream", whose records live in their own store) come
 after them, each with its cursors and then its records in sequence order; an import
@@ -427,7 +429,7 @@ def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: 
         raise ExportError(f"line {number}: bad duplicate-id line ({exc})") from None
     if not isinstance(address, str) or not key:
         raise ExportError(f"line {number}: a duplicate-id needs an address and an id")
-    storage.store_duplicate_id(storage.next_id(), address, key)
+    storage.store_duplicate_ids(storage.next_id(), address, [key])
 
 
 def _parse(text: str, number: int) -> dict[str, Any]:

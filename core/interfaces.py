@@ -174,6 +174,10 @@ class PageStore(Protocol):
         as empty.
         """
 
+    # Optional: `read_unchecked(page, offset) -> bytes`, the page's bytes from `offset`
+    # with no frame checked (a torn or corrupt tail included), for a reader that checks
+    # each frame's CRC as it parses it; without it such a reader uses `read`.
+
     def delete(self, page: int) -> None:
         """Remove a page; deleting a missing page does nothing."""
 
@@ -295,7 +299,9 @@ class Cursor(Protocol):
         `up_to`: each is acknowledged instead of entering the queue."""
 
     def journal_ack(self, ref: MessageRef, tx_id: int | None) -> bool:
-        """Journal that the queue is done with paged `ref`; True if anything was written."""
+        """Journal that the queue is done with paged `ref`; True if anything was written.
+        Nothing is for a message that is not durable: the broker's own acknowledgements
+        do not ask for those."""
 
     def settle(self, ref: MessageRef) -> None:
         """Paged `ref` left the queue for good (acknowledged, moved or dropped)."""

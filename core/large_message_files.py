@@ -58,6 +58,13 @@ class FileArrival(Arrival):
             view = view[n:]
             self.written += n
 
+    def overwrite(self, offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, offset)
+            view = view[n:]
+            offset += n
+
     def _finish(self, body: LargeBody, sync: bool) -> None:
         fd, self.fd = self.fd, -1
         if not sync:

@@ -131,6 +131,22 @@ class LargeMessageStoreConformance:
         assert second.recovered(6, len(head), 1) is None
         assert second.remove_orphans() == 0
 
+    def test_overwritten_bytes_read_back_wherever_they_lie(
+        self, opened: OpenStore, tmp_path: Path
+    ) -> None:
+        store = opened(tmp_path)
+        head, rest = message(seed=6)
+        whole = bytearray(head + rest)
+        arrival = store.begin(10)
+        for start in range(0, len(whole), 65536):
+            arrival.write(bytes(whole[start : start + 65536]))
+        # in the first bytes, across the 1 MiB mark, and in the last bytes written
+        for offset in (len(head), (1 << 20) - 3, len(whole) - 5):
+            arrival.overwrite(offset, b"ABCDEFGH"[: min(8, len(whole) - offset)])
+            whole[offset : offset + 8] = b"ABCDEFGH"[: min(8, len(whole) - offset)]
+        body = arrival.complete(len(head), sync=True)
+        assert b"".join(body.chunks(0)) == bytes(whole)
+
     def test_on_an_event_loop_a_body_is_synced_then_streamed(
         self, opened: OpenStore, tmp_path: Path
     ) -> None:

@@ -175,10 +175,22 @@ class Arrival(abc.ABC):
     def write(self, chunk: bytes | memoryview) -> None:
         """Store the next bytes of the message (raises OSError when they cannot be)."""
 
+    @abc.abstractmethod
+    def overwrite(self, offset: int, data: bytes) -> None:
+        """Write `data` again over bytes already written at `offset` of the message (a
+        size that was not known when they were written); raises OSError when it cannot."""
+
     def room(self, wake: Wake) -> bool:
         """Whether more bytes may be written now. False when the store is behind: the
         caller stops taking the message's bytes until `wake` runs, on the event loop."""
         return True
+
+    def when_stored(self, then: Callable[[str | None], None]) -> None:
+        """Run `then` on the event loop once every byte written so far (and completed)
+        is stored: with None, or with why the store refused some, after which the
+        message must not be routed (its body is to be released, or its arrival
+        abandoned). At once by default: a store whose `write` stores or raises."""
+        then(None)
 
     @abc.abstractmethod
     def _finish(self, body: LargeBody, sync: bool) -> None:

@@ -19,9 +19,13 @@ Message journal records:
   CURSOR_COUNT   update  (offset, delivery count) of a paged message
   PAGE_TX        add     id = a transaction id: its page records are committed; written
                          in the transaction, deleted once its pages are gone
-  DUPLICATE_ID   add     an id in an address's duplicate-id cache: (address, id key);
-                         written in the journal transaction of the message it admits,
-                         deleted in the one of the message that pushes it out
+  DUPLICATE_IDS  add     a block of ids of an address's duplicate-id cache: (address,
+                         the id keys, oldest first); the ids admitted on their own in
+                         one loop pass (unsynced), or those of one journal transaction
+                         (the messages they admit are in it); deleted once all its ids
+                         are pushed out of the cache (a block partly pushed out keeps
+                         them all: recovery drops the older ones again by cache size)
+  DUPLICATE_ID   add     one id, as (address, id key): written before blocks, still read
 A journal refuses a record it has no room for with `StorageFull` (changing nothing), so
 every method here either stores what it was asked to or raises without effect.
 
@@ -50,7 +54,8 @@ CURSOR_PAGE = 20
 CURSOR_ACK = 21
 CURSOR_COUNT = 22
 PAGE_TX = 23
-DUPLICATE_ID = 24
+DUPLICATE_ID = 24  # read only: written before DUPLICATE_IDS
+DUPLICATE_IDS = 25
 ADDRESS = 1
 QUEUE = 2
 ID_BLOCK = 3
@@ -66,6 +71,7 @@ _QID = struct.Struct(">Q")
 _COUNT = struct.Struct(">QI")
 _CURSOR_PAGE = struct.Struct(">QQ")
 _ADDRESS_LEN = struct.Struct(">H")
+_KEY_LEN = struct.Struct(">I")
 # file id, head size in the file, file length
 _LARGE = struct.Struct(">QQQ")
 
@@ -126,8 +132,10 @@ def _decode_any(
     return decode_message_record(record, addresses)
 
 
-def encode_duplicate_id(address: str, key: bytes) -> bytes:
-    return _address_prefix(address) + key
+def _encode_keys(keys: Iterable[bytes]) -> bytes:
+    """The ids of a DUPLICATE_IDS record (after its address): each after its length."""
+    pack = _KEY_LEN.pack
+    return b"".join([pack(len(key)) + key for key in keys])
 
 
 def _address_prefix(address: str) -> bytes:
@@ -135,8 +143,22 @@ def _address_prefix(address: str) -> bytes:
     return _ADDRESS_LEN.pack(len(addr)) + addr
 
 
+def decode_duplicate_ids(record: bytes) -> tuple[str, list[bytes]]:
+    """(address, id keys oldest first) of a DUPLICATE_IDS record."""
+    (alen,) = _ADDRESS_LEN.unpack_from(record)
+    pos = _ADDRESS_LEN.size + alen
+    address = record[_ADDRESS_LEN.size : pos].decode()
+    keys = []
+    unpack, size, end = _KEY_LEN.unpack_from, _KEY_LEN.size, len(record)
+    while pos < end:
+        (length,) = unpack(record, pos)
+        pos += size + length
+        keys.append(record[pos - length : pos])
+    return address, keys
+
+
 def decode_duplicate_id(record: bytes) -> tuple[str, bytes]:
-    """(address, id key) of a DUPLICATE_ID record."""
+    """(address, id key) of a DUPLICATE_ID record (one id, as written before blocks)."""
     (alen,) = _ADDRESS_LEN.unpack_from(record)
     end = _ADDRESS_LEN.size + alen
     return record[_ADDRESS_LEN.size : end].decode(), record[end:]
@@ -144,7 +166,8 @@ def decode_duplicate_id(record: bytes) -> tuple[str, bytes]:
 
 @dataclass(frozen=True, slots=True)
 class RecoveredDuplicateId:
-    """An id of an address's duplicate-id cache, as journaled."""
+    """An id of an address's duplicate-id cache, as journaled (the ids of one block share
+    its `record_id`)."""
 
     record_id: int
     address: str
@@ -205,7 +228,8 @@ class Recovered:
     messages: list[RecoveredMessage] = field(default_factory=list)
     prepared: list[RecoveredPrepared] = field(default_factory=list)
     pages: PageRecovery = field(default_factory=PageRecovery)
-    #: Every address's duplicate-id cache, oldest id first (record ids grow with time).
+    #: Every address's duplicate-id cache, oldest id first (record ids grow with time),
+    #: with the older ids of a block partly pushed out (the cache's size drops them).
     duplicate_ids: list[RecoveredDuplicateId] = field(default_factory=list)
     next_id: int = 1
 
@@ -234,7 +258,7 @@ class StorageManager:
         # records are what frees space, so they keep the room that is left.
         hold_back = getattr(messages, "hold_back", None)
         if hold_back is not None:
-            hold_back({MESSAGE, LARGE_MESSAGE, PAGE_TX, DUPLICATE_ID})
+            hold_back({MESSAGE, LARGE_MESSAGE, PAGE_TX, DUPLICATE_IDS})
         # The two journals sync apart: a message must not be confirmed before the bindings
         # records it relies on (its auto-created queue, the id block covering its id) are
         # durable too, or a crash right after the confirmation loses it. Records appended
@@ -243,7 +267,7 @@ class StorageManager:
         self._bindings_durable = 0
         self._held: list[tuple[int, Completion]] = []
         self._held_lock = threading.Lock()
-        #: Encoded address names, the start of every DUPLICATE_ID record of theirs.
+        #: Encoded address names, the start of every DUPLICATE_IDS record of theirs.
         self._id_prefixes: dict[str, bytes] = {}
 
     def stats(self) -> dict[str, Any]:
@@ -443,8 +467,8 @@ class StorageManager:
         self.messages.append_add_tx(tx_id, tx_id, PAGE_TX, b"")
 
     def delete_record(self, record_id: int, *, tx_id: int | None = None) -> None:
-        """Drop a cursor-page or page-tx record whose pages are gone, or a duplicate id
-        pushed out of its cache (within `tx_id`: when it commits)."""
+        """Drop a cursor-page or page-tx record whose pages are gone, or a block of
+        duplicate ids pushed out of its cache (within `tx_id`: when it commits)."""
         if tx_id is not None:
             self.messages.append_delete_tx(tx_id, record_id)
         else:
@@ -452,33 +476,34 @@ class StorageManager:
 
     # ------------------------------------------------------------------ duplicate ids
 
-    def store_duplicate_id(
+    def store_duplicate_ids(
         self,
         record_id: int,
         address: str,
-        key: bytes,
+        keys: list[bytes],
         *,
         tx_id: int | None = None,
-        replacing: Iterable[int] = (),
+        deleting: Iterable[int] = (),
     ) -> None:
-        """Journal an id of `address`'s duplicate-id cache: within `tx_id`, the
-        transaction of the message it admits (so both are durable, or neither). The
-        records of `replacing` (the ids it pushes out of the cache) are deleted first."""
+        """Journal a block of ids of `address`'s duplicate-id cache (oldest first) as
+        record `record_id`: within `tx_id`, the transaction of the messages they admit
+        (so both are durable, or neither), else unsynced. The records of `deleting` (of
+        blocks pushed out of the cache) are deleted first."""
         journal = self.messages
         prefix = self._id_prefixes.get(address)
         if prefix is None:
             if len(self._id_prefixes) >= 4096:  # addresses may come and go without end
                 self._id_prefixes.clear()
             prefix = self._id_prefixes[address] = _address_prefix(address)
-        data = prefix + key
+        data = prefix + _encode_keys(keys)
         if tx_id is not None:
-            for pushed_out in replacing:
-                journal.append_delete_tx(tx_id, pushed_out)
-            journal.append_add_tx(tx_id, record_id, DUPLICATE_ID, data)
-        else:  # per message with an id: the journal's methods called directly
-            for pushed_out in replacing:
-                journal.append_delete(pushed_out, sync=False)
-            journal.append_add(record_id, DUPLICATE_ID, data, sync=False)
+            for record in deleting:
+                journal.append_delete_tx(tx_id, record)
+            journal.append_add_tx(tx_id, record_id, DUPLICATE_IDS, data)
+        else:
+            for record in deleting:
+                journal.append_delete(record, sync=False)
+            journal.append_add(record_id, DUPLICATE_IDS, data, sync=False)
 
     # ------------------------------------------------------------------ recovery
 
@@ -561,11 +586,14 @@ def _pages_from(result: LoadResult) -> PageRecovery:
 def _duplicate_ids_from(result: LoadResult) -> list[RecoveredDuplicateId]:
     found = []
     for rec in result.records:
-        if rec.type == DUPLICATE_ID and not rec.is_update:
+        if rec.type == DUPLICATE_IDS and not rec.is_update:
+            address, keys = decode_duplicate_ids(rec.data)
+            found += [RecoveredDuplicateId(rec.id, address, key) for key in keys]
+        elif rec.type == DUPLICATE_ID and not rec.is_update:
             address, key = decode_duplicate_id(rec.data)
             found.append(RecoveredDuplicateId(rec.id, address, key))
-    # ids are handed out in increasing order, so this is the order they were admitted in,
-    # whatever compaction did to the order of records
+    # ids are handed out in increasing order, so this (a stable sort, keeping each block's
+    # order) is the order they were admitted in, whatever compaction did to the records
     found.sort(key=lambda d: d.record_id)
     return found
 

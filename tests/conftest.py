@@ -42,6 +42,23 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     return postgres_server.url(postgres_server.create_database())
 
 
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, to stop and start."""
+    bin_dir = binaries()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    directory = Path(tempfile.mkdtemp(prefix="scow-pg-own-"))
+    server = PostgresServer(directory, bin_dir)
+    server.init()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture(params=DATABASES)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A URL of an empty database: a SQLite file, then a PostgreSQL database."""

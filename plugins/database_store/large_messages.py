@@ -21,6 +21,7 @@ failed-over primary) never deletes a body its backup now serves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -60,7 +61,7 @@ DELETE_BATCH = 500
 class DatabaseArrival(Arrival):
     """A large message arriving into rows of the table, a chunk at a time."""
 
-    __slots__ = ("_buffer", "_chunk", "_failed")
+    __slots__ = ("_buffer", "_chunk", "_error")
 
     store: DatabaseLargeMessageStore
 
@@ -68,15 +69,37 @@ class DatabaseArrival(Arrival):
         super().__init__(store, file_id)
         self._buffer = bytearray()
         self._chunk = 0
-        self._failed = False
+        #: Why the database refused a row of this message (set on its lane), if it did.
+        self._error: str | None = None
 
     def write(self, chunk: bytes | memoryview) -> None:
+        self._check()
         self._buffer += chunk
         self.written += len(chunk)
         while len(self._buffer) >= CHUNK:
             piece = bytes(self._buffer[:CHUNK])
             del self._buffer[:CHUNK]
             self._send(piece)
+
+    def _check(self) -> None:
+        """Raise OSError once the database has refused a row: the caller abandons."""
+        if self._error is not None:
+            raise OSError(self._error)
+
+    def overwrite(self, offset: int, data: bytes) -> None:
+        self._check()
+        sent = self._chunk * CHUNK  # bytes handed to the lane; the rest is in the buffer
+        if offset + len(data) > sent:
+            cut = max(sent - offset, 0)
+            at = offset + cut - sent
+            self._buffer[at : at + len(data) - cut] = data[cut:]
+            data = data[:cut]
+        while data:  # rows handed on already: rewritten on the lane, after their insert
+            number, at = divmod(offset, CHUNK)
+            piece = data[: CHUNK - at]
+            self.store.submit(self.file_id, self._rewrite, number, at, piece)
+            offset += len(piece)
+            data = data[len(piece) :]
 
     def _send(self, piece: bytes) -> None:
         """Hand the next chunk to the lane."""
@@ -87,17 +110,36 @@ class DatabaseArrival(Arrival):
 
     def _write(self, number: int, piece: bytes) -> None:
         try:
-            if not self._failed and piece:
+            if self._error is None and piece:
                 self.store.write_chunk(self.file_id, number, piece)
         except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
-            # never synced, so never accepted; the rows go as orphans at the next start
-            self._failed = True
-            log.error("large message not stored", body=self.file_id, reason=str(exc))
+            self._failed(exc)
         finally:
             self.store.behind(-len(piece))
 
+    def _rewrite(self, number: int, at: int, piece: bytes) -> None:
+        try:
+            if self._error is None:
+                self.store.rewrite_chunk(self.file_id, number, at, piece)
+        except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        # never synced, so never accepted: its owner hears of it at its next write or
+        # from `when_stored`, and abandons it (its rows go; orphans at the next start
+        # if the database cannot delete them either)
+        self._error = str(exc).splitlines()[0]
+        log.error("large message not stored", body=self.file_id, reason=str(exc))
+
     def room(self, wake: Wake) -> bool:
         return self.store.room(wake)
+
+    def when_stored(self, then: Callable[[str | None], None]) -> None:
+        def answer() -> None:
+            error = self._error
+            self.store.call_on_loop(lambda: then(error))
+
+        self.store.submit(self.file_id, answer)
 
     def _finish(self, body: LargeBody, sync: bool) -> None:
         body.synced = False  # also when not to be synced: its rows are not all there yet
@@ -105,7 +147,7 @@ class DatabaseArrival(Arrival):
         self._send(piece)
 
         def written() -> None:
-            if not self._failed:
+            if self._error is None:
                 self.store.written(body, sync)
 
         self.store.submit(self.file_id, written)
@@ -248,6 +290,18 @@ class _Syncer:
         self.thread.join()
 
 
+@contextlib.contextmanager
+def _driver_errors(conn: sa.Connection, statement: str) -> Iterator[None]:
+    """A raw cursor's errors as SQLAlchemy's (it does not wrap them), so that
+    `Database.run` retries a lost connection and the callers' handlers see them: a
+    refused row must fail its message, never vanish on the lane's thread."""
+    base = conn.dialect.loaded_dbapi.Error
+    try:
+        yield
+    except base as error:
+        raise sa.exc.DBAPIError.instance(statement, None, error, base) from None
+
+
 def _insert_chunk(
     conn: sa.Connection, table: sa.Table, file_id: int, number: int, data: bytes
 ) -> None:
@@ -255,9 +309,12 @@ def _insert_chunk(
     escaped, not hex: measured faster than a one-row binary COPY)."""
     if conn.dialect.driver == "psycopg":
         name = conn.dialect.identifier_preparer.format_table(table)
-        with conn.connection.driver_connection.cursor() as cursor:  # type: ignore[union-attr]
-            cursor.execute(f"INSERT INTO {name} (id, chunk, data) VALUES (%s, %s, %b)",
-                           (file_id, number, data))  # fmt: skip
+        statement = f"INSERT INTO {name} (id, chunk, data) VALUES (%s, %s, %b)"
+        with (
+            _driver_errors(conn, statement),
+            conn.connection.driver_connection.cursor() as cursor,  # type: ignore[union-attr]
+        ):
+            cursor.execute(statement, (file_id, number, data))
         return
     conn.execute(sa.insert(table).values(id=file_id, chunk=number, data=data))
 
@@ -271,13 +328,16 @@ def _select_chunks(
     """
     if conn.dialect.driver == "psycopg":
         name = conn.dialect.identifier_preparer.format_table(table)
+        statement = (
+            f"SELECT chunk, data FROM {name} WHERE id = %s AND chunk >= %s AND chunk < %s "
+            "ORDER BY chunk"
+        )
         cursor: Any
-        with conn.connection.driver_connection.cursor(binary=True) as cursor:  # type: ignore[union-attr]
-            cursor.execute(
-                f"SELECT chunk, data FROM {name} WHERE id = %s AND chunk >= %s AND chunk < %s "
-                "ORDER BY chunk",
-                (file_id, first, first + count),
-            )
+        with (
+            _driver_errors(conn, statement),
+            conn.connection.driver_connection.cursor(binary=True) as cursor,  # type: ignore[union-attr]
+        ):
+            cursor.execute(statement, (file_id, first, first + count))
             return [(int(n), bytes(data)) for n, data in cursor.fetchall()]
     t = table.c
     query = (
@@ -406,6 +466,19 @@ class DatabaseLargeMessageStore(LargeMessageStore):
             _insert_chunk(conn, self._table, file_id, number, data)
 
         self.db.run(f"storing large message {self.describe(file_id)}", write)
+
+    def rewrite_chunk(self, file_id: int, number: int, at: int, data: bytes) -> None:
+        """Write `data` over a chunk's bytes from `at` on (a size learnt at the end)."""
+        assert self.db is not None
+        t = self._table.c
+        row = (t.id == file_id) & (t.chunk == number)
+
+        def rewrite(conn: sa.Connection) -> None:
+            old = bytes(conn.execute(sa.select(t.data).where(row)).scalar_one())
+            new = old[:at] + data + old[at + len(data) :]
+            conn.execute(sa.update(self._table).where(row).values(data=new))
+
+        self.db.run(f"storing large message {self.describe(file_id)}", rewrite)
 
     def delete_rows(self, file_ids: list[int]) -> None:
         assert self.db is not None

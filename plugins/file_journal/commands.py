@@ -22,6 +22,7 @@ from scow.core.storage import (
     CURSOR_PAGE,
     DELIVERY_COUNT,
     DUPLICATE_ID,
+    DUPLICATE_IDS,
     ID_BLOCK,
     LARGE_MESSAGE,
     MESSAGE,
@@ -50,6 +51,7 @@ RECORD_TYPES = {
     CURSOR_COUNT: "CURSOR_COUNT",
     PAGE_TX: "PAGE_TX",
     DUPLICATE_ID: "DUPLICATE_ID",
+    DUPLICATE_IDS: "DUPLICATE_IDS",
 }
 
 

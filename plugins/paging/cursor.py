@@ -25,19 +25,24 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from scow.core.large_messages import hold_body
 from scow.core.message import Message, MessageKind, PagedRef, kind_of
 from scow.core.page_frames import HEADER_SIZE as FRAME_HEADER
-from scow.plugins.paging.record import DURABLE, HEAD, LARGE, head_of, message_data
+from scow.core.page_frames import crc32, valid_length
+from scow.plugins.paging.record import DURABLE, HEAD, LARGE, UNREADABLE, head_of, message_data
 from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
     from scow.core.interfaces import Completion, Consumer, PageStore, Queue
     from scow.core.message import MessageRef
     from scow.plugins.paging.pager import AddressPager
+
+log = structlog.get_logger("scow.paging")
 
 #: Records a selector look-ahead examines before it lets the loop serve others.
 SCAN_BATCH = 5000
@@ -47,16 +52,22 @@ DRAIN_BATCH = 1024
 _FRAME_LENGTH = struct.Struct(">I")
 
 
+def _covers(read: _Window | _Run, page: int, offset: int) -> bool:
+    """Whether `read` holds what is at `offset` of `page`: a read cut short at a damaged
+    frame holds that frame's place too (there is nothing more to read there)."""
+    return (
+        page == read.page
+        and read.start <= offset
+        and (offset < read.end or (read.cut and offset == read.end))
+    )
+
+
 class _Window:
-    """Records of one page read from the store, from byte `start` of the page on.
+    """Records of one page read from the store, from byte `start` of the page on, for
+    reads that may take few of them (look-aheads, browsers, expiry): parsed by the
+    reader thread (`_read_window`), made into messages on the loop as they are taken."""
 
-    Built by the reader thread (`_read_window`): the frames are walked, the headers
-    unpacked and the payloads of the records routed to the cursor's queue cut out
-    there, so the loop only checks what may have changed since (acknowledgements,
-    commits, what was taken ahead) and hands the queue what it takes.
-    """
-
-    __slots__ = ("end", "page", "records", "start")
+    __slots__ = ("cut", "end", "page", "records", "start")
 
     def __init__(self, page: int, start: int, end: int, records: list[_Record]) -> None:
         self.page = page
@@ -64,9 +75,11 @@ class _Window:
         #: The page offset just past the bytes read.
         self.end = end
         self.records = records
+        #: Whether the read ended at a damaged frame, short of the page's visible end.
+        self.cut = False
 
     def covers(self, page: int, offset: int) -> bool:
-        return page == self.page and self.start <= offset < self.end
+        return _covers(self, page, offset)
 
     def from_offset(self, offset: int) -> list[_Record]:
         """The records at and after page offset `offset`."""
@@ -74,27 +87,21 @@ class _Window:
         return records[bisect_left(records, offset, key=_offset_of) :]
 
 
-#: (page offset, offset of the next record, header, payload if routed to the queue):
-#: the message's bytes, or the `Message` itself in a window read to be taken in order
+#: (page offset, offset of the next record, header, the message's bytes if routed to
+#: the queue, else None)
 _Record = tuple[int, int, tuple, Any]
 _offset_of = itemgetter(0)
 _new_message = Message.__new__
+_new_ref = PagedRef.__new__
+#: A frame's length and CRC, a record's header and its first queue id: what the reader
+#: needs of a record, in one unpack. A message's frame is never shorter (it is routed to
+#: a queue), so a shorter frame at a page's end is a summary.
+_FRAME_AND_HEAD = struct.Struct(">II" + HEAD.format.lstrip(">") + "Q")
 
 
-def _read_window(
-    store: PageStore,
-    page: int,
-    offset: int,
-    queue_id: int,
-    kinds: Callable[[int, int], MessageKind] | None,
-) -> _Window:
-    """Read `page` from `offset` and parse its records for queue `queue_id`; with
-    `kinds` (the kind of a message by its record's flags and priority), each becomes a
-    `Message` (runs in the reader thread: nothing here touches the loop's state).
-
-    Every paged message passes through here once, so the loop is written out: the
-    frames walked inline (the store returns valid ones only), and a message built as
-    `Message.__init__` would, less its keyword arguments and kind lookup."""
+def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Window:
+    """Read `page` from `offset` and parse its records for queue `queue_id` (runs in the
+    reader thread: nothing here touches the loop's state)."""
     buf = store.read(page, offset)
     unpack = HEAD.unpack_from
     frame_length = _FRAME_LENGTH.unpack_from
@@ -102,8 +109,6 @@ def _read_window(
     records: list[_Record] = []
     append = records.append
     queue_key = queue_id.to_bytes(8, "big")
-    new = _new_message
-    known: dict[int, MessageKind] = {}  # kinds by (priority << 1 | durable flag)
     at = 0
     stop = len(buf)
     while at + FRAME_HEADER <= stop:
@@ -115,24 +120,139 @@ def _read_window(
         routed = (
             buf[ids_at : ids_at + 8] == queue_key if n == 1 else queue_id in _ids(buf, ids_at, n)
         )
-        payload: Any = None
-        if routed:
-            payload = buf[ids_at + 8 * n : pend]
-            flags = head[3]
-            # a large message's body is held by the loop's store: the loop builds that one
-            if kinds is not None and not flags & LARGE:
-                message = new(Message)
-                message.id = head[0]
-                message.data = payload
-                kind = known.get(head[4] << 1 | flags & DURABLE)
-                if kind is None:
-                    kind = known[head[4] << 1 | flags & DURABLE] = kinds(flags, head[4])
-                message.kind = kind
-                message.expiration = head[1]
-                payload = message
-        append((offset + at, offset + pend, head, payload))
+        append((offset + at, offset + pend, head, buf[ids_at + 8 * n : pend] if routed else None))
         at = pend
     return _Window(page, offset, offset + len(buf), records)
+
+
+class _Run:
+    """The records of one page routed to a cursor's queue, read from byte `start` on to
+    be taken in order: each already the `PagedRef` the queue is handed, made by the
+    reader thread (`_read_run`), so that the loop hands over a run of them as one
+    slice when nothing about them needs a look of its own (`plain`)."""
+
+    __slots__ = (
+        "cut",
+        "end",
+        "nexts",
+        "page",
+        "plain",
+        "priority",
+        "refs",
+        "sizes",
+        "special",
+        "start",
+    )
+
+    def __init__(self, page: int, start: int, end: int) -> None:
+        self.page = page
+        self.start = start
+        #: The page offset just past the bytes read.
+        self.end = end
+        #: A reference per record routed to the queue, in page order (`offset` is the
+        #: record's place); a large message's has no message yet (the loop's store holds
+        #: its body).
+        self.refs: list[PagedRef] = []
+        #: The page offset just past each of them.
+        self.nexts: list[int] = []
+        #: Bytes of the messages before each of them (one more entry: all of them).
+        self.sizes = [0]
+        #: index -> (header, record bytes or None) of the records taken with care: sent
+        #: in a transaction, or large (their bytes: the loop makes their message).
+        self.special: dict[int, tuple[tuple, Any]] = {}
+        #: No special record: the loop may take a slice of `refs` without looking at each.
+        self.plain = True
+        #: The priority of every message in it, -1 if they differ (or there are none).
+        self.priority = -1
+        #: Whether the read ended at a damaged frame, short of the page's visible end.
+        self.cut = False
+
+    def covers(self, page: int, offset: int) -> bool:
+        return _covers(self, page, offset)
+
+    def index(self, offset: int) -> int:
+        """Index of the first reference at or after page offset `offset`."""
+        return bisect_left(self.refs, offset, key=_ref_offset)
+
+
+_ref_offset = attrgetter("offset")
+
+
+def _read_run(
+    store: PageStore,
+    page: int,
+    offset: int,
+    cursor: QueueCursor,
+    kinds: Callable[[int, int], MessageKind],
+) -> _Run:
+    """Read `page` from `offset` and make a `PagedRef` of each record routed to the
+    cursor's queue, `kinds` giving a message's kind by its record's flags and priority
+    (runs in the reader thread: it only reads the loop's objects).
+
+    Every paged message passes through here once, so the loop is written out: the
+    frames walked inline, each checked as `page_frames.valid_length` would (the
+    store's `read_unchecked` leaves that to this one walk), one unpack per record, and
+    the message and its reference built as their `__init__`s would."""
+    read = getattr(store, "read_unchecked", store.read)
+    buf = read(page, offset)
+    view = memoryview(buf)
+    queue = cursor.queue
+    queue_id = queue.id
+    run = _Run(page, offset, offset)
+    refs = run.refs
+    add_ref = refs.append
+    add_next = run.nexts.append
+    add_size = run.sizes.append
+    special = run.special
+    unpack = _FRAME_AND_HEAD.unpack_from
+    new, new_ref = _new_message, _new_ref
+    ids_from = FRAME_HEADER + HEAD.size
+    known: dict[int, MessageKind] = {}  # kinds by (priority << 1 | durable flag)
+    priorities = 0  # bit p set: a message of priority p
+    total = 0
+    at = 0
+    size = len(buf)
+    while at + _FRAME_AND_HEAD.size <= size:
+        length, crc, message_id, expiration, tx_id, flags, priority, n, first = unpack(buf, at)
+        pend = at + FRAME_HEADER + length
+        if length == 0 or pend > size or crc32(view[at + FRAME_HEADER : pend]) != crc:
+            break  # zero fill, a torn append or a corrupt frame: the page ends here
+        if (n == 1 and first == queue_id) or (n > 1 and queue_id in _ids(buf, at + ids_from, n)):
+            data = buf[at + ids_from + 8 * n : pend]
+            ref = new_ref(PagedRef)
+            if tx_id or flags & LARGE:
+                special[len(refs)] = (
+                    (message_id, expiration, tx_id, flags, priority, n),
+                    data if flags & LARGE else None,
+                )
+            if not flags & LARGE:
+                message = new(Message)
+                message.id = message_id
+                message.data = data
+                kind = known.get(priority << 1 | flags & DURABLE)
+                if kind is None:
+                    kind = known[priority << 1 | flags & DURABLE] = kinds(flags, priority)
+                message.kind = kind
+                message.expiration = expiration
+                ref.message = message
+            ref.queue = queue
+            ref.cursor = cursor
+            ref.page = page
+            ref.offset = offset + at
+            ref.delivery_count = 0
+            ref.consumer = None
+            add_ref(ref)
+            add_next(offset + pend)
+            total += len(data)
+            add_size(total)
+            priorities |= 1 << priority
+        at = pend
+    # what is too short for a message (a summary) is checked as the store would
+    run.end = offset + valid_length(view, at)
+    run.plain = not special
+    if priorities and not priorities & (priorities - 1):  # one bit: a single priority
+        run.priority = priorities.bit_length() - 1
+    return run
 
 
 class QueueCursor:
@@ -176,7 +296,7 @@ class QueueCursor:
         self.reads = 0
         #: Pages (or their unread rest) selectors passed over by the page's summary.
         self.pages_skipped = 0
-        self._windows: dict[str, _Window] = {}
+        self._windows: dict[str, _Window | _Run] = {}
         #: (durable flag, priority) -> the kind of such a message of the address.
         self._kinds: dict[tuple[int, int], MessageKind] = {}
         #: The address settings `_batch` was worked out for, and (bytes, messages) of a
@@ -301,10 +421,27 @@ class QueueCursor:
             if self._selected_out(page):
                 self._scan_ahead()  # what they match lies further on, if anywhere
                 return
-            window = self._window("main", page, offset)
-            if window is None:
+            run = self._run(page, offset)
+            if run is None:
                 return  # a read is on its way; it calls fill again
-            self._take(window, end)
+            if run.end == offset:  # visible bytes, but no valid frame at the position
+                self._skip_unreadable(page, offset, end)
+                continue
+            self._take(run, end)
+
+    def _skip_unreadable(self, page: int, offset: int, end: int) -> None:
+        """A frame damaged on disk after it was written: the frames after it cannot be
+        found, so the position moves to the end of what is visible of the page (read
+        again, the frame would stop the queue there for good) and the loss is logged."""
+        log.error(
+            UNREADABLE,
+            address=self.pager.address.name,
+            queue=self.queue.name,
+            page=page,
+            offset=offset,
+            bytes_lost=end - offset,
+        )
+        self.offset = end
 
     def _selected_out(self, page: int) -> bool:
         """True when every consumer with credit has a selector and the page's summary
@@ -348,13 +485,25 @@ class QueueCursor:
         return page
 
     def _window(self, slot: str, page: int, offset: int) -> _Window | None:
-        """The bytes of `page` from `offset`, or None while they are being read."""
+        """The records of `page` from `offset`, or None while they are being read."""
+        return self._read(slot, page, offset, _read_window, self.queue.id)
+
+    def _run(self, page: int, offset: int) -> _Run | None:
+        """The references to take in order from `offset` of `page`, or None while they
+        are being read."""
+        return self._read("main", page, offset, _read_run, self, self._kind)
+
+    def _read(
+        self, slot: str, page: int, offset: int, reader: Callable[..., Any], *args: Any
+    ) -> Any:
+        """What `reader` made of `page` from `offset` for `slot` (kept until the slot
+        reads elsewhere), or None while it is being read."""
         window = self._windows.get(slot)
         end = self.pager.visible_end(page)
         if (
             window is not None
             and window.covers(page, offset)
-            and (window.end >= end or self._reading)
+            and (window.end >= end or self._reading or window.cut)
         ):
             return window  # while another read is on its way, take what this one has
         if self._reading:
@@ -362,8 +511,10 @@ class QueueCursor:
         self._reading = True
         self.reads += 1
 
-        def done(window: _Window) -> None:
+        def done(window: _Window | _Run) -> None:
             self._reading = False
+            # the visible bytes are whole frames: a read that ends short met a damaged one
+            window.cut = window.end < end
             if not self.closed:
                 self._windows[slot] = window
                 if self.purging is not None or self.drain_to_queue:
@@ -371,12 +522,7 @@ class QueueCursor:
                 else:
                     self.queue.dispatch()  # fills consumers and browsers, whoever asked
 
-        # what the main window holds is taken in order: it comes as messages, made in
-        # the reader thread; the others' records may never become messages
-        kinds = self._kind if slot == "main" else None
-        self.pager.manager.read(
-            _read_window, (self.pager.store, page, offset, self.queue.id, kinds), done
-        )
+        self.pager.manager.read(reader, (self.pager.store, page, offset, *args), done)
         return None
 
     def _records(
@@ -407,13 +553,73 @@ class QueueCursor:
                 skip = True
             yield (at, _next, head, None) if skip else record
 
-    def _take(self, window: _Window, end: int) -> None:
-        """Hand the queue the records of `window` from the position on, in order, while
-        its read limits allow.
+    def _take(self, run: _Run, end: int) -> None:
+        """Hand the queue the records of `run` from the position up to page offset `end`,
+        in order, while its read limits allow.
 
-        A drain from pages runs every message through here, so this is `_records` and
-        `_deliver_message` written out, the queue given the messages as a batch
-        (`Queue.enqueue_all`) and the address's memory counted once per batch."""
+        A drain from pages runs every message through here. While nothing about the
+        records needs a look of its own they go as slices of the run's references
+        (`_take_slices`); otherwise one by one (`_take_each`)."""
+        first = run.index(self.offset)
+        stop = run.index(end)
+        if self._plain(run):
+            reached = self._take_slices(run, first, stop)
+        else:
+            reached = self._take_each(run, first, stop)
+        if reached == stop and self.backlog:
+            # what follows up to `end` is for other queues (or a summary): passed over
+            self.offset = max(self.offset, min(end, run.end))
+
+    def _plain(self, run: _Run) -> bool:
+        """True when the queue may take `run`'s references as they are: none in a
+        transaction or large, none acknowledged or with a delivery count before a
+        restart, none taken ahead, no journal message held back, no purge, and the
+        backlog's priorities counted by one priority for all."""
+        page = self.page
+        return (
+            run.plain
+            and not self.taken
+            and not self.held
+            and self.purging is None
+            and page >= self.pager.first_page
+            and page not in self.acked
+            and page not in self.counts
+            and (run.priority >= 0 or not self.priorities_known)
+        )
+
+    def _take_slices(self, run: _Run, i: int, stop: int) -> int:
+        """`_take` for a plain run: each slice of references its read limits allow is
+        counted from the run's running sizes and enqueued whole. Returns the index of
+        the first reference not taken."""
+        refs, sizes, nexts = run.refs, run.sizes, run.nexts
+        priority = min(run.priority, 9)
+        messages, size = self._allowance()
+        while i < stop and self.backlog:
+            if messages <= 0 or size <= 0:
+                messages, size = self._allowance()
+                if messages <= 0 or size <= 0:
+                    break
+            # every reference whose bytes before it in the slice are under `size`
+            j = bisect_left(sizes, sizes[i] + size, i, min(stop, i + messages, i + self.backlog))
+            count, length = j - i, sizes[j] - sizes[i]
+            self.offset = nexts[j - 1]
+            self.backlog -= count
+            self.backlog_bytes -= length
+            if self.priorities_known:
+                self.paged_priorities[priority] -= count
+            elif not self.backlog:
+                self.priorities_known = True  # the recovered backlog is read: counts from now
+            self.pager.address.add_memory(length, count)
+            self._queue_enqueue_all(refs[i:j])
+            messages -= count
+            size -= length
+            i = j
+        return i
+
+    def _take_each(self, run: _Run, i: int, stop: int) -> int:
+        """`_take` one reference at a time, those the queue must not take left out;
+        enqueued in batches all the same. Returns the index of the first reference not
+        looked at."""
         page = self.page
         committed = self.pager.committed_txs
         acked = self.acked.get(page)
@@ -421,40 +627,42 @@ class QueueCursor:
         counts = self.counts.get(page)
         recovered = page < self.pager.first_page  # written before this start: durable only
         held = self.held
-        priorities = self.paged_priorities if self.priorities_known else None
-        queue = self.queue
+        refs, nexts, special = run.refs, run.nexts, run.special
         batch: list[PagedRef] = []
         batch_bytes = 0
         messages, size = self._allowance()  # counted down, asked again only when spent
-        for at, next_offset, head, message in window.from_offset(self.offset):
-            if at >= end:
-                break
-            self.offset = next_offset
-            if message is None:
-                continue
-            tx_id, flags = head[2], head[3]
-            if (
-                (tx_id and tx_id not in committed)
-                or (recovered and not flags & DURABLE)
-                or (acked is not None and at in acked)
-            ):
+        while i < stop:
+            ref = refs[i]
+            extra = special.get(i)
+            self.offset = nexts[i]
+            i += 1
+            at = ref.offset
+            if extra is None:
+                message_id, durable = ref.message.id, ref.message.kind.durable
+            else:
+                head, data = extra
+                message_id, tx_id, durable = head[0], head[2], head[3] & DURABLE
+                if tx_id and tx_id not in committed:
+                    continue
+            if (recovered and not durable) or (acked is not None and at in acked):
                 continue
             if taken and (page, at) in taken:
                 taken.discard((page, at))
                 continue
-            if held and held[0].message.id < head[0]:
+            if held and held[0].message.id < message_id:
                 batch_bytes = self._enqueue_all(batch, batch_bytes)
-                self._release_held(head[0])
-            if flags & LARGE:  # left as bytes by the reader thread
-                message = self._message(head, message)
-                hold_body(message.data)
+                self._release_held(message_id)
+            if extra is not None and data is not None:  # large: left as bytes by the reader
+                ref.message = self._message(head, data)
+                hold_body(ref.message.data)
+            if counts:
+                ref.delivery_count = counts.get(at, 0)
+            message = ref.message
             length = len(message.data)
-            ref = PagedRef(message, queue, self, page, at, counts.get(at, 0) if counts else 0)
             self.backlog -= 1
             self.backlog_bytes -= length
-            if priorities is not None:
-                priority = head[4]
-                priorities[priority if priority <= 9 else 9] -= 1
+            if self.priorities_known:
+                self.paged_priorities[_priority(message)] -= 1
             elif not self.backlog:
                 self.priorities_known = True  # the recovered backlog is read: counts from now
             if self.purging is not None:
@@ -471,10 +679,11 @@ class QueueCursor:
                 batch_bytes = self._enqueue_all(batch, batch_bytes)
                 messages, size = self._allowance()
                 if messages <= 0 or size <= 0:
-                    return
+                    return i
         self._enqueue_all(batch, batch_bytes)
         if held and not self.backlog:
             self._release_held(None)  # nothing in pages precedes them any more
+        return i
 
     def _enqueue_all(self, batch: list[PagedRef], size: int) -> int:
         """Count `batch` (of `size` bytes) in the address's memory and enqueue it; empties
@@ -502,7 +711,7 @@ class QueueCursor:
         self._deliver_message(page, at, self._message(head, data))
 
     def _message(self, head: tuple, data: bytes) -> Message:
-        """The message of a record (the reader thread builds those of `_read_window`)."""
+        """The message of a record (the reader thread builds those of `_read_run`)."""
         message_id, expiration, _tx, flags, priority, _n = head
         if flags & LARGE:
             data = message_data(flags, data, self.pager.broker.large_messages)

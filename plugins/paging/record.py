@@ -74,3 +74,7 @@ def message_data(flags: int, data: bytes, store: LargeMessageStore) -> bytes:
 def head_of(flags: int, data: memoryview) -> memoryview:
     """A record's message bytes, less a large message's file reference."""
     return data[_LARGE_REF.size :] if flags & LARGE else data
+
+
+#: What the log says of a frame damaged on disk, and the rest of its page with it.
+UNREADABLE = "page records unreadable: a corrupt frame, the rest of the page is lost"

@@ -9,11 +9,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+import structlog
+
 from scow.core.interfaces import PageStore
 from scow.core.page_frames import iter_frames
 from scow.plugins.paging.pager import PageInfo
-from scow.plugins.paging.record import DURABLE, HEAD, LARGE, SUMMARY, head_of, large_ref
+from scow.plugins.paging.record import (
+    DURABLE,
+    HEAD,
+    LARGE,
+    SUMMARY,
+    UNREADABLE,
+    head_of,
+    large_ref,
+)
 from scow.plugins.paging.summary import PageSummary
+
+log = structlog.get_logger("scow.paging")
 
 
 @dataclass(slots=True)
@@ -46,10 +58,13 @@ def durable_records(
     in the page, else one rebuilt from its durable messages with `properties` (the
     message format's), else none.
     """
+    # the bytes as stored, so that what a corrupt frame leaves unreadable is reported
+    read = getattr(store, "read_unchecked", store.read)
     for page in store.page_numbers():
-        buf = memoryview(store.read(page))
+        buf = memoryview(read(page))
         info = PageInfo(page, summary=None)
         frames = list(iter_frames(buf))
+        _report_unreadable(store, page, buf, frames[-1][2] if frames else 0)
         if frames and HEAD.unpack_from(buf, frames[-1][1])[3] & SUMMARY:
             _start, pstart, pend = frames.pop()
             info.size = info.visible = pend
@@ -92,6 +107,20 @@ def durable_records(
                 )
         if pages is not None:
             pages[page] = info
+
+
+def _report_unreadable(store: PageStore, page: int, buf: memoryview, valid: int) -> None:
+    """Log the records a corrupt frame cuts off (a torn tail was cut when the store
+    opened; zeros are unwritten space): their messages are lost."""
+    rest = buf[valid:]
+    if rest.nbytes and bytes(rest).strip(b"\0"):
+        log.error(
+            UNREADABLE,
+            address=getattr(store, "address", None),
+            page=page,
+            offset=valid,
+            bytes_lost=rest.nbytes,
+        )
 
 
 def _rebuilt(

@@ -266,6 +266,14 @@ class FilePageStore:
 
     def read(self, page: int, offset: int = 0) -> bytes:
         """The page's valid frames from `offset`; a half-written append is left out."""
+        data = self.read_unchecked(page, offset)
+        end = valid_length(data)
+        return data if end == len(data) else data[:end]
+
+    def read_unchecked(self, page: int, offset: int = 0) -> bytes:
+        """The page's bytes from `offset` as they are on disk, with one pread: `read`
+        less the check of each frame, for a reader that checks frames as it parses
+        them (the paging cursor), so each page is walked once, not twice."""
         if offset < 0:
             raise ValueError(f"page store of {self.address!r}: read offset {offset} is negative")
         path = self._path(page)
@@ -291,8 +299,7 @@ class FilePageStore:
             raise _os_error(exc, path, f"reading from byte {offset}") from exc
         finally:
             os.close(fd)
-        end = valid_length(data)
-        return data if end == len(data) else data[:end]
+        return data
 
     def delete(self, page: int) -> None:
         """Remove a page file; a missing one is fine. The folder and address.txt stay."""

@@ -894,6 +894,30 @@ def application_property(data: Buffer, name: str) -> Any:
     return None
 
 
+def application_property_key_end(data: Buffer, offset: int, size: int) -> int:
+    """Where the application-properties map ends (offset) when one of its keys, a str8 or
+    sym8 of `size` bytes, has its constructor at `offset`; -1 when none has.
+
+    It reads only what lies before the key's bytes, so messages alike up to there get
+    the same answer. Raises DecodeError on malformed data it reads.
+    """
+    found = _application_properties_map(data)
+    if found is None:
+        return -1
+    voff, p, end, entries = found
+    try:
+        for _ in range(entries):
+            if p >= offset:
+                matched = p == offset and data[p] in (0xA1, 0xA3) and data[p + 1] == size
+                return end if matched else -1
+            p = _skip(data, _skip(data, p))  # a key and its value
+    except (IndexError, struct.error):
+        raise DecodeError("truncated: application-properties end early", voff) from None
+    except RecursionError:
+        raise DecodeError("map values are nested too deeply", voff, data[voff]) from None
+    return -1
+
+
 def application_properties(
     data: Buffer, cache: dict[bytes, dict[str, Any]] | None = None
 ) -> dict[str, Any]:

@@ -78,6 +78,8 @@ class AmqpConnection(asyncio.Protocol):
         self._writing_paused = False
         #: What holds the socket's input back (see `hold_input`).
         self._input_holders: set[object] = set()
+        #: What holds the engine's events back (see `hold_events`), if anything.
+        self.events_held: object | None = None
 
     # ------------------------------------------------------------------ socket side
 
@@ -159,6 +161,20 @@ class AmqpConnection(asyncio.Protocol):
         if not self._input_holders and self.socket is not None:
             self.socket.pause_reading()
         self._input_holders.add(holder)
+
+    def hold_events(self, holder: object) -> None:
+        """Handle no more of the engine's events (nor read the socket) until `holder`
+        lets go (`release_events`): a large message waiting for its store is routed
+        before anything that came after it."""
+        self.events_held = holder
+        self.hold_input(holder)
+
+    def release_events(self, holder: object) -> None:
+        """`holder` no longer holds the events: those waiting are handled now."""
+        if self.events_held is holder:
+            self.events_held = None
+            self.release_input(holder)
+            self.process()
 
     def release_input(self, holder: object) -> None:
         """`holder` no longer holds the input (see `hold_input`)."""
@@ -295,7 +311,7 @@ class AmqpConnection(asyncio.Protocol):
         handler_of = self.links.get
         DELIVERY, LINK_FLOW = engine.DELIVERY, engine.LINK_FLOW
         event = peek(collector)
-        while event:
+        while event and self.events_held is None:
             kind = etype(event)
             if kind == DELIVERY:
                 delivery = event_delivery(event)

@@ -12,6 +12,9 @@ from scow.core.message import Header, Message
 from scow.protocols.amqp import codec
 
 _DUPLICATE_ID_NAME = DUPLICATE_ID_PROPERTY.encode()
+_NAME_SIZE = len(_DUPLICATE_ID_NAME)
+#: Message beginnings (up to the duplicate id's name) an id-layouts cache holds.
+ID_LAYOUTS_CACHE_SIZE = 256
 #: Up to this size a message's bytes are searched whole for the property's name; past it,
 #: reading its section headers up to the application properties costs less.
 _SEARCH_WHOLE = 4096
@@ -30,6 +33,9 @@ class AmqpMessageFormat:
     def __init__(self) -> None:
         #: Encoded application-properties -> decoded, shared by `properties` callers.
         self._properties: dict[bytes, dict[str, Any]] = {}
+        #: A message's bytes before the duplicate id's name -> where its application
+        #: properties end when the name there is one of their keys, else -1.
+        self._id_layouts: dict[bytes, int] = {}
 
     def inspect(self, data: bytes) -> Header:
         # No duplicate id, nearly always. A message that begins with its body has neither
@@ -42,8 +48,11 @@ class AmqpMessageFormat:
         except IndexError:
             pass  # too short to be a message: parse_header says why
         durable, priority, ttl, _first, _count = codec.parse_header(data)
-        if len(data) <= _SEARCH_WHOLE and data.find(_DUPLICATE_ID_NAME) < 0:
-            return durable, priority, ttl or 0, None
+        if len(data) <= _SEARCH_WHOLE:
+            at = data.find(_DUPLICATE_ID_NAME)
+            if at < 0:
+                return durable, priority, ttl or 0, None
+            return durable, priority, ttl or 0, self._duplicate_id_at(data, at)
         return durable, priority, ttl or 0, self._duplicate_id(data)
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
@@ -63,6 +72,40 @@ class AmqpMessageFormat:
 
     def target_address(self, data: bytes) -> str | None:
         return codec.MessageInfo(data).to
+
+    def _duplicate_id_at(self, data: bytes, at: int) -> object:
+        """The duplicate id of a message holding the property's name at `at`.
+
+        Whether the name there is a key of the application properties depends only on
+        the bytes before it: messages alike up to there (a producer's, mostly) are parsed
+        for the first of them (`_id_layouts`), and the others' id (a binary or a string
+        of up to 255 bytes) read at once after the name. Any other value, or the name
+        elsewhere, is read the long way.
+        """
+        prefix = data[:at]
+        layouts = self._id_layouts
+        end = layouts.get(prefix)
+        if end is None:
+            try:
+                end = codec.application_property_key_end(data, at - 2, _NAME_SIZE)
+            except codec.DecodeError:
+                return None  # unreadable properties: no id to go by
+            if len(layouts) >= ID_LAYOUTS_CACHE_SIZE:
+                layouts.clear()
+            layouts[prefix] = end
+        value = at + _NAME_SIZE
+        if value + 2 <= end <= len(data):
+            code = data[value]
+            stop = value + 2 + data[value + 1]
+            if stop <= end:
+                if code == 0xA0:  # vbin8
+                    return data[value + 2 : stop]
+                if code == 0xA1:  # str8
+                    try:
+                        return str(data[value + 2 : stop], "utf-8")
+                    except UnicodeDecodeError:
+                        return None  # as the long way: unreadable, no id to go by
+        return self._duplicate_id(data)
 
     @staticmethod
     def _duplicate_id(data: bytes) -> object:

@@ -165,6 +165,8 @@ class ProducerLink:
         #: Messages from this size on are large; the one arriving, if any.
         self.large_size = conn.server.min_large_message_size
         self.arrival: _LargeArrival | None = None
+        #: A large message is waiting for its store to have every byte (`when_stored`).
+        self.storing = False
         authorize = conn.authorize
         #: Anonymous relay under enforced permissions: target address -> the refusal
         #: (None: allowed), so each address is checked once per link.
@@ -289,14 +291,35 @@ class ProducerLink:
         except ValueError as exc:
             arrival.file.abandon()
             self._refuse(delivery, engine.delivery_settled(delivery), "amqp:decode-error", str(exc))
-        else:
-            body: LargeBody = data.body
-            body.acquire()  # held while it is routed: the file goes if nothing keeps it
-            try:
+            self._replenish()
+            return
+        # routed once its store has every byte: at once for files; until then what
+        # came after it on the connection waits, so that it is handled after it
+        file = arrival.file
+        self.storing = True
+        file.when_stored(lambda error: self._large_stored(delivery, data, error, file))
+        if self.storing:
+            self.conn.hold_events(delivery)
+
+    def _large_stored(self, delivery: Any, data: LargeHead, error: str | None, file: Any) -> None:
+        """Route a large message its store has whole, or refuse it: its body goes."""
+        self.storing = False
+        body: LargeBody = data.body
+        body.acquire()  # held while it is routed: the body goes if nothing keeps it
+        try:
+            if self.closed:  # its delivery went with the link
+                return
+            if error is None:
                 self._route(delivery, data)
-            finally:
-                body.release()
-        self._replenish()
+            else:
+                reason = f"large message {file.store.describe(file.file_id)} not stored: {error}"
+                log.warning("large message refused", reason=reason)
+                presettled = engine.delivery_settled(delivery)
+                self._refuse(delivery, presettled, "amqp:resource-limit-exceeded", reason)
+            self._replenish()
+        finally:
+            body.release()
+            self.conn.release_events(delivery)
 
     def _abandon_large(self) -> None:
         if self.arrival is not None:

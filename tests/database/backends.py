@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import sqlalchemy as sa
+
 from scow.core.testing import DEFAULT_PLUGINS
 
 #: Short lock times so that a restarted broker never waits long for a dead one's lock.
@@ -30,3 +32,32 @@ def on_database(
         sections.setdefault("paging", {})["store"] = "database"
     out["sections"] = sections
     return out
+
+
+#: What the database says when `refuse_rows` refuses one.
+REFUSED = "LARGE_MESSAGES takes no third row of a body"
+
+
+def refuse_rows(url: str, *, from_chunk: int = 2) -> None:
+    """Make the database refuse every row of LARGE_MESSAGES numbered `from_chunk` or more
+    (a trigger raising REFUSED): a large message's first rows go in, the next is refused,
+    as by a table made read-only mid-message. Deleting rows still works."""
+    statements = {
+        "sqlite": [
+            f'CREATE TRIGGER refuse_rows BEFORE INSERT ON "LARGE_MESSAGES" '
+            f"WHEN NEW.chunk >= {from_chunk} BEGIN SELECT RAISE(ABORT, '{REFUSED}'); END"
+        ],
+        "postgresql": [
+            "CREATE FUNCTION refuse_rows() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN RAISE EXCEPTION '{REFUSED}'; END $$",
+            'CREATE TRIGGER refuse_rows BEFORE INSERT ON "LARGE_MESSAGES" FOR EACH ROW '
+            f"WHEN (NEW.chunk >= {from_chunk}) EXECUTE FUNCTION refuse_rows()",
+        ],
+    }
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in statements[engine.dialect.name]:
+                conn.exec_driver_sql(statement)
+    finally:
+        engine.dispose()

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from proton import Message
+from proton import Delivery, Message
+from proton.utils import LinkDetached
 
 from scow.core import cli
 from scow.core.management import Management
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
 from scow.plugins.database_store import large_messages as db_large
-from tests.database.backends import on_database
+from tests.database.backends import REFUSED, on_database, refuse_rows
 from tests.wire.helpers import Capabilities, connected, receive, send
 
 LARGE = 16 << 10
@@ -179,3 +180,37 @@ def test_export_and_import_carry_large_messages_between_files_and_a_database(
         assert [m.body for m in got] == bodies
     finally:
         on_files.stop()
+
+
+def _answer(conn: Any, address: str, message: Message) -> Any:
+    """The broker's answer to one message: the condition of its rejection, or of its
+    link's detach when it was refused while it arrived."""
+    sender = conn.create_sender(address)
+    delivery = sender.link.send(message)
+    try:
+        conn.wait(lambda: delivery.remote_state, msg="the broker's answer", timeout=30)
+    except LinkDetached as exc:
+        return exc.link.remote_condition
+    assert delivery.remote_state == Delivery.REJECTED, delivery.remote_state
+    return delivery.remote.condition
+
+
+def test_a_body_the_database_refuses_is_refused_to_its_producer_and_its_rows_go(
+    scow_broker: Any, database_url: str
+) -> None:
+    broker = scow_broker(**on_db(database_url))
+    refuse_rows(database_url)  # from a body's third row on, as if the table went read-only
+    with connected(broker.url) as conn:
+        condition = _answer(conn, "big", Message(body=body_of(5 << 20), durable=True))
+    assert condition.name == "amqp:resource-limit-exceeded"
+    assert REFUSED in condition.description and "LARGE_MESSAGES" in condition.description
+    wait_for(lambda: not stored_bodies(database_url), 10, what="the partial rows to go")
+    stats = broker.call(broker.broker.stats)["large-messages"]
+    assert stats == {"files": 0, "bytes": 0, "arriving": 0}
+    assert (broker.queue_stats("big") or {}).get("message-count", 0) == 0
+    # the broker serves others, large messages that fit in two rows too
+    fits = body_of(3 << 19)
+    with connected(broker.url) as conn:
+        send(conn, "big", Message(body=b"small", durable=True), Message(body=fits, durable=True))
+        got = receive(conn.create_receiver("big", credit=2), 2)
+    assert [bytes(m.body) for m in got] == [b"small", fits]

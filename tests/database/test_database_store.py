@@ -3,10 +3,8 @@ the page size cap, and a PostgreSQL server that goes away under load and comes b
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from scow.core.testing import BrokerThread, broker_config, wait_for, write_confi
 from scow.plugins.database_store.journal import DatabaseJournal
 from scow.plugins.database_store.settings import resolve
 from tests.database.backends import on_database
-from tests.database.postgres import PostgresServer, binaries
+from tests.database.postgres import PostgresServer
 from tests.wire.helpers import bulk_send, connected, consume_all, settle_modified
 
 FILES = ["amqp", "file-journal", "standard-queues", "full-policies", "paging"]
@@ -152,25 +150,6 @@ def test_jdbc_max_page_size_bytes_caps_the_page_size(tmp_path: Path) -> None:
         ]
     finally:
         broker.stop()
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, to stop and start."""
-    bin_dir = binaries()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-    directory = Path(tempfile.mkdtemp(prefix="scow-pg-own-"))
-    server = PostgresServer(directory, bin_dir)
-    server.init()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop("immediate")
-        import shutil
-
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _produce(url: str, name: str, accepted: list[str], stop: threading.Event) -> None:

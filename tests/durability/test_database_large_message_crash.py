@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from proton import Message
 
-from scow.core.testing import wait_for
+from scow.core.testing import free_port, wait_for
 from scow.protocols.amqp import engine
 from tests.database.test_database_large_messages import stored_bodies
 from tests.durability.test_large_message_crash import PLUGINS, RawClient, body_of, send_half
+from tests.stomp.stomp_helpers import RawStomp
 from tests.wire.helpers import connected, consume_all, receive, send
 
 SECTIONS = {"amqp": {"min-large-message-size": 64 << 10}}
@@ -79,3 +80,31 @@ def test_accepted_large_messages_survive_a_sigkill(scow_broker_process: Any, dat
     restarted = scow_broker_process(plugins=PLUGINS, sections=SECTIONS, port=broker.port)
     assert [bytes(m.body) for m in consume_all(restarted.url, "kept", quiet=0.5)] == bodies
     wait_for(lambda: not stored_bodies(database), 5, what="the rows to go with the acks")
+
+
+def test_sigkill_mid_stomp_text_send_leaves_no_rows_and_keeps_the_receipted_one(
+    scow_broker_process: Any, database: str
+) -> None:
+    """A STOMP SEND without content-length streams to rows; its size is written over its
+    first row once its NUL has come (after that row went in)."""
+    stomp_port = free_port()
+    stomp = {
+        "listen": [f"127.0.0.1:{stomp_port}"],
+        "anycast-prefix": "/queue/",
+        "min-large-message-size": 64 << 10,
+    }
+    kwargs = {"plugins": [*PLUGINS, "stomp"], "sections": {**SECTIONS, "stomp": stomp}}
+    broker = scow_broker_process(**kwargs)
+    client = RawStomp(stomp_port)
+    head = b"SEND\ndestination:/queue/text\npersistent:true\nreceipt:%s\n\n"
+    whole = "é" * (3 << 19)  # 3 MiB of UTF-8 text
+    client.send(head % b"r" + whole.encode() + b"\x00")
+    assert client.read_frame()[:2] == ("RECEIPT", {"receipt-id": "r"})
+    client.send(head % b"never" + b"n" * (3 << 20))  # its NUL never comes
+    wait_for(lambda: len(stored_bodies(database)) == 2, 10, what="the partial SEND's rows")
+    broker.kill()
+    client.close()
+    restarted = scow_broker_process(**kwargs, port=broker.port)
+    assert len(stored_bodies(database)) == 1  # the partial SEND's rows removed at startup
+    assert [m.body for m in consume_all(restarted.url, "text", quiet=0.5)] == [whole]
+    wait_for(lambda: not stored_bodies(database), 5, what="the rows to go")

@@ -226,3 +226,56 @@ def test_compaction_keeps_the_cached_ids_and_nothing_else(scow_broker_process, t
     restarted = scow_broker_process(plugins=PLUGINS, address_settings=small, port=broker.port)
     send(restarted.url, "compacted", dupl("old", "c-3-46"), dupl("newest", "c-3-49"))
     assert bodies(restarted.url, "compacted") == ["old"]
+
+
+# --------------------------------------------------------------------------- id blocks
+
+
+def test_a_transaction_s_block_partly_pushed_out_comes_back_oldest_first(scow_broker_process):
+    from tests.wire.test_duplicate_detection import commit
+
+    small = {"blocks": {"id-cache-size": 5}}
+    broker = _broker(scow_broker_process, address_settings=small)
+    first = [dupl(f"t{i}", f"t-{i}") for i in range(5)]
+    assert commit(broker.url, "blocks", *first).outcome == "committed"  # one block of 5
+    # a block of 2 pushes t-0 and t-1 out: the first block is left with t-2..t-4
+    second = [dupl("t5", "t-5"), dupl("t6", "t-6")]
+    assert commit(broker.url, "blocks", *second).outcome == "committed"
+    broker.kill()  # both commits were synced before their outcomes
+    restarted = _broker(scow_broker_process, broker.port, address_settings=small)
+    # t-1 was pushed out; its admission pushes out the oldest kept, t-2, which is new
+    # again in turn, while t-4 (then the oldest) and t-6 are still kept
+    send(restarted.url, "blocks", dupl("t1 again", "t-1"), dupl("t2 again", "t-2"))
+    send(restarted.url, "blocks", dupl("t4 again", "t-4"), dupl("t6 again", "t-6"))
+    assert bodies(restarted.url, "blocks") == [f"t{i}" for i in range(7)] + [
+        "t1 again",
+        "t2 again",
+    ]
+
+
+def test_ids_admitted_in_passes_come_back_in_order_after_sigkill(scow_broker_process):
+    from tests.wire.helpers import bulk_send
+
+    small = {"ring": {"id-cache-size": 50}}
+    broker = _broker(scow_broker_process, address_settings=small)
+    # not durable, sent without waiting: their ids are journaled a block per loop pass
+    bulk_send(
+        broker.url,
+        "ring",
+        120,
+        lambda i: Message(body=f"r{i}", durable=False, properties={DUPL: f"r-{i}"}),
+    )
+    assert len(bodies(broker.url, "ring")) == 120
+    # a durable message's sync covers the blocks journaled before it
+    send(broker.url, "ring", dupl("synced", "s"))
+    broker.kill()
+    restarted = _broker(scow_broker_process, broker.port, address_settings=small)
+    # the cache came back as r-71..r-119 and s: r-70 is new and pushes r-71 out, which
+    # is then new too and pushes r-72 out; r-73, r-119 and s are still kept
+    send(
+        restarted.url,
+        "ring",
+        *(dupl(f"r{i} again", f"r-{i}") for i in (70, 71, 73, 119)),
+        dupl("synced again", "s"),
+    )
+    assert bodies(restarted.url, "ring") == ["synced", "r70 again", "r71 again"]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from proton import Message
 
+from scow.core.page_frames import iter_frames
 from scow.core.storage import StorageManager
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
 from scow.plugins.paging.manager import PagingManager
@@ -148,3 +149,43 @@ def test_released_paged_messages_go_back_ahead_of_a_later_memory_message(restart
             sender.send(durable(6, 2500))
         # the consumer's connection is gone: m3-m5 are released
     assert [m.id for m in consume_all(broker.url, "o")] == ["m3", "m4", "m5", "m6"]
+
+
+def _corrupt_fourth_record(page: Path) -> int:
+    """Damage the body of `page`'s fourth record in place; returns the valid length."""
+    frames = list(iter_frames(page.read_bytes()))
+    with open(page, "r+b") as f:
+        f.seek(frames[3][2] - 10)
+        byte = f.read(1)[0]
+        f.seek(frames[3][2] - 10)
+        f.write(bytes([byte ^ 0xFF]))
+    return frames[2][2]
+
+
+@pytest.mark.parametrize("when", ["before-restart", "while-running"])
+def test_a_corrupt_record_mid_page_loses_the_rest_of_its_page_only_and_says_so(
+    restartable, tmp_path, capfd, when
+):
+    """Bytes damaged on disk: the frames after a corrupt one cannot be found, so the rest
+    of that page is lost; every other page is delivered, and the log names what was lost.
+    While running, the cursor read the corrupt frame again and again, and stopped there."""
+    broker = restartable(PAGE_ALWAYS)
+    with connected(broker.url) as conn:
+        send(conn, "q", *(durable(i) for i in range(40)))
+    page = next((tmp_path / "data" / "paging").rglob("000000002.page"))
+    if when == "before-restart":
+        broker.stop()
+        valid = _corrupt_fourth_record(page)
+        capfd.readouterr()
+        broker = restartable(PAGE_ALWAYS)
+    else:
+        valid = _corrupt_fourth_record(page)
+        capfd.readouterr()
+    got = [m.id for m in consume_all(broker.url, "q", quiet=1.0)]
+    lost = [f"m{i}" for i in range(40) if f"m{i}" not in got]
+    reports = [line for line in capfd.readouterr().err.splitlines() if "unreadable" in line]
+    assert len(reports) == 1, (len(got), reports)
+    [report] = reports
+    assert f"offset={valid} page=2" in report
+    assert len(lost) == 6  # the page's records from the fourth on (its summary aside)
+    assert got == [f"m{i}" for i in range(40) if f"m{i}" not in lost]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from scow_stomp.frames import BodyPart, Frame, FrameError, Parser, encode
+from scow_stomp.frames import BodyPart, Frame, FrameError, FrameTooLarge, Parser, encode
 
 
 def _parse(data: bytes, max_size: int = 1 << 20) -> list[Frame]:
@@ -59,8 +59,8 @@ def test_crlf_line_endings_are_accepted():
         (b"SEND\nk:\\x\n\n\x00", "undefined escape"),
         (b"SEND\ncontent-length:x\n\n\x00", "content-length 'x' is not a number"),
         (b"SEND\ncontent-length:1\n\nab\x00", "no NUL after the 1 bytes"),
-        (b"SEND\n\n" + b"x" * 200, "exceeds max-frame-size 100"),
-        (b"SEND\n" + b"h:v\n" * 50, "headers exceed max-frame-size 100"),
+        (b"SEND\n\n" + b"x" * 200, r"exceeds \[stomp\] max-frame-size 100"),
+        (b"SEND\n" + b"h:v\n" * 50, r"headers exceed \[stomp\] max-frame-size 100"),
     ],
 )
 def test_malformed_input_is_refused_saying_what_was_wrong(data, says):
@@ -95,10 +95,14 @@ def test_a_send_over_stream_from_comes_out_as_its_head_then_its_body_in_parts(pi
     assert parser.heartbeats == 1
 
 
-def test_frames_below_stream_from_or_without_content_length_come_whole():
-    data = encode("SEND", {"destination": "q"}, b"x" * 99) + b"SEND\ndestination:q\n\n" + b"y" * 500
-    frames = _parse_with(Parser(1 << 20, stream_from=100), data + b"\x00")
-    assert [(f.streamed, len(f.body)) for f in frames] == [(False, 99), (False, 500)]
+def test_frames_below_stream_from_and_frames_other_than_send_come_whole():
+    data = (
+        encode("SEND", {"destination": "q"}, b"x" * 99)
+        + b"SEND\ndestination:q\n\n" + b"y" * 99 + b"\x00"
+        + b"ACK\nid:1\n\n" + b"z" * 500 + b"\x00"
+    )  # fmt: skip
+    frames = _parse_with(Parser(1 << 20, stream_from=100), data)
+    assert [(f.streamed, len(f.body)) for f in frames] == [(False, 99), (False, 99), (False, 500)]
 
 
 def test_a_streamed_body_not_ended_by_nul_is_refused():
@@ -107,10 +111,51 @@ def test_a_streamed_body_not_ended_by_nul_is_refused():
         _events(parser, b"SEND\ndestination:q\ncontent-length:4\n\nabcdX", 100)
 
 
-def test_a_streamed_send_over_max_frame_size_is_refused_before_its_body():
-    parser = Parser(1024, stream_from=4)
-    with pytest.raises(FrameError, match="exceeds max-frame-size 1024"):
-        list(parser.feed(b"SEND\ndestination:q\ncontent-length:5000\n\n"))
+def test_a_streamed_body_is_bounded_by_max_message_size_not_max_frame_size():
+    parser = Parser(1024, stream_from=4, max_message_size=10_000)
+    events = _events(parser, encode("SEND", {"destination": "q"}, b"y" * 10_000), 4096)
+    assert b"".join(bytes(e.data) for e in events if isinstance(e, BodyPart)) == b"y" * 10_000
+    with pytest.raises(FrameTooLarge, match=r"10001 bytes .* exceeds \[stomp\] max-message-size"):
+        list(parser.feed(b"SEND\ndestination:q\ncontent-length:10001\n\n"))
+
+
+def test_headers_and_bodies_held_in_memory_stay_bounded_by_max_frame_size():
+    parser = Parser(1024, stream_from=4096)
+    with pytest.raises(FrameTooLarge, match=r"SEND frame of 2\d\d\d bytes or more exceeds"):
+        list(parser.feed(encode("SEND", {"destination": "q"}, b"y" * 2000)))
+    with pytest.raises(FrameTooLarge, match=r"SEND headers of \d+ bytes or more exceeds"):
+        list(Parser(1024, stream_from=4).feed(b"SEND\nh:" + b"v" * 2000 + b"\n\n"))
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1000, 1 << 20])
+def test_a_send_without_content_length_streams_once_it_passes_stream_from(piece):
+    body = bytes(range(1, 256)) * 40  # no NUL: it ends the body
+    data = b"SEND\ndestination:q\n\n" + body + b"\x00\n" + encode("ACK", {"id": "1"})
+    parser = Parser(1024, stream_from=1000)
+    head, *parts, ack = _events(parser, data, piece)
+    assert isinstance(head, Frame) and head.streamed and "content-length" not in head.headers
+    assert b"".join(bytes(p.data) for p in parts) == body  # type: ignore[union-attr]
+    assert [p.last for p in parts] == [False] * (len(parts) - 1) + [True]  # type: ignore[union-attr]
+    assert isinstance(ack, Frame) and ack.command == "ACK" and parser.heartbeats == 1
+
+
+def test_a_send_without_content_length_over_max_message_size_is_refused_as_it_arrives():
+    parser = Parser(1024, stream_from=100, max_message_size=5000)
+    events = list(parser.feed(b"SEND\ndestination:q\n\n" + b"z" * 4000))
+    assert events[0].streamed  # type: ignore[union-attr]
+    with pytest.raises(FrameTooLarge, match=r"more than 5000 bytes .* max-message-size 5000"):
+        list(parser.feed(b"z" * 1001))
+
+
+def test_a_body_without_content_length_is_searched_for_its_nul_once():
+    """Fed a byte at a time, a body's NUL search does not start again at its beginning:
+    quadratic rescans would take minutes here."""
+    parser = Parser(1 << 30)
+    data = b"SEND\ndestination:q\n\n" + b"x" * 200_000
+    for start in range(0, len(data), 16):
+        assert list(parser.feed(data[start : start + 16])) == []
+    (frame,) = list(parser.feed(b"\x00"))
+    assert len(frame.body) == 200_000
 
 
 def _parse_with(parser: Parser, data: bytes) -> list[Frame]:

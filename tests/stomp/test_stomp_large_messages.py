@@ -5,12 +5,19 @@ test_large_message_crash.py."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from pathlib import Path
+
 import pytest
 from proton import Message
-from stomp_helpers import RawStomp, client, start
+from stomp_helpers import PLUGINS, RawStomp, client, start
 
 from scow.core.testing import wait_for
+from tests.conftest import DATABASES
+from tests.database.backends import REFUSED, on_database, refuse_rows
 from tests.wire.helpers import connected, receive, send
+from tests.wire.test_large_messages import files as _bodies
 
 LARGE = 64 << 10
 
@@ -148,20 +155,206 @@ def test_large_messages_in_client_ack_mode_stream_one_after_another(scow_broker)
 
 
 @pytest.mark.parametrize(
-    ("body", "payload"),
+    ("body", "payload", "sequence"),
     [
-        ("é" * (LARGE // 2 + 1), ("é" * (LARGE // 2 + 1)).encode()),  # a string value
-        (list(range(LARGE // 4)), str(list(range(LARGE // 4))).encode()),  # converted whole
+        ("é" * (LARGE // 2 + 1), ("é" * (LARGE // 2 + 1)).encode(), False),  # a string value
+        (list(range(LARGE // 4)), str(list(range(LARGE // 4))).encode(), False),  # converted
+        (["ab" * 64] * 1024, str(["ab" * 64] * 1024).encode(), True),  # an amqp-sequence
     ],
-    ids=["string", "list"],
+    ids=["string", "list", "sequence"],
 )
-def test_a_large_amqp_value_body_reaches_stomp_as_its_text(scow_broker, body, payload):
+def test_a_large_amqp_value_body_reaches_stomp_as_its_text(scow_broker, body, payload, sequence):
     broker = start(scow_broker, sections={"amqp": {"min-large-message-size": LARGE}})
+    message = Message(body=body, durable=True)
+    message.inferred = sequence
     with connected(broker.url) as amqp:
-        send(amqp, "text", Message(body=body, durable=True))
+        send(amqp, "text", message)
     assert len(_files(broker)) == 1
     with client(broker) as (conn, seen):
         conn.subscribe("/queue/text", id="s")
         (frame,) = seen.wait_messages(1)
     assert frame.body == payload
     wait_for(lambda: not _files(broker), 5, what="the file to go")
+
+
+@pytest.fixture(params=["file", *DATABASES])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the bodies of the tests taking it are: files (""), then rows of
+    LARGE_MESSAGES in SQLite and in PostgreSQL (the database's URL)."""
+    if request.param == "file":
+        return ""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return f"sqlite:///{tmp_path / 'test.db'}"
+
+
+def _start_on(scow_broker, url: str, stomp: dict) -> object:
+    sections = {"stomp": stomp}
+    if not url:
+        return start(scow_broker, sections=sections)
+    kwargs = on_database({"plugins": PLUGINS, "sections": sections}, url)
+    return start(scow_broker, **kwargs)
+
+
+def test_a_large_send_over_max_frame_size_is_bounded_by_max_message_size(scow_broker, store):
+    stomp = {
+        "min-large-message-size": LARGE,
+        "max-frame-size": 16 << 10,
+        "max-message-size": 3 << 20,
+    }
+    broker = _start_on(scow_broker, store, stomp)
+    body = bytes(range(256)) * (12 << 10)  # 3 MiB: 192 times max-frame-size
+    with client(broker) as (conn, seen):
+        conn.send("/queue/big", body, headers={"persistent": "true"}, receipt="r")
+        seen.wait_receipt("r")
+    with connected(broker.url) as amqp:
+        (message,) = receive(amqp.create_receiver("big", credit=1), 1)
+    assert bytes(message.body) == body
+    # one byte more is refused by its content-length, before any of its body is read
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/big\nreceipt:r\ncontent-length:%d\n\n" % (len(body) + 1))
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR"
+    assert b"exceeds [stomp] max-message-size 3145728" in text, text
+    assert "max-message-size" in headers["message"]
+    wait_for(lambda: not _bodies(broker), 5, what="no body left")
+    # headers still count against max-frame-size
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/big\nh:" + b"v" * (20 << 10) + b"\n\n\x00")
+    command, _, text = raw.read_frame()
+    assert command == "ERROR" and b"headers of" in text and b"max-frame-size 16384" in text
+
+
+def test_a_send_without_content_length_goes_to_its_file_as_it_arrives(scow_broker, store):
+    # max-frame-size bounds what is held before the body passes min-large-message-size
+    stomp = {"min-large-message-size": LARGE, "max-frame-size": 2 * LARGE}
+    broker = _start_on(scow_broker, store, stomp)
+    text = "".join(chr(0x20 + i % 0x3000) for i in range(2 << 20))  # 1-3 bytes each in UTF-8
+    body = text.encode()
+    cut = len(body) // 2 + 1  # inside a character: its bytes are split between reads
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/text\npersistent:true\nreceipt:r\n\n" + body[:cut])
+    wait_for(lambda: _stats(broker)["arriving"] == 1, 10, what="the body to stream")
+    raw.send(body[cut:] + b"\x00")
+    assert raw.read_frame()[:2] == ("RECEIPT", {"receipt-id": "r"})
+    raw.close()
+    assert len(_bodies(broker)) == 1
+    assert broker.call(lambda: broker.broker.addresses["text"].size) < 4096
+    with client(broker) as (conn, seen):  # as STOMP sends it: the text's bytes
+        conn.subscribe("/queue/text", id="s", ack="client-individual")
+        (frame,) = seen.wait_messages(1)
+        assert frame.body == body
+    with connected(broker.url) as amqp:  # as AMQP: a string
+        (message,) = receive(amqp.create_receiver("text", credit=1), 1)
+    assert message.body == text and message.durable
+    wait_for(lambda: not _bodies(broker), 5, what="the body to go")
+
+
+@pytest.mark.parametrize(
+    ("tail", "says"),
+    [
+        (b"\xff\xfe", b"must be UTF-8"),
+        (b"y" * (1 << 20), b"exceeds [stomp] max-message-size 1048576"),
+    ],
+    ids=["not-utf8", "too-large"],
+)
+def test_a_send_without_content_length_refused_mid_body_leaves_nothing(scow_broker, tail, says):
+    stomp = {"min-large-message-size": LARGE, "max-message-size": 1 << 20}
+    broker = start(scow_broker, sections={"stomp": stomp})
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/bad\nreceipt:r\n\n" + b"x" * (200 << 10))
+    wait_for(lambda: _stats(broker)["arriving"] == 1, 10, what="the body to stream")
+    raw.send(tail + b"\x00")
+    command, _, text = raw.read_frame()
+    assert command == "ERROR" and says in text, text
+    wait_for(lambda: _stats(broker)["arriving"] == 0, 5, what="the arrival to go")
+    assert _files(broker) == []
+    assert (broker.queue_stats("bad") or {}).get("message-count", 0) == 0
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/bad", b"fine", receipt="ok")
+        seen.wait_receipt("ok")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [bytes(range(256)) * (12 << 10), ["x" * 100] * 30_000],  # 3 MiB of data; a list
+    ids=["data", "list"],
+)
+@pytest.mark.parametrize("store", DATABASES, indirect=True)
+def test_on_the_database_a_stomp_delivery_reads_its_rows_off_the_event_loop(
+    scow_broker, store, monkeypatch, body
+):
+    broker = _start_on(scow_broker, store, {})
+    broker.call(lambda: None)
+    large = broker.broker.large_messages
+    threads: list[int] = []
+    fetch = large.fetch
+
+    def fetch_and_say_where(*args):  # the store's own reads, noting the thread they run on
+        threads.append(threading.get_ident())
+        return fetch(*args)
+
+    monkeypatch.setattr(large, "fetch", fetch_and_say_where)
+    with connected(broker.url) as amqp:
+        send(amqp, "rows", Message(body=body, durable=True, properties={"n": 1}))
+    with client(broker) as (conn, seen):
+        conn.subscribe("/queue/rows", id="s")
+        (frame,) = seen.wait_messages(1)
+    expected = body if isinstance(body, bytes) else str(body).encode()
+    assert frame.body == expected and frame.headers["n"] == "1"
+    assert threads, "the body was not read from the database"
+    assert broker.call(threading.get_ident) not in threads
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "text"])
+@pytest.mark.parametrize("store", DATABASES, indirect=True)
+def test_a_send_the_database_refuses_gets_an_error_and_its_rows_go(scow_broker, store, length):
+    broker = _start_on(scow_broker, store, {"min-large-message-size": LARGE})
+    refuse_rows(store)  # from a body's third row on, as if the table went read-only
+    body = b"x" * (5 << 20)
+    raw = RawStomp(broker.port_of("stomp"))
+    head = b"SEND\ndestination:/queue/refused\npersistent:true\nreceipt:r\n"
+    raw.send(head + (b"content-length:%d\n" % len(body) if length else b"") + b"\n")
+    with contextlib.suppress(OSError):  # the broker may close before it has read all
+        raw.send(body + b"\x00")
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR" and headers.get("receipt-id") == "r"
+    assert REFUSED.encode() in text and b"LARGE_MESSAGES" in text, text
+    wait_for(lambda: not _bodies(broker), 10, what="the partial rows to go")
+    assert _stats(broker) == {"files": 0, "bytes": 0, "arriving": 0}
+    assert (broker.queue_stats("refused") or {}).get("message-count", 0) == 0
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/refused", b"y" * (3 << 19), headers={"persistent": "true"}, receipt="ok")
+        seen.wait_receipt("ok")
+    assert broker.queue_stats("refused")["message-count"] == 1
+
+
+@pytest.mark.slow  # ~16 s with its own server; the refusals above are the fast variant
+@pytest.mark.postgres
+def test_a_send_across_a_postgresql_outage_waits_for_it_then_is_stored_whole(
+    private_postgres, scow_broker
+):  # in that order: the broker stops before its database
+    """A lost database is an outage, not a refusal (the database store retries until it
+    is back, as for every record): the SEND's rows wait, and its RECEIPT comes once
+    PostgreSQL is back, with nothing of the body lost."""
+    url = private_postgres.url(private_postgres.create_database())
+    broker = _start_on(scow_broker, url, {"min-large-message-size": LARGE})
+    body = bytes(range(256)) * (24 << 10)  # 6 MiB
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(
+        b"SEND\ndestination:/queue/outage\npersistent:true\nreceipt:r\n"
+        b"content-length:%d\n\n" % len(body) + body[: 3 << 20]
+    )
+    wait_for(lambda: sum(1 for _ in _bodies(broker)), 10, what="the first rows")
+    private_postgres.stop("fast")
+    raw.send(body[3 << 20 :] + b"\x00")
+    raw.sock.settimeout(2)
+    with pytest.raises(TimeoutError):  # no answer while the database is down
+        raw.read_frame()
+    private_postgres.start()
+    raw.sock.settimeout(60)
+    assert raw.read_frame()[:2] == ("RECEIPT", {"receipt-id": "r"})
+    raw.close()
+    with connected(broker.url) as amqp:
+        (message,) = receive(amqp.create_receiver("outage", credit=1), 1)
+    assert bytes(message.body) == body

@@ -329,7 +329,7 @@ def test_frame_over_max_frame_size_is_refused(scow_broker):
     sock.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\x00")
     sock.sendall(b"SEND\ndestination:q\n\n" + b"x" * 8000 + b"\x00")
     answer = read_until_closed(sock)
-    assert b"exceeds max-frame-size 4096" in answer
+    assert b"exceeds [stomp] max-frame-size 4096" in answer
 
 
 def test_a_frame_before_connect_and_an_old_version_are_refused(scow_broker):

@@ -301,8 +301,14 @@ class Consumer(_Client):
             if r.stream:
                 options.append(Filter({STREAM_OFFSET: r.spec["offset"]}))
             r.link = container.create_receiver(conn, r.lane.address, name=name, options=options)
-            r.link.flow(self.args.credit)
+            self.flow(r, self.args.credit)
             self.by_link[r.link] = r
+
+    def flow(self, r: _Receiving, credit: int) -> None:
+        """Grant credit, logged first (the checker knows when a delivery could be sent)."""
+        link = {"selector": r.color} if r.color else {}
+        self.log.write("credit", queue=r.queue, n=credit, **link)
+        r.link.flow(credit)
 
     def on_message(self, event: Any) -> None:
         r = self.by_link[event.receiver]
@@ -343,7 +349,7 @@ class Consumer(_Client):
                 delivery.update(Delivery.MODIFIED)
                 delivery.settle()
                 self.log.write("poisoned", lane=r.lane.name, queue=r.queue, id=str(message.id))
-                r.link.flow(1)
+                self.flow(r, 1)
             else:
                 r.unacked.append((delivery, str(message.id)))
             if r.delay:
@@ -361,7 +367,7 @@ class Consumer(_Client):
         for delivery, _ in r.unacked:
             delivery.update(Delivery.ACCEPTED)
             delivery.settle()
-        r.link.flow(len(r.unacked))
+        self.flow(r, len(r.unacked))
         r.unacked = []
         r.last_ack = time.monotonic()
 
@@ -512,6 +518,7 @@ class TxConsumer(_Client, TransactionHandler):
         self.deadline = time.monotonic() + hold
         credit = self.wanted - len(self.waiting) - self.receiver.credit
         if credit > 0:
+            self.log.write("credit", queue=self.lane.address, n=credit)
             self.receiver.flow(credit)
         self.take()
 

@@ -8,14 +8,47 @@ from scow.core.duplicates import DuplicateIdCache, describe_id, id_key
 from scow.core.model import InvalidField
 
 
-def test_ids_are_forgotten_oldest_first_with_their_records():
-    cache = DuplicateIdCache(2)
-    assert cache.add(b"a", 10) == [] and cache.add(b"b", 11) == []
-    assert cache.pushed_out(1) == [10]  # what adding one more would push out
-    assert cache.add(b"c", 12) == [10]
-    assert b"a" not in cache and b"b" in cache and len(cache) == 2
-    assert cache.add(b"b", 13) == [11]  # an id admitted again replaces its old record
-    assert cache.clear() == [12, 13] and len(cache) == 0
+def test_ids_are_forgotten_oldest_first_a_block_s_record_when_its_last_id_goes():
+    cache = DuplicateIdCache(3)
+    assert cache.add_block([b"a", b"b"], 10) == []
+    assert cache.add_block([b"c"], 11) == []
+    assert cache.emptied_by(1) == []  # one more pushes out a, b stays: block 10 stays
+    assert cache.emptied_by(2) == [10]  # what adding two more would push out whole
+    assert cache.add_block([b"d"], 12) == [] and b"a" not in cache and b"b" in cache
+    assert cache.add_block([b"e"], 13) == [10]
+    assert list(cache.ids) == [b"c", b"d", b"e"]
+    assert cache.add_block([b"c"], 14) == [11]  # an id admitted again leaves its old block
+    assert cache.clear() == [12, 13, 14] and len(cache) == 0
+    # an import may hold an id twice: its block goes with its last id all the same
+    assert cache.add_block([b"x", b"x", b"y"], 15) == []
+    assert cache.add_block([b"p", b"q", b"r"], 16) == [15]
+
+
+def test_ids_admitted_alone_form_one_block_per_close_even_when_partly_pushed_out():
+    cache = DuplicateIdCache(3)
+    assert cache.admit(b"a") is True  # opened the block: a close is due
+    assert cache.admit(b"b") is False and cache.admit(b"c") is False
+    block, keys, dead = cache.close()
+    assert keys == [b"a", b"b", b"c"] and dead == [] and block is not None
+    block.record_id = 20
+    cache.admit(b"d")
+    cache.admit(b"e")  # pushes a and b out: block 20 keeps c
+    block, keys, dead = cache.close()
+    assert keys == [b"d", b"e"] and dead == []
+    block.record_id = 21
+    for key in (b"f", b"g", b"h", b"i"):  # c goes (block 20 with it), then d and e
+        cache.admit(key)
+    block, keys, dead = cache.close()
+    assert keys == [b"g", b"h", b"i"]  # f was pushed out before its block was written
+    assert dead == [20, 21]
+    assert cache.close() == (None, [], [])
+
+
+def test_a_cache_that_is_not_journaled_writes_nothing():
+    cache = DuplicateIdCache(2, journaled=False)
+    assert [cache.admit(key) for key in (b"a", b"b", b"c")] == [False] * 3
+    assert list(cache.ids) == [b"b", b"c"]
+    assert cache.close() == (None, [], [])
 
 
 def test_ids_admitted_together_keep_the_newest_that_fit():
@@ -23,9 +56,10 @@ def test_ids_admitted_together_keep_the_newest_that_fit():
     assert cache.kept([b"a", b"b"]) == [b"a", b"b"]
     assert cache.kept([b"a", b"b", b"c", b"d"]) == [b"b", b"c", b"d"]
     assert DuplicateIdCache(0).kept([b"a"]) == []
-    for key, record in ((b"x", 1), (b"y", 0), (b"z", 3)):
-        cache.add(key, record)
-    assert cache.pushed_out(2) == [1]  # y was never journaled: no record to delete
+    cache.add_block([b"x"], 1)
+    cache.add_block([b"y"], 0)
+    cache.add_block([b"z"], 3)
+    assert cache.emptied_by(2) == [1]  # y was never journaled: no record to delete
 
 
 def test_strings_and_binaries_are_distinct_keys_and_other_types_are_refused():
@@ -59,3 +93,72 @@ def test_inspect_reads_the_header_and_the_duplicate_id_of_every_message_shape():
     assert AMQP_FORMAT.inspect(_encoded(ProtonMessage(body="_AMQ_DUPL_ID")))[3] is None
     with pytest.raises(DecodeError):
         AMQP_FORMAT.inspect(b"\x00")
+
+
+def test_inspect_reads_ids_of_messages_alike_up_to_the_name_from_the_first_one_s_layout():
+    from proton import Message as ProtonMessage
+
+    from scow.protocols.amqp.format import AmqpMessageFormat
+
+    fmt = AmqpMessageFormat()  # a layout cache of its own
+
+    def inspect(**kwargs: object) -> object:
+        return fmt.inspect(_encoded(ProtonMessage(**kwargs)))[3]
+
+    # one layout (the map's size is in it), learnt from the first message, read for the
+    # next ones
+    assert inspect(body="a", properties={"_AMQ_DUPL_ID": b"\x01\x02"}) == b"\x01\x02"
+    assert inspect(body="b", properties={"_AMQ_DUPL_ID": b"\x03\x04"}) == b"\x03\x04"
+    assert len(fmt._id_layouts) == 1
+    # string ids, read by their layout too, or an id after another key
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-1"}) == "s-1"
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-2"}) == "s-2"
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "\u00e9"}) == "\u00e9"
+    assert len(fmt._id_layouts) == 2
+    assert inspect(body="d", properties={"k": "v", "_AMQ_DUPL_ID": b"\x04"}) == b"\x04"
+    # the name first seen as a value, then as the key; as an annotation's key only; in
+    # the body only
+    both = {"k": "_AMQ_DUPL_ID", "_AMQ_DUPL_ID": b"\x05"}
+    assert inspect(body="e", properties=both) == b"\x05"
+    assert inspect(body="f", annotations={"_AMQ_DUPL_ID": b"\x06"}) is None
+    assert inspect(body="_AMQ_DUPL_ID") is None
+    # a message cut short after the name of a known layout has no id it can trust
+    whole = _encoded(ProtonMessage(body="g", properties={"_AMQ_DUPL_ID": b"\x07" * 8}))
+    cut = whole[: whole.index(b"_AMQ_DUPL_ID") + 16]
+    assert fmt.inspect(whole)[3] == b"\x07" * 8
+    assert fmt.inspect(cut)[3] is None
+
+
+def test_blocks_and_the_one_id_records_of_earlier_data_dirs_are_recovered_in_order(tmp_path):
+    from scow.core.storage import DUPLICATE_ID, StorageManager
+    from scow.plugins.file_journal.journal import FileJournal
+    from scow.plugins.file_journal.plugin import journal_settings
+
+    def storage() -> StorageManager:
+        return StorageManager(
+            FileJournal(journal_settings(tmp_path, "bindings", {})),
+            FileJournal(journal_settings(tmp_path, "messages", {})),
+        )
+
+    written = storage()
+    written.load()
+    # an id as written before blocks: its address's length and name, then its key
+    written.messages.append_add(5, DUPLICATE_ID, b"\x00\x01q" + b"\x02old", sync=True)
+    written.store_duplicate_ids(7, "q", [b"\x02a", b"\x01b" * 300, b"\x02"])
+    written.store_duplicate_ids(6, "r", [b"\x02c"])
+    written.store_duplicate_ids(8, "q", [b"\x02x"])
+    written.store_duplicate_ids(9, "q", [b"\x02d"], deleting=[8])  # 8 was pushed out
+    written.stop()
+    recovered = storage()
+    try:
+        found = recovered.load().duplicate_ids
+    finally:
+        recovered.stop()
+    assert [(d.record_id, d.address, d.key) for d in found] == [
+        (5, "q", b"\x02old"),
+        (6, "r", b"\x02c"),
+        (7, "q", b"\x02a"),
+        (7, "q", b"\x01b" * 300),
+        (7, "q", b"\x02"),
+        (9, "q", b"\x02d"),
+    ]

@@ -4,6 +4,8 @@ id-cache-size ids (restarts and crashes: tests/durability/test_duplicate_ids.py)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -277,4 +279,69 @@ def test_a_transaction_s_ids_fill_a_small_cache_oldest_out_first(scow_broker):
         "b",
         *(f"m{i}" for i in range(5)),
         "m1 again",
+    ]
+
+
+# --------------------------------------------------------------------------- id blocks
+
+
+def _id_block_records(data_dir: Any) -> list[tuple[str, int]]:
+    """(kind, record id) of each DUPLICATE_IDS record written to a stopped broker's file
+    journal and of each deletion of one, in order (`scow data print`)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "scow.core.cli", "data", "print", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    blocks: set[int] = set()
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or not fields[2].startswith("id="):
+            continue
+        kind, record_id = fields[1], int(fields[2][3:])
+        if fields[3] == "type=DUPLICATE_IDS":
+            blocks.add(record_id)
+        if record_id in blocks:
+            found.append((kind, record_id))
+    return found
+
+
+def test_the_ids_of_one_loop_pass_are_one_record_deleted_once_all_are_pushed_out(
+    scow_broker, tmp_path
+):
+    plugins = ["amqp", "file-journal", "standard-queues", "full-policies"]
+    broker = scow_broker(plugins=plugins, address_settings={"pass": {"id-cache-size": 3}})
+    messages = [
+        encode_message(b"x", durable=False, application_properties={DUPL: f"p-{i}"})
+        for i in range(10)
+    ]
+
+    def send_all(batch: list[bytes]) -> list[RouteStatus]:  # one call: one loop pass
+        return [broker.broker.send(data, "pass", AMQP_FORMAT) for data in batch]
+
+    assert broker.call(lambda: send_all(messages[:3])) == [RouteStatus.ROUTED] * 3  # block a
+    # p-3 and p-4 (block b) push p-0 and p-1 out: block a stays, for p-2
+    assert broker.call(lambda: send_all(messages[3:5])) == [RouteStatus.ROUTED] * 2
+    # p-5 (block c) pushes p-2 out: block a goes
+    assert broker.call(lambda: send_all(messages[5:6])) == [RouteStatus.ROUTED]
+    # p-6..p-9 push p-3..p-5 out, and p-9 pushes p-6: block d holds p-7..p-9, and
+    # blocks b and c go
+    assert broker.call(lambda: send_all(messages[6:10])) == [RouteStatus.ROUTED] * 4
+    assert address_stats(broker, "pass")["duplicate-ids"] == 3
+    resent = broker.call(lambda: send_all([messages[6], messages[9]]))
+    assert resent == [RouteStatus.ROUTED, RouteStatus.DUPLICATE]  # p-6 is new again
+    broker.stop()
+    records = _id_block_records(tmp_path / "data-0")
+    a, b, c, d, e = sorted({record_id for _kind, record_id in records})
+    assert records == [
+        ("ADD", a),
+        ("ADD", b),
+        ("DELETE", a),
+        ("ADD", c),
+        ("DELETE", b),
+        ("DELETE", c),
+        ("ADD", d),
+        ("ADD", e),  # p-6 again, in the last pass (pushing p-7 out: block d stays)
     ]

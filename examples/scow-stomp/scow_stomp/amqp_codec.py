@@ -128,6 +128,13 @@ def data_section_head(size: int) -> bytes:
     return _section(DATA, _variable_head(0xA0, 0xB0, size))
 
 
+def text_section_head(size: int) -> bytes:
+    """What comes before the `size` bytes (UTF-8) of a string-value section, always in
+    its 32-bit form: a text body written as it arrives follows it, and this is written
+    again once its size is known, in the same number of bytes."""
+    return _section(VALUE, b"\xb1" + _U32.pack(size))
+
+
 # --------------------------------------------------------------------------- decoding
 
 _FIXED: dict[int, tuple[int, str | None]] = {

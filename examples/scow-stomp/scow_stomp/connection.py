@@ -15,10 +15,11 @@ turn, and subscriptions take no messages until it is out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,9 @@ MAX_CHECKED = 1024
 #: Bytes of a streamed body written per turn of the loop, so that a consumer as fast as
 #: the socket does not hold up every other connection.
 STREAM_TURN = 4 << 20
+#: What may hold a connection's reading paused (see `_hold_input`).
+_STORING = "a large SEND waiting for its store to have all of it"
+_BEHIND = "a store that is behind"
 
 
 class ClientError(Exception):
@@ -72,7 +76,9 @@ class StompConnection(asyncio.Protocol):
     def __init__(self, server: StompServer) -> None:
         self.server = server
         self.broker = server.broker
-        self.parser = frames.Parser(server.max_frame_size, server.min_large_message_size)
+        self.parser = frames.Parser(
+            server.max_frame_size, server.min_large_message_size, server.max_message_size
+        )
         self.socket: asyncio.Transport | None = None
         self.info = ConnectionInfo(
             self.broker.next_connection_number(),
@@ -103,6 +109,13 @@ class StompConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         #: The large SEND whose body is arriving, if any.
         self._incoming: IncomingSend | None = None
+        #: While a large SEND waits for its store to answer (`when_stored`), the frames
+        #: after it wait too (they are routed after it): the parser's events not yet
+        #: handled, and the socket's reading paused.
+        self._held: Iterator[frames.Frame | frames.BodyPart] | None = None
+        #: What holds the socket's reading paused: a large SEND waiting for its store,
+        #: a store that is behind (`room`).
+        self._input_holders: set[str] = set()
         #: The MESSAGE whose body is being written from its file, and the frames
         #: written meanwhile, which wait for it.
         self._stream: StreamedFrame | None = None
@@ -128,14 +141,33 @@ class StompConnection(asyncio.Protocol):
         if self.closed or self._closing:
             return
         self._last_read = time.monotonic()
-        try:
-            for event in self.parser.feed(data):
+        events = self.parser.feed(data)
+        if self._held is not None:  # read before the pause took effect: after the rest
+            self._held = itertools.chain(self._held, events)
+            return
+        self._take(events)
+
+    def _take(self, events: Iterator[frames.Frame | frames.BodyPart]) -> None:
+        """Handle the parser's events, until a large SEND waits for its store."""
+        with self._failing():
+            for event in events:
                 if isinstance(event, frames.BodyPart):
                     self._send_part(event)
                 else:
                     self._handle(event)
                 if self.closed or self._closing:
                     return
+                if _STORING in self._input_holders:
+                    self._held = events
+                    return
+
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Turn what a frame's handling raises into an ERROR frame and the close."""
+        try:
+            yield
+        except frames.FrameTooLarge as exc:
+            self.fail(f"frame refused: {exc}")
         except frames.FrameError as exc:
             self.fail(f"malformed frame: {exc}")
         except ClientError as exc:
@@ -143,6 +175,18 @@ class StompConnection(asyncio.Protocol):
         except Exception:  # a bug must cost this connection only, never the broker
             log.exception("stomp connection failed", remote=self.info.remote)
             self.fail("the broker failed on this connection")
+
+    def _hold_input(self, holder: str) -> None:
+        """Stop reading the socket until every holder has let go (`_release_input`)."""
+        if not self._input_holders and self.socket is not None:
+            self.socket.pause_reading()
+        self._input_holders.add(holder)
+
+    def _release_input(self, holder: str) -> None:
+        self._input_holders.discard(holder)
+        socket = self.socket
+        if not self._input_holders and socket is not None and not socket.is_closing():
+            socket.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cleanup()
@@ -188,7 +232,6 @@ class StompConnection(asyncio.Protocol):
         self.pump()
 
     def _start_stream(self, frame: StreamedFrame) -> None:
-        self._out.append(frame.head)
         self._flush()
         self._stream = frame
 
@@ -265,6 +308,8 @@ class StompConnection(asyncio.Protocol):
         if self._incoming is not None:
             self._incoming.abandon()
             self._incoming = None
+        self._held = None
+        self._input_holders.clear()
         self._drop_streams()
         for state in self.transactions.values():
             self._abort(state)
@@ -465,7 +510,8 @@ class StompConnection(asyncio.Protocol):
     def _begin_large_send(
         self, frame: frames.Frame, destination: str, address: str, routing: Any, tx: Any
     ) -> None:
-        """A SEND over min-large-message-size: its body goes to its file as it comes."""
+        """A SEND over min-large-message-size: its body goes to its file as it comes
+        (a text body without content-length, once it has passed that size)."""
         try:
             head = convert.to_amqp_head(frame.headers, address)
         except ValueError as exc:
@@ -477,7 +523,7 @@ class StompConnection(asyncio.Protocol):
                 large,
                 broker.next_id(),
                 head,
-                int(frame.headers["content-length"]),
+                size if (size := frame.headers.get("content-length")) is None else int(size),
                 sync=large.sync and convert.persistent(frame.headers),
                 address=address,
                 routing=routing,
@@ -488,24 +534,47 @@ class StompConnection(asyncio.Protocol):
             raise ClientError(f"SEND to {destination!r}: large message not stored: {exc}") from None
 
     def _send_part(self, part: frames.BodyPart) -> None:
-        """More of a large SEND's body; routed once it is whole."""
+        """More of a large SEND's body; routed once it is whole and stored."""
         incoming = self._incoming
         assert incoming is not None  # a failed SEND closed the connection
         try:
             incoming.write(part.data)
-        except OSError as exc:
-            raise ClientError(
-                f"SEND to {incoming.address!r}: large message not stored: {exc}", incoming.receipt
-            ) from None
-        if not part.last:
+            if not part.last:
+                if not incoming.arrival.room(self._store_caught_up):
+                    self._hold_input(_BEHIND)
+                return
+            self._incoming = None
+            data = incoming.complete()
+        except (OSError, ValueError) as exc:
+            self._incoming = None
+            incoming.abandon()
+            raise ClientError(incoming.refused(exc), incoming.receipt) from None
+        # the frames after it wait until its store has every byte (or refused some)
+        self._hold_input(_STORING)
+        incoming.arrival.when_stored(lambda error: self._incoming_stored(incoming, data, error))
+
+    def _store_caught_up(self) -> None:
+        self._release_input(_BEHIND)
+
+    def _incoming_stored(self, incoming: IncomingSend, data: LargeHead, error: str | None) -> None:
+        """A large SEND's store has all of it: route it, or refuse it (its body goes)."""
+        if self.closed or error is not None:
+            data.body.acquire()
+            data.body.release()  # nothing refers to it: the body goes
+            if not self.closed:
+                self.fail(incoming.refused(error), incoming.receipt)
             return
-        self._incoming = None
-        try:
-            self._route_large(incoming.complete(), incoming.address, incoming.routing, incoming.tx)
-        except BrokerError as exc:
-            raise ClientError(f"SEND refused: {exc.description}", incoming.receipt) from None
-        if incoming.receipt is not None:
-            self._receipt(incoming.receipt)
+        with self._failing():
+            try:
+                self._route_large(data, incoming.address, incoming.routing, incoming.tx)
+            except BrokerError as exc:
+                raise ClientError(f"SEND refused: {exc.description}", incoming.receipt) from None
+            if incoming.receipt is not None:
+                self._receipt(incoming.receipt)
+        self._release_input(_STORING)
+        held, self._held = self._held, None
+        if held is not None and not self.closed:
+            self._take(held)
 
     def _route_large(self, data: LargeHead, address: str, routing: Any, tx: Any) -> None:
         data.body.acquire()  # held while it is routed: the file goes if nothing keeps it

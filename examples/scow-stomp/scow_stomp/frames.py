@@ -5,9 +5,11 @@ end-of-line between frames is a heart-beat. Header values escape `\\`, CR, LF an
 (STOMP 1.2 section "Value Encoding"), except in CONNECT and CONNECTED frames. A body is
 read by `content-length` when the header is there, up to the first NUL otherwise.
 
-A SEND whose `content-length` is the parser's `stream_from` or more (a large message) is
-not held whole: its frame comes out with `streamed` set and an empty body, then its body
-as `BodyPart`s as the bytes arrive, the last one once the NUL after them is seen.
+A SEND whose body is the parser's `stream_from` bytes or more (a large message) is not
+held whole: its frame comes out with `streamed` set and an empty body, then its body as
+`BodyPart`s as the bytes arrive, the last one once the NUL after them is seen. With a
+`content-length`, that is known from its headers; without one, once `stream_from` bytes
+of its body have come without a NUL (searched once each, as they arrive).
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ MAX_HEADERS = 1000
 
 class FrameError(ValueError):
     """The bytes are not a STOMP frame; the message says what was wrong."""
+
+
+class FrameTooLarge(FrameError):
+    """A frame (or a streamed body) over its limit; the message names the setting."""
 
 
 @dataclass
@@ -115,26 +121,42 @@ class Parser:
     """Cuts a byte stream into frames; `feed` returns the complete ones.
 
     Heart-beats (end-of-lines between frames) are counted in `heartbeats`, not returned.
-    A frame over `max_frame_size` or malformed raises FrameError; the stream cannot be
-    trusted after that, so the connection should answer ERROR and close. A SEND whose
-    content-length is `stream_from` or more comes out streamed (see the module's doc).
+    A malformed frame raises FrameError, an oversize one FrameTooLarge; the stream cannot
+    be trusted after that, so the connection should answer ERROR and close.
+
+    `max_frame_size` bounds a frame's headers and any body held in memory. A SEND
+    whose body reaches `stream_from` bytes comes out streamed (see the module's doc):
+    at once when its content-length says so, otherwise once that many bytes have come
+    without a NUL. A streamed body is bounded by `max_message_size` instead (0: no
+    limit): by its content-length before it arrives, or as it arrives.
     """
 
-    def __init__(self, max_frame_size: int, stream_from: int | None = None) -> None:
+    def __init__(
+        self, max_frame_size: int, stream_from: int | None = None, max_message_size: int = 0
+    ) -> None:
         self.max_frame_size = max_frame_size
         self.stream_from = stream_from
+        self.max_message_size = max_message_size
         self.heartbeats = 0
         self._buffer = bytearray()
         #: Where the next frame starts: frames are read in place, and what they used is
         #: cut off once per `feed` (cutting per frame would copy the rest each time).
         self._pos = 0
+        #: How far past its start the frame being read was searched for its NUL, so that
+        #: a body that comes in many reads is searched once, not once per read.
+        self._searched = 0
         #: Bytes of a streamed body still to come (then its NUL); None: not streaming.
         self._body_left: int | None = None
+        #: A streamed body ends at its NUL (no content-length); bytes of it so far.
+        self._to_nul = False
+        self._streamed = 0
 
     def feed(self, data: bytes) -> Iterator[Frame | BodyPart]:
         view = memoryview(data)
         while view:
-            if self._body_left is None:
+            if self._to_nul:
+                view = yield from self._stream_to_nul(view)
+            elif self._body_left is None:
                 view = yield from self._frames(view)
             else:
                 view = yield from self._stream(view)
@@ -173,6 +195,26 @@ class Parser:
         yield BodyPart(part, last=True)
         return rest[1:]
 
+    def _stream_to_nul(self, view: memoryview) -> Generator[BodyPart, None, memoryview]:
+        """Hand out what `view` holds of a streamed body without content-length, up to
+        its NUL; returns what follows it."""
+        data = bytes(view)  # memoryview has no find(); one copy of one read
+        end = data.find(0)
+        part = memoryview(data)[: len(data) if end == -1 else end]
+        self._streamed += len(part)
+        if self.max_message_size and self._streamed > self.max_message_size:
+            raise FrameTooLarge(
+                f"SEND body of more than {self.max_message_size} bytes (it has no "
+                f"content-length) exceeds [stomp] max-message-size {self.max_message_size}"
+            )
+        if end == -1:
+            if part:
+                yield BodyPart(part, last=False)
+            return memoryview(b"")
+        self._to_nul = False
+        yield BodyPart(part, last=True)
+        return memoryview(data)[end + 1 :]
+
     def _next(self) -> Frame | None:
         buf = self._buffer
         start = self._pos
@@ -192,22 +234,30 @@ class Parser:
             head_end, body_start = end, end + 2
         else:
             if len(buf) - start > self.max_frame_size:
-                raise FrameError(f"frame headers exceed max-frame-size {self.max_frame_size}")
+                raise FrameTooLarge(
+                    f"frame headers exceed [stomp] max-frame-size {self.max_frame_size}"
+                )
             return None
         lines = bytes(buf[start:head_end]).replace(b"\r\n", b"\n").split(b"\n")
         frame = self._head(lines)
+        self._check_size(frame, body_start - start, "headers")
+        stream_from = self.stream_from if frame.command == "SEND" else None
         length = frame.headers.get("content-length")
         if length is not None:
             if not length.isdigit():
                 raise FrameError(f"{frame.command}: content-length {length!r} is not a number")
             size = int(length)
-            self._check_size(frame, body_start + size - start)
-            stream_from = self.stream_from
-            if stream_from is not None and size >= stream_from and frame.command == "SEND":
+            if stream_from is not None and size >= stream_from:
+                if self.max_message_size and size > self.max_message_size:
+                    raise FrameTooLarge(
+                        f"SEND body of {size} bytes (its content-length) exceeds [stomp] "
+                        f"max-message-size {self.max_message_size}"
+                    )
                 frame.streamed = True
                 self._body_left = size
                 self._pos = body_start
                 return frame
+            self._check_size(frame, body_start + size - start)
             if len(buf) < body_start + size + 1:
                 return None
             if buf[body_start + size] != 0:
@@ -216,19 +266,29 @@ class Parser:
                 )
             body_end = body_start + size
         else:
-            body_end = buf.find(b"\x00", body_start)
-            self._check_size(frame, (len(buf) if body_end == -1 else body_end) - start)
+            body_end = buf.find(b"\x00", max(body_start, start + self._searched))
+            size = (len(buf) if body_end == -1 else body_end) - body_start
+            if stream_from is not None and size >= stream_from:
+                frame.streamed = True
+                self._to_nul = True
+                self._streamed = 0
+                self._searched = 0
+                self._pos = body_start
+                return frame
+            self._check_size(frame, body_start + size - start)
             if body_end == -1:
+                self._searched = len(buf) - start
                 return None
+        self._searched = 0
         frame.body = bytes(buf[body_start:body_end])
         self._pos = body_end + 1
         return frame
 
-    def _check_size(self, frame: Frame, size: int) -> None:
+    def _check_size(self, frame: Frame, size: int, what: str = "frame") -> None:
         if size > self.max_frame_size:
-            raise FrameError(
-                f"{frame.command} frame of {size} bytes or more exceeds max-frame-size "
-                f"{self.max_frame_size}"
+            raise FrameTooLarge(
+                f"{frame.command} {what} of {size} bytes or more exceeds [stomp] "
+                f"max-frame-size {self.max_frame_size}"
             )
 
     def _head(self, lines: list[bytes]) -> Frame:

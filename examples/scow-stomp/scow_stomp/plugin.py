@@ -50,11 +50,24 @@ SECTION = ConfigSection(
             "max-frame-size",
             int,
             10_485_760,
-            "Largest frame accepted (bytes); a bigger one gets an ERROR frame and the "
-            "connection closes. A large SEND counts whole, though its body goes to its "
-            "file as it arrives.",
+            "Largest frame accepted (bytes): its headers, and its body when that is held "
+            "in memory; a bigger one gets an ERROR frame and the connection closes. A "
+            "large SEND's body, written to its file as it arrives, is bounded by "
+            "max-message-size instead.",
             kind="size",
             minimum=1024,
+        ),
+        Setting(
+            "max-message-size",
+            int,
+            1 << 30,
+            "Largest body of a large SEND (one of min-large-message-size or more, "
+            "written to its file as it arrives): with a content-length over it, refused "
+            "before its body is read; without one, once that many bytes have come. "
+            "Refused with an ERROR frame naming this setting; the connection closes. "
+            "0 means no limit.",
+            kind="size",
+            minimum=0,
         ),
         Setting(
             "min-large-message-size",
@@ -62,9 +75,10 @@ SECTION = ConfigSection(
             DEFAULT_MIN_LARGE_MESSAGE_SIZE,
             "A SEND whose message is this size or more is a large message, as an AMQP "
             "producer's: its body is kept in a file of its own ([broker] "
-            "large-messages-directory), not in memory or the journal; with a "
-            "content-length this size or more, written there as it arrives. Large "
-            "messages reach subscribers from their files as the socket takes them.",
+            "large-messages-directory), not in memory or the journal, and written there "
+            "as it arrives: at once with a content-length this size or more, otherwise "
+            "once this many bytes have come before the NUL that ends it. Large messages "
+            "reach subscribers from their files as the socket takes them.",
             kind="size",
             minimum=1,
         ),

@@ -42,6 +42,7 @@ class StompServer:
         self.destinations = Destinations(settings["anycast-prefix"], settings["multicast-prefix"])
         self.max_frame_size = int(settings["max-frame-size"])
         self.min_large_message_size = int(settings["min-large-message-size"])
+        self.max_message_size = int(settings["max-message-size"])
         self.heart_beat_send = int(settings["heart-beat-send"])
         self.heart_beat_receive = int(settings["heart-beat-receive"])
         self.subscription_window = int(settings["subscription-window"])

@@ -8,8 +8,9 @@
 In the client modes at most `window` messages are unacknowledged at once (STOMP has no
 flow control, so this is what keeps a slow client from taking a whole queue).
 
-A large message's body is streamed from its file (`scow_stomp.large`); an auto
-subscription's is acknowledged once written whole.
+A large message's frame is made as its store reads its body, off the event loop where
+the store reads there (`scow_stomp.large`); an auto subscription's is acknowledged once
+written whole.
 """
 
 from __future__ import annotations
@@ -18,16 +19,12 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from scow.core import InvalidField, LargeHead, Message, MessageRef, with_body
+from scow.core import InvalidField, LargeHead, Message, MessageRef
 from scow_stomp import convert, frames
-from scow_stomp.large import StreamedFrame, payload_spans
+from scow_stomp.large import StreamedFrame
 
 if TYPE_CHECKING:
     from scow_stomp.connection import StompConnection
-
-log = structlog.get_logger("scow.stomp")
 
 ACK_MODES = ("auto", "client", "client-individual")
 
@@ -64,18 +61,8 @@ class Subscription:
         message = ref.message
         delivered = message.format.for_delivery(message, ref.delivery_count)
         data = message.data
-        spans = None
-        if isinstance(data, LargeHead):
-            try:
-                spans = payload_spans(data)
-            except OSError as exc:  # a failed attempt: one that never reads is dead-lettered
-                log.error("large message not delivered", queue=ref.queue.name, reason=str(exc))
-                self.conn.broker.release(ref, delivered=True)
-                return
-        if spans is None:
-            headers, body = convert.from_amqp(with_body(delivered, data))  # a body read whole
-        else:
-            headers, body = convert.from_amqp(delivered)  # the head: the body streams
+        # a large message's body is not here: its frame is made as its store reads it
+        headers, body = convert.from_amqp(delivered)
         headers["subscription"] = self.id
         headers["message-id"] = str(message.id)
         headers["destination"] = self.destination
@@ -88,11 +75,8 @@ class Subscription:
                 headers["message-id"] = ack_id
             self.pending[ack_id] = ref
             self.conn.acks[ack_id] = self
-        if spans is not None:
-            length = sum(end - start for start, end in spans)
-            headers["content-length"] = str(length)
-            head = frames.encode_head("MESSAGE", headers, length)
-            frame = StreamedFrame(head, data, spans, self.conn.pump)
+        if isinstance(data, LargeHead):
+            frame = StreamedFrame(headers, delivered, data, self.conn.pump)
             if self.ack == "auto":
                 frame.ref = ref  # acknowledged once written whole
             self.conn.write_streamed(frame)

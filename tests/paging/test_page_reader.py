@@ -1,0 +1,106 @@
+"""The cursor's page reader (`_read_run`): one walk of a page that checks each frame and
+makes the references its queue is handed, ending where `FilePageStore.read` ends (a
+corrupt frame, a torn append), so reading in that one walk loses no corruption check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from scow.core.message import MessageKind, kind_of
+from scow.core.page_frames import frame, iter_frames
+from scow.plugins.paging.cursor import _read_run
+from scow.plugins.paging.record import encode, encode_summary
+from scow.plugins.paging.store import FilePageStore
+from scow.protocols.amqp.format import AmqpMessageFormat
+
+QUEUE = 7
+OTHER = 8
+FORMAT = AmqpMessageFormat()
+
+
+def _kinds(flags: int, priority: int) -> MessageKind:
+    return kind_of("a", FORMAT, bool(flags & 1), priority)
+
+
+def _reader_for(queue_id: int) -> SimpleNamespace:
+    """What `_read_run` reads of the cursor it reads for: its queue."""
+    return SimpleNamespace(queue=SimpleNamespace(id=queue_id))
+
+
+def _read(store: FilePageStore, offset: int = 0):  # type: ignore[no-untyped-def]
+    return _read_run(store, 1, offset, _reader_for(QUEUE), _kinds)  # type: ignore[arg-type]
+
+
+def _offsets(store: FilePageStore) -> list[int]:
+    return [start for start, _s, _e in iter_frames(store.read(1))]
+
+
+def test_the_reader_makes_references_to_its_queues_records_only(tmp_path: Path) -> None:
+    store = FilePageStore(tmp_path, "a")
+    store.append(
+        1,
+        [
+            encode(1, 0, 0, True, 4, [QUEUE], b"one"),
+            encode(2, 0, 0, False, 4, [OTHER], b"not ours"),
+            encode(3, 5_000, 0, False, 4, [OTHER, QUEUE], b"shared"),
+            encode_summary(b"s"),  # shorter than any message's record
+        ],
+    )
+    offsets = _offsets(store)
+    run = _read(store)
+    assert [ref.offset for ref in run.refs] == [offsets[0], offsets[2]]
+    assert [(r.message.id, r.message.data, r.message.expiration) for r in run.refs] == [
+        (1, b"one", 0),
+        (3, b"shared", 5_000),
+    ]
+    assert [r.message.kind.durable for r in run.refs] == [True, False]
+    assert [r.delivery_count for r in run.refs] == [0, 0]
+    assert run.nexts == [offsets[1], offsets[3]]
+    assert run.sizes == [0, 3, 9]
+    assert (run.plain, run.priority) == (True, 4)
+    assert run.end == len(store.read(1))
+    # from the second record on: the first is not read again
+    later = _read(store, offsets[1])
+    assert [ref.offset for ref in later.refs] == [offsets[2]]
+    store.close()
+
+
+def test_records_in_a_transaction_or_of_mixed_priorities_are_not_plain(tmp_path: Path) -> None:
+    store = FilePageStore(tmp_path, "a")
+    store.append(1, [encode(1, 0, 0, False, 4, [QUEUE], b"a")])
+    store.append(1, [encode(2, 0, 99, False, 9, [QUEUE], b"b")])
+    run = _read(store)
+    assert run.plain is False
+    assert run.priority == -1
+    assert list(run.special) == [1]  # the transaction's record, with its header
+    assert run.special[1][0][2] == 99
+    store.close()
+
+
+def test_the_reader_ends_at_a_corrupt_frame_where_the_store_read_ends(tmp_path: Path) -> None:
+    store = FilePageStore(tmp_path, "a")
+    store.append(1, [encode(i, 0, 0, True, 4, [QUEUE], b"x" * 100) for i in range(5)])
+    store.close()
+    page = store.folder / "000000001.page"
+    offsets = [start for start, _s, _e in iter_frames(page.read_bytes())]
+    data = bytearray(page.read_bytes())
+    data[offsets[3] - 1] ^= 0xFF  # the last byte of the third record's message
+    page.write_bytes(bytes(data))
+    again = FilePageStore(tmp_path, "a", repair=False)
+    run = _read(again)
+    assert [ref.message.id for ref in run.refs] == [0, 1]
+    assert run.end == len(again.read(1)) == offsets[2]
+    again.close()
+
+
+def test_the_reader_leaves_out_a_half_written_append(tmp_path: Path) -> None:
+    store = FilePageStore(tmp_path, "a")
+    store.append(1, [encode(1, 0, 0, True, 4, [QUEUE], b"whole")])
+    whole = len(store.read(1))
+    with open(store.folder / "000000001.page", "ab") as f:  # another writer, mid-append
+        f.write(frame(encode(2, 0, 0, True, 4, [QUEUE], b"half written"))[:-4])
+    run = _read(store)
+    assert [ref.message.id for ref in run.refs] == [1]
+    assert run.end == whole
+    store.close()
