@@ -27,6 +27,9 @@ from typing import Any
 from tests.system.topology import C_SEND_ADDRESS, LANES
 
 DELIVERY_KINDS = ("delivered", "drained")
+#: Seconds one producer's acknowledgements may come out of send order (a durable send's
+#: waits for its sync; a later non-durable one's does not).
+ACK_REORDER = 10.0
 SECONDARY = ("DLA", "ExpiryQueue")
 
 
@@ -390,6 +393,7 @@ class Checker:
             values[e["k"]].append(e)
         for key_values in values.values():
             key_values.sort(key=lambda e: e["t"])
+        accepted_at = {k: [v["t"] for v in key_values] for k, key_values in values.items()}
         # the first time each value was handed out (a value that was out with a consumer
         # when a later one came is not replaced: it comes back if that consumer fails, with
         # a delivery count of 0 when a restart came between), and when the credit it took
@@ -412,12 +416,16 @@ class Checker:
                 # out with a consumer before (or perhaps, unlogged, before a restart): it
                 # comes back; test_faults checks what a restart does to replaced values
                 continue
+            # the values accepted before the credit came, from a while before `sent` on
+            # (`_arrived_after`: an earlier acknowledgement may be of a later send)
+            times = accepted_at[sent["k"]]
+            since = bisect.bisect_left(times, sent["t"] - ACK_REORDER)
+            until = bisect.bisect_left(times, granted)
             newer = next(
                 (
                     v
-                    for v in values[sent["k"]]
+                    for v in values[sent["k"]][since:until]
                     if _arrived_after(v, sent)
-                    and v["t"] < granted
                     and (v.get("durable", True) or self.epoch(v["t"]) == self.epoch(e["t"]))
                 ),
                 None,
