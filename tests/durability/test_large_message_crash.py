@@ -266,6 +266,11 @@ def test_sigkill_mid_stomp_send_leaves_no_file_and_keeps_the_receipted_message(
     client.close()
     restarted = scow_broker_process(**kwargs, port=broker.port)
     assert len(large_files(tmp_path)) == 1  # the partial SEND's file removed at startup
-    got = [m.body for m in consume_all(restarted.url, "cut", quiet=0.5)]
+    # proton may hand a binary body over as a memoryview, which compares unequal to the
+    # same bytes when its format is not "B"
+    got = [
+        m.body if isinstance(m.body, str) else bytes(m.body)
+        for m in consume_all(restarted.url, "cut", quiet=0.5)
+    ]
     assert got == ([whole] if length else [whole.decode()])
     wait_for(lambda: not large_files(tmp_path), 5, what="the file to go")
