@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -93,10 +93,26 @@ COMMIT_SLICE = 2000
 Authorize = Callable[[str, str], None]
 
 
+class PackedSend(Protocol):
+    """A send of a transaction that holds several messages (rows), for queues that take
+    it whole (`takes_packs`: a stream appends its rows as one write; see
+    `Transaction.packed`)."""
+
+    #: How many messages it holds: what it weighs in a commit's slices.
+    rows: int
+
+    def duplicate_ids(self) -> list[object]:
+        """The `_AMQ_DUPL_ID` values its rows carry (those that carry one)."""
+
+    def unpacked(self) -> list[bytes]:
+        """Its rows, each a message of its own: how it goes to an address any of whose
+        queues does not take packs."""
+
+
 class Transaction:
     """A local transaction: sends and acknowledgements applied at commit."""
 
-    __slots__ = ("acks", "held", "id", "sends")
+    __slots__ = ("acks", "held", "id", "packed", "sends")
 
     def __init__(self, tx_id: int) -> None:
         self.id = tx_id
@@ -104,6 +120,15 @@ class Transaction:
         self.acks: list[MessageRef] = []
         #: Refs of messages a recovered prepared transaction adds, enqueued at its commit.
         self.held: list[MessageRef] = []
+        #: Sends (by their place in `sends`) that hold several rows: routed whole (one
+        #: journal record) where every queue of the address takes packs, else as their
+        #: rows; the rows' duplicate ids are checked and admitted as any send's.
+        self.packed: dict[int, PackedSend] = {}
+
+    def weight(self) -> int:
+        """What its commit handles: acknowledgements, and messages (a pack's rows)."""
+        rows = sum(pack.rows - 1 for pack in self.packed.values())
+        return len(self.sends) + len(self.acks) + rows
 
 
 def now_ms() -> int:
@@ -943,25 +968,78 @@ class Broker:
         once, and an error met in any slice undoes what the commit took and goes to
         `on_failed` instead of being raised (the caller rolls back, as for a raised one).
         """
-        if on_failed is not None and len(tx.sends) + len(tx.acks) > COMMIT_SLICE:
+        if on_failed is not None and tx.weight() > COMMIT_SLICE:
             _SlicedCommit(self, tx, on_done, on_failed).start()
             return RouteStatus.PENDING
-        headers = [fmt.inspect(data) for data, _address, fmt, _routing_type in tx.sends]
-        ids = self._ids_of(tx.sends, headers)  # first: a duplicate refuses the commit at once
         bodies = _large_bodies(tx)
-        if bodies:
-            on_done = _after_files(bodies, on_done)
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
         paged: list[tuple[Message, list[Any], Any]] = []
-        for (data, address_name, fmt, routing_type), header in zip(tx.sends, headers, strict=True):
-            address = self.address_for(address_name, routing_type)
-            result = self._route(data, address, fmt, routing_type, header)
-            if not isinstance(result, RouteStatus):
-                _place(result, address, kept, paged)
+        ids, _routed = self._route_sends(tx, 0, len(tx.sends), set(), kept, paged)
+        if bodies:
+            on_done = _after_files(bodies, on_done)
         status = self._commit_routed(tx, on_done, ids, kept, paged)
         for body in bodies:  # its messages hold their files now (`_store`, the pages)
             body.release()
         return status
+
+    def _route_sends(
+        self,
+        tx: Transaction,
+        start: int,
+        end: int,
+        seen: set[tuple[str, bytes]],
+        kept: list[tuple[Message, list[Any], AddressInfo]],
+        paged: list[tuple[Message, list[Any], Any]],
+    ) -> tuple[list[tuple[DuplicateIdCache, str, bytes]], int]:
+        """Route `tx.sends[start:end]` into `kept` and `paged` (`_place`), their duplicate
+        ids checked first (`_ids_of`: a duplicate refuses before any is routed). Returns
+        those ids and how many messages were routed."""
+        sends = tx.sends[start:end]
+        headers = [fmt.inspect(data) for data, _address, fmt, _routing_type in sends]
+        ids = self._ids_of(sends, headers, seen)
+        packed = tx.packed
+        whole: dict[int, bool] = {}
+        for place in range(start, end) if packed else ():
+            pack = packed.get(place)
+            if pack is not None:
+                _data, address_name, _fmt, routing_type = sends[place - start]
+                ids += self._pack_ids(address_name, pack.duplicate_ids(), seen)
+                whole[place] = _takes_packs(self.address_for(address_name, routing_type))
+        routed = 0
+        for place, (data, address_name, fmt, routing_type), header in zip(
+            itertools.count(start), sends, headers
+        ):
+            address = self.address_for(address_name, routing_type)
+            if whole.get(place) is False:  # a queue takes single messages: the rows go
+                rows = packed[place].unpacked()
+                for row in rows:
+                    result = self._route(row, address, fmt, routing_type, fmt.inspect(row))
+                    if not isinstance(result, RouteStatus):
+                        _place(result, address, kept, paged)
+                        routed += 1
+                continue
+            result = self._route(data, address, fmt, routing_type, header)
+            if not isinstance(result, RouteStatus):
+                _place(result, address, kept, paged)
+                routed += 1
+        return ids, routed
+
+    def _pack_ids(
+        self, address_name: str, values: list[object], seen: set[tuple[str, bytes]]
+    ) -> list[tuple[DuplicateIdCache, str, bytes]]:
+        """`_ids_of` for the duplicate ids of a pack's rows (`values`), all for
+        `address_name`."""
+        cache = self._id_cache(address_name)
+        if cache is None or not values:
+            return []
+        ids = []
+        for value in values:
+            key = id_key(value, address_name)
+            if key in cache or (address_name, key) in seen:
+                raise duplicate_error(key, address_name)
+            seen.add((address_name, key))
+            ids.append((cache, address_name, key))
+        return ids
 
     def _commit_routed(
         self,
@@ -1777,6 +1855,20 @@ def _place(
         kept.append((message, queues, address))
 
 
+def _takes_packs(address: AddressInfo) -> bool:
+    """Whether a pack sent to `address` (`Transaction.packed`) goes whole: it has queues,
+    each takes packs and none filters, and it does not page (its pages take messages)."""
+    queues = [*address.anycast, *address.multicast]
+    pager = address.pager
+    return (
+        bool(queues)
+        and len(address.anycast) <= 1  # else its rows would take turns among them
+        and all(getattr(q, "takes_packs", False) and q.filter is None for q in queues)
+        and not (pager is not None and pager.paging)
+        and not (address.full_policy is not None and address.is_full())
+    )
+
+
 def _large_bodies(tx: Transaction) -> list[Any]:
     """The files of the large messages a transaction sends (it holds each)."""
     return [body for send in tx.sends if (body := large_body(send[0])) is not None]
@@ -1891,19 +1983,21 @@ class _SlicedCommit:
         self.loop.call_soon(self._step)
 
     def _route_slice(self) -> None:
-        broker = self.broker
-        sends = self.tx.sends[self.sent : self.sent + COMMIT_SLICE]
-        headers = [fmt.inspect(data) for data, _address, fmt, _routing_type in sends]
-        self.ids += broker._ids_of(sends, headers, self.seen)
+        """Route and journal the next sends that weigh COMMIT_SLICE messages (a pack
+        weighs its rows), one at least."""
+        tx = self.tx
+        start = end = self.sent
+        weight = 0
+        while end < len(tx.sends) and weight < COMMIT_SLICE:
+            pack = tx.packed.get(end)
+            weight += 1 if pack is None else pack.rows
+            end += 1
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
-        for (data, address_name, fmt, routing_type), header in zip(sends, headers, strict=True):
-            address = broker.address_for(address_name, routing_type)
-            result = broker._route(data, address, fmt, routing_type, header)
-            if not isinstance(result, RouteStatus):
-                _place(result, address, kept, self.paged)
-                self.routed += 1
-        self.sent += len(sends)
-        broker._store_kept(self.tx, kept, self.taken)
+        ids, routed = self.broker._route_sends(tx, start, end, self.seen, kept, self.paged)
+        self.ids += ids
+        self.routed += routed
+        self.sent = end
+        self.broker._store_kept(tx, kept, self.taken)
 
     def _last(self) -> None:
         broker = self.broker

@@ -85,13 +85,20 @@ _UINT = struct.Struct(">I")
 _DATA32 = b"\x00\x53\x75\xb0"
 
 
-def _pack_prefix() -> bytes:
-    probe = codec.encode_value({codec.Symbol(PACK_ANNOTATION): codec.UInt(1 << 20)})
+def _pack_prefix(annotation: str) -> bytes:
+    probe = codec.encode_value({codec.Symbol(annotation): codec.UInt(1 << 20)})
     return _MESSAGE_ANNOTATIONS + probe[: -_UINT.size]  # the uint32's 4 bytes follow
 
 
 #: Every pack starts with these bytes and then its record count (uint32).
-PACK_PREFIX = _pack_prefix()
+PACK_PREFIX = _pack_prefix(PACK_ANNOTATION)
+
+#: A committed pack: the rows of a staged pack on their way into one stream, committed as
+#: one message (one journal record, one stream append). Its own annotation, so that a
+#: stream never splits a message a client sent it (a pack read from a stream and sent on
+#: is one record, as any message).
+ROWS_ANNOTATION = "x-opt-scow-rows"
+ROWS_PREFIX = _pack_prefix(ROWS_ANNOTATION)
 
 
 #: A durable message's header section (what encode_message puts before the rest).
@@ -112,10 +119,11 @@ def pack(messages: list[bytes], *, durable: bool = False) -> bytes:
     )
 
 
-def _pack_start(data: bytes) -> int:
-    """Where a pack's annotations start in `data` (past a header); -1: not a pack."""
+def _pack_start(data: bytes, prefix: bytes = PACK_PREFIX) -> int:
+    """Where a pack's annotations (`prefix`) start in `data` (past a header); -1: not a
+    pack."""
     at = codec.skip_value(data, 3) if data.startswith(_HEADER_SECTION) else 0
-    return at if data.startswith(PACK_PREFIX, at) else -1
+    return at if data.startswith(prefix, at) else -1
 
 
 def is_pack(data: bytes) -> bool:
@@ -138,14 +146,22 @@ def grouped(messages: Iterable[bytes], records: int, size: int) -> Iterator[list
         yield group
 
 
-def unpack(data: bytes, out: list[bytes]) -> bool:
+def pack_rows(data: bytes, prefix: bytes = PACK_PREFIX) -> int:
+    """How many records a pack holds (ROWS_PREFIX: a committed one); 0 when `data` is not
+    one."""
+    at = _pack_start(data, prefix)
+    return 0 if at < 0 else _UINT.unpack_from(data, at + len(prefix))[0]
+
+
+def unpack(data: bytes, out: list[bytes], prefix: bytes = PACK_PREFIX) -> bool:
     """Append the records of a pack to `out`; False (and nothing appended) when `data`
-    is not a pack but a record of its own (a broker that does not pack)."""
-    at = _pack_start(data)
+    is not a pack but a record of its own (a broker that does not pack). `prefix`:
+    ROWS_PREFIX for a committed pack."""
+    at = _pack_start(data, prefix)
     if at < 0:
         return False
     unpack_uint = _UINT.unpack_from
-    at += len(PACK_PREFIX)
+    at += len(prefix)
     count = unpack_uint(data, at)[0]
     at += _UINT.size + len(_DATA32) + _UINT.size
     append = out.append
@@ -155,3 +171,35 @@ def unpack(data: bytes, out: list[bytes]) -> bool:
         append(data[at : at + size])
         at += size
     return True
+
+
+# --------------------------------------------------------------------------- committed packs
+
+
+def committed(data: bytes) -> bytes | None:
+    """A staged pack (`pack(..., durable=True)`) as a committed one (ROWS_PREFIX), or None
+    when `data` is not a durable pack of 1 to MAX_PACK_RECORDS records."""
+    if not (
+        data.startswith(DURABLE_HEADER + PACK_PREFIX)
+        and 0 < pack_rows(data) <= MAX_PACK_RECORDS
+    ):
+        return None
+    return DURABLE_HEADER + ROWS_PREFIX + data[len(DURABLE_HEADER) + len(PACK_PREFIX) :]
+
+
+def rows_in(data: bytes) -> int:
+    """How many rows a committed pack holds; 0 when `data` is not one (a message)."""
+    return pack_rows(data, ROWS_PREFIX)
+
+
+#: The bits of a row's id (below) that number it in its pack: MAX_PACK_RECORDS fits.
+_ROW_BITS = 14
+_ROW_ID = 1 << 63
+assert MAX_PACK_RECORDS < 1 << _ROW_BITS
+
+
+def row_id(pack_id: int, row: int) -> int:
+    """The id a stream stores with row `row` of the committed pack whose message id is
+    `pack_id`: unique per row (recovery skips exactly the rows a crash left stored),
+    never a broker message id (those stay below 2**49), and the same at every start."""
+    return _ROW_ID | pack_id << _ROW_BITS | row

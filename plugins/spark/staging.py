@@ -53,7 +53,7 @@ from scow.core.model import (
     RoutingType,
 )
 from scow.plugins.queues.standard import StandardQueue
-from scow.plugins.spark.records import is_pack, unpack
+from scow.plugins.spark.records import committed, is_pack, pack_rows, unpack
 from scow.protocols.amqp.codec import MessageInfo, encode_message
 
 if TYPE_CHECKING:
@@ -254,12 +254,21 @@ class Sinks:
                 tx.acks += refs  # from here a rollback puts them back
                 for ref in refs:
                     message = ref.message
-                    rows = _rows(message)
+                    if message.data.__class__ is not bytes:
+                        message.restore()  # flowed to disk meanwhile
                     data = message.data
                     if default_to and data.__class__ is bytes and _PROPERTIES_SECTION not in data:
                         # no row of it has a properties section, so none names its own `to`
-                        tx.sends += [(row, default_to, message.format, None) for row in rows]
+                        whole = committed(data)
+                        if whole is not None:
+                            tx.packed[len(tx.sends)] = _StagedRows(data, message.format)
+                            tx.sends.append((whole, default_to, message.format, None))
+                        else:
+                            tx.sends += [
+                                (row, default_to, message.format, None) for row in _rows(message)
+                            ]
                         continue
+                    rows = _rows(message)
                     for row in rows:
                         to = _to(row) or default_to
                         if not to:
@@ -335,10 +344,29 @@ class Sinks:
         return len(names)
 
 
+class _StagedRows:
+    """A staged pack committed whole (`Transaction.packed`): a stream appends its rows in
+    one write, and the journal holds them as one record until it has."""
+
+    __slots__ = ("data", "format", "rows")
+
+    def __init__(self, data: bytes, fmt: Any) -> None:
+        self.data = data
+        self.format = fmt
+        self.rows = pack_rows(data)
+
+    def unpacked(self) -> list[bytes]:
+        rows: list[bytes] = []
+        unpack(self.data, rows)
+        return rows
+
+    def duplicate_ids(self) -> list[object]:
+        inspect = self.format.inspect
+        return [value for row in self.unpacked() if (value := inspect(row)[3]) is not None]
+
+
 def _rows(message: Any) -> list[bytes]:
     """The rows a staged message holds: those of a pack, else the message itself."""
-    if message.data.__class__ is not bytes:
-        message.restore()  # flowed to disk meanwhile
     data = message.data
     rows: list[bytes] = []
     # a pack of `min-large-message-size` or more was stored as a large message: its file

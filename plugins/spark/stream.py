@@ -52,6 +52,8 @@ from scow.plugins.spark.records import (
     annotate,
     grouped,
     pack,
+    row_id,
+    rows_in,
 )
 from scow.plugins.spark.writer import StreamWriter, Written
 from scow.protocols.amqp.codec import Described, Timestamp
@@ -216,6 +218,9 @@ class StreamQueue:
     #: (written there before streams were kept out of pages, or by a transaction the
     #: journal had no room for at commit).
     cursor: Cursor | None = None
+    #: It appends a committed pack (`records.committed`) as the rows it holds: a Spark
+    #: sink's commit routes a staged pack to it whole (see `staging`).
+    takes_packs = True
 
     def __init__(
         self,
@@ -332,13 +337,35 @@ class StreamQueue:
 
     def enqueue(self, entry: Entry) -> None:
         """A message the journal holds (a transaction's, recovery's, or not durable):
-        acknowledged once the store has it."""
+        acknowledged once the store has it. A committed pack (`records.committed`: a
+        Spark sink's rows) is appended as its rows."""
         message = entry.message
+        if message.data.__class__ is not bytes:
+            message.restore()  # flowed to disk meanwhile
+        if rows := rows_in(message.data):
+            self._append_rows(message, rows, entry)
+            return
         if self._stored_ids and message.id in self._stored_ids:
             self._stored_ids.discard(message.id)  # stored before a crash: only the ack is due
             self._acknowledge(entry)
             return
         self._append(message, entry)
+
+    def _append_rows(self, message: Message, rows: int, entry: Entry) -> None:
+        """Append a committed pack's `rows` rows (after those a crash left stored: they
+        were appended in order, so those are the first ones), one store append for all."""
+        first = 0
+        stored = self._stored_ids
+        while stored and first < rows and row_id(message.id, first) in stored:
+            stored.discard(row_id(message.id, first))
+            first += 1
+        if first == rows:  # all stored before a crash: only the ack is due
+            self._acknowledge(entry)
+            return
+        seq = self._assigned
+        self._assigned = seq + rows - first
+        self.messages_added += rows - first
+        self.writer.append_rows(seq, message.id, message.data, first, entry)
 
     def keep(self, entry: Entry, on_stored: Completion | None) -> None:
         """A durable message whose only record is to be the store's: `on_stored` runs

@@ -1,7 +1,8 @@
 """A stream's writer thread: appends what the loop queues to the stream's store.
 
 `append(seq, message_id, data, token)` queues a record (sequence numbers given in order
-by the loop); the thread stamps each with its enqueue time, writes into it the stream's
+by the loop), `append_rows` the rows of a committed pack (`records.committed`) from
+`seq` on, unpacked here rather than on the loop; the thread stamps each with its enqueue time, writes into it the stream's
 annotations (`records.annotate`), appends everything queued to the store in one call
 (one sync: group commit) and calls `on_written(Written)`, which must hand over to the
 loop itself. Tokens come back only for records the store has made durable.
@@ -27,13 +28,16 @@ import structlog
 from scow.core import disk_monitor
 from scow.core.disk_monitor import is_no_space
 from scow.core.interfaces import StreamAppended, StreamStore
+from scow.plugins.spark.records import ROWS_PREFIX, row_id, unpack
 
 log = structlog.get_logger("scow.stream")
 
 #: Seconds between attempts to append what the store refused.
 RETRY = 1.0
 
-_Item = tuple[int, int, bytes, object]
+#: (sequence number, message id, bytes, token, first row): a record when first row < 0,
+#: else the rows of a committed pack from that one on
+_Item = tuple[int, int, bytes, object, int]
 
 
 @dataclass(slots=True)
@@ -79,11 +83,17 @@ class StreamWriter:
         self._thread.start()
 
     def append(self, seq: int, message_id: int, data: bytes, token: object) -> None:
-        self._queue.put((seq, message_id, data, token))
+        self._queue.put((seq, message_id, data, token, -1))
+
+    def append_rows(self, seq: int, pack_id: int, data: bytes, first: int, token: object) -> None:
+        """Append the rows of the committed pack `data` (message id `pack_id`) from row
+        `first` on, at `seq` and the numbers after it; each stored with its `row_id`. They
+        go in one store append, and `token` comes back once they are all stored."""
+        self._queue.put((seq, pack_id, data, token, first))
 
     def delete(self, firsts: list[int]) -> None:
         """Delete the oldest segments (retention), in order with the appends."""
-        self._queue.put((-1, 0, b"", firsts))
+        self._queue.put((-1, 0, b"", firsts, -1))
 
     def close(self) -> None:
         """Append what is queued (what the store refuses stays unacknowledged), stop the
@@ -158,13 +168,21 @@ class StreamWriter:
         records = []
         written = Written(-1, StreamAppended())
         annotate = self.annotate
-        for seq, message_id, data, token in batch:
+        for seq, message_id, data, token, first in batch:
             if seq < 0:  # retention: older segments than any append touches
                 self.store.delete_segments(token)  # type: ignore[arg-type]
                 continue
             now = max(int(time.time() * 1000), self._last_time)
             self._last_time = now
-            records.append((seq, now, message_id, annotate(data, seq, now)))
+            if first < 0:
+                records.append((seq, now, message_id, annotate(data, seq, now)))
+            else:
+                rows: list[bytes] = []
+                unpack(data, rows, ROWS_PREFIX)
+                for row in range(first, len(rows)):
+                    records.append((seq, now, row_id(message_id, row), annotate(rows[row], seq, now)))
+                    seq += 1
+                seq -= 1
             written.tokens.append(token)
             written.last_seq = seq
         if not records:
