@@ -1254,12 +1254,21 @@ class Broker:
         limits.messages -= 1
 
     def rollback(self, tx: Transaction) -> None:
-        """Forget the transaction's messages; its acknowledged messages go back (+1 count)."""
+        """Forget the transaction's messages; its acknowledged messages go back (+1 count),
+        once their new counts are durable, to each queue at once (`_put_back_all`)."""
         for body in _large_bodies(tx):
             body.release()
-        acks, tx.acks, tx.sends = tx.acks, [], []
+        acks, tx.acks, tx.sends, tx.packed = tx.acks, [], [], {}
+        back: dict[int, tuple[Any, list[MessageRef]]] = {}
+        counted = _Barrier()
         for ref in sorted(acks, key=lambda r: r.message.id):
-            self.release(ref, delivered=True)
+            done = counted.add()
+            outcome = self._count_attempt(ref, done)
+            if outcome != _LATER:
+                done()
+            if outcome != _GONE:
+                back.setdefault(id(ref.queue), (ref.queue, []))[1].append(ref)
+        counted.arm(lambda: self._put_back_all(list(back.values())))
 
     # ------------------------------------------------------------------ consuming
 
@@ -1415,35 +1424,56 @@ class Broker:
 
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
         """Put `ref` back; `delivered` makes it a failed attempt (delivery-count + 1)."""
+        if (
+            not delivered
+            or self._count_attempt(ref, lambda: self._put_back(ref, delivered)) == _NOW
+        ):
+            self._put_back(ref, delivered)
+
+    def _count_attempt(self, ref: MessageRef, on_stored: Completion) -> int:
+        """A failed delivery of `ref`: its delivery count + 1. Returns _GONE when that was
+        its last attempt (dead-lettered), _LATER when its new count is journaled
+        (`on_stored` runs once that is on disk: it is put back then), else _NOW."""
         queue: Any = ref.queue
-        if delivered:
-            ref.delivery_count += 1
-            limit = self.settings_for(queue.address).max_delivery_attempts
-            if 0 <= limit <= ref.delivery_count:
-                queue.remove_delivering(ref)
-                queue.messages_killed += 1
-                self._dead_letter(ref)
-                return
-            try:
-                if ref.__class__ is PagedRef:
-                    if ref.cursor.store_delivery_count(ref, lambda: self._put_back(ref, delivered)):
-                        return
-                elif self._in_journal(ref):
-                    # offered again only once its new count is on disk
-                    self.storage.update_delivery_count(
-                        ref.message.id,
-                        queue.id,
-                        ref.delivery_count,
-                        on_done=lambda: self._put_back(ref, delivered),
-                    )
-                    return
-            except StorageFull:
-                pass  # storage is full: offered again now, the count kept in memory only
-        self._put_back(ref, delivered)
+        ref.delivery_count += 1
+        limit = self.settings_for(queue.address).max_delivery_attempts
+        if 0 <= limit <= ref.delivery_count:
+            queue.remove_delivering(ref)
+            queue.messages_killed += 1
+            self._dead_letter(ref)
+            return _GONE
+        try:
+            if ref.__class__ is PagedRef:
+                if ref.cursor.store_delivery_count(ref, on_stored):
+                    return _LATER
+            elif self._in_journal(ref):
+                # offered again only once its new count is on disk
+                self.storage.update_delivery_count(
+                    ref.message.id, queue.id, ref.delivery_count, on_done=on_stored
+                )
+                return _LATER
+        except StorageFull:
+            pass  # storage is full: offered again now, the count kept in memory only
+        return _NOW
+
+    def _put_back_all(self, back: list[tuple[Any, list[MessageRef]]]) -> None:
+        """Put back failed deliveries, each queue's refs (in id order) in one pass where
+        it can (`release_all`: a rollback's thousands would otherwise each walk its
+        waiting list)."""
+        for queue, refs in back:
+            bulk = getattr(queue, "release_all", None)
+            if bulk is None or not self._is_live(queue) or self._redelivery_delay(queue) > 0:
+                for ref in refs:
+                    self._put_back(ref, True)
+            else:
+                bulk(refs, delivered=True)
+
+    def _redelivery_delay(self, queue: Any) -> int:
+        return self.settings_for(queue.address).redelivery_delay
 
     def _put_back(self, ref: MessageRef, delivered: bool) -> None:
         queue: Any = ref.queue
-        delay = self.settings_for(queue.address).redelivery_delay if delivered else 0
+        delay = self._redelivery_delay(queue) if delivered else 0
         if delay > 0:  # a failed delivery waits redelivery-delay ms before it is offered again
             asyncio.get_running_loop().call_later(delay / 1000, self._put_back, ref, False)
             return
@@ -1853,6 +1883,10 @@ def _place(
         paged.append((message, queues, pager))
     else:
         kept.append((message, queues, address))
+
+
+#: What became of a failed delivery (`Broker._count_attempt`).
+_GONE, _NOW, _LATER = range(3)
 
 
 def _takes_packs(address: AddressInfo) -> bool:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from scow.core.message import Entry, Message, MessageRef
 from scow.core.model import QueueSpec
-from scow.plugins.queues.waiting import Fifo, Waiting
+from scow.plugins.queues.waiting import Fifo, Waiting, put_back_all
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
@@ -278,6 +278,18 @@ class StandardQueue:
             self.delivering_bytes -= len(ref.message.data)
         superseded = self._messages.put_back(ref)
         if superseded is not None:
+            self._drop(superseded)
+        self.dispatch()
+
+    def release_all(self, refs: list[MessageRef], *, delivered: bool) -> None:
+        """`release` of each of `refs` (in message id order: a rollback's), put back in
+        one pass over the waiting list and offered once."""
+        for ref in refs:
+            if ref.consumer is not None:
+                ref.consumer = None
+                self.delivering -= 1
+                self.delivering_bytes -= len(ref.message.data)
+        for superseded in put_back_all(self._messages, refs):
             self._drop(superseded)
         self.dispatch()
 

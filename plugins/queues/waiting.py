@@ -2,7 +2,8 @@
 
 A queue type is the standard queue's dispatch over one of these lists. Each keeps the
 entries (messages, or refs that came back) and answers four questions the queue asks:
-which comes next (`popleft`), where a released ref goes back (`put_back`), what a
+which comes next (`popleft`), where a released ref goes back (`put_back`; many at once:
+`put_back_all`), what a
 browser has not seen (`newer_than`, in arrival order), and which entries a predicate
 takes (`remove_if`). `append` and `put_back` may return an entry the list no longer
 holds because a newer one supersedes it (last-value queues); the queue drops it.
@@ -63,6 +64,16 @@ class Waiting(Protocol):
         """Which paged messages should overtake the queue's position in its pages (they
         go out before what waits in memory), given the highest priority in its pages;
         None when none should."""
+
+
+def put_back_all(waiting: Waiting, refs: list[MessageRef]) -> list[Entry]:
+    """`waiting.put_back` of each of `refs` (in message id order: a rollback's), in one
+    pass where the list can (`Fifo.put_back_all`); returns the entries that made
+    superfluous (last-value)."""
+    bulk = getattr(waiting, "put_back_all", None)
+    if bulk is not None:
+        return bulk(refs)  # type: ignore[no-any-return]
+    return [entry for ref in refs if (entry := waiting.put_back(ref)) is not None]
 
 
 def _remove_if(
@@ -172,10 +183,18 @@ class Fifo(Unaware):
             self._entries.extend(entries)
         return iter(self._entries)
 
+    def _last_id(self) -> int:
+        """The id of the last entry (the list is not empty)."""
+        item = self._entries[-1]
+        return self._ids[-1] if item.__class__ is bytes else item.message.id  # type: ignore[no-any-return]
+
     def put_back(self, ref: MessageRef) -> Entry | None:
         """Before the first entry that arrived after `ref` (released refs sit near the
-        head, so the walk is short)."""
+        head, so the walk is short); at the end, without a walk, when none did."""
         message_id = ref.message.id
+        if not self._entries or self._last_id() < message_id:
+            self._entries.append(ref)
+            return None
         ids, plain = self._ids, self._head
         for index, item in enumerate(self._entries):
             if item.__class__ is bytes:
@@ -188,6 +207,33 @@ class Fifo(Unaware):
                 return None
         self._entries.append(ref)
         return None
+
+    def put_back_all(self, refs: list[MessageRef]) -> list[Entry]:
+        """`put_back` of each of `refs` (in message id order), merged with the waiting
+        entries in one pass: a rollback returns thousands at once, and walking from the
+        head for each would take time growing with the square of their number."""
+        entries = self._entries
+        if not refs:
+            return []
+        if not entries or self._last_id() < refs[0].message.id:
+            entries.extend(refs)
+            return []
+        merged: deque[Any] = deque()
+        ids, plain = self._ids, self._head
+        back = 0
+        for item in entries:
+            if item.__class__ is bytes:
+                item_id = ids[plain]
+                plain += 1
+            else:
+                item_id = item.message.id
+            while back < len(refs) and refs[back].message.id < item_id:
+                merged.append(refs[back])
+                back += 1
+            merged.append(item)
+        merged.extend(refs[back:])
+        self._entries = merged
+        return []
 
     def newer_than(self, message_id: int) -> list[Entry]:
         unseen = []
@@ -305,6 +351,16 @@ class ByPriority(Unaware):
         self.levels[self.level_of(ref)].put_back(ref)
         self._size += 1
         return None
+
+    def put_back_all(self, refs: list[MessageRef]) -> list[Entry]:
+        """`Fifo.put_back_all` on each level, for the refs of its priorities."""
+        by_level: dict[int, list[MessageRef]] = {}
+        for ref in refs:
+            by_level.setdefault(self.level_of(ref), []).append(ref)
+        for level, back in by_level.items():
+            self.levels[level].put_back_all(back)
+        self._size += len(refs)
+        return []
 
     def newer_than(self, message_id: int) -> list[Entry]:
         per_level = [level.newer_than(message_id) for level in self.levels]

@@ -180,8 +180,7 @@ def committed(data: bytes) -> bytes | None:
     """A staged pack (`pack(..., durable=True)`) as a committed one (ROWS_PREFIX), or None
     when `data` is not a durable pack of 1 to MAX_PACK_RECORDS records."""
     if not (
-        data.startswith(DURABLE_HEADER + PACK_PREFIX)
-        and 0 < pack_rows(data) <= MAX_PACK_RECORDS
+        data.startswith(DURABLE_HEADER + PACK_PREFIX) and 0 < pack_rows(data) <= MAX_PACK_RECORDS
     ):
         return None
     return DURABLE_HEADER + ROWS_PREFIX + data[len(DURABLE_HEADER) + len(PACK_PREFIX) :]

@@ -1,11 +1,11 @@
 """A stream's writer thread: appends what the loop queues to the stream's store.
 
 `append(seq, message_id, data, token)` queues a record (sequence numbers given in order
-by the loop), `append_rows` the rows of a committed pack (`records.committed`) from
-`seq` on, unpacked here rather than on the loop; the thread stamps each with its enqueue time, writes into it the stream's
-annotations (`records.annotate`), appends everything queued to the store in one call
-(one sync: group commit) and calls `on_written(Written)`, which must hand over to the
-loop itself. Tokens come back only for records the store has made durable.
+by the loop), `append_rows` the rows of a committed pack (`records.committed`), unpacked
+here rather than on the loop; the thread stamps each with its enqueue time, writes into
+it the stream's annotations (`records.annotate`), appends everything queued to the store
+in one call (one sync: group commit) and calls `on_written(Written)`, which must hand
+over to the loop itself. Tokens come back only for records the store has made durable.
 
 An append the store refuses (it undoes it whole) holds its records, with everything
 queued after them, to be appended again every `RETRY` seconds (at once when more comes)
@@ -180,7 +180,9 @@ class StreamWriter:
                 rows: list[bytes] = []
                 unpack(data, rows, ROWS_PREFIX)
                 for row in range(first, len(rows)):
-                    records.append((seq, now, row_id(message_id, row), annotate(rows[row], seq, now)))
+                    records.append(
+                        (seq, now, row_id(message_id, row), annotate(rows[row], seq, now))
+                    )
                     seq += 1
                 seq -= 1
             written.tokens.append(token)
