@@ -178,6 +178,18 @@ def pack_size(queue: str, filters: Mapping[str, Any]) -> int:
     return int(value)
 
 
+def stored_rows(stored: set[int], pack_id: int, rows: int) -> int:
+    """How many of the first rows of the committed pack `pack_id` (of `rows`) the store
+    holds (`stored`: the ids of its last segments' records), taken out of `stored`. A
+    crash can leave a prefix of a pack's rows stored (they are appended in order), never
+    a later row without the earlier ones."""
+    first = 0
+    while stored and first < rows and (found := row_id(pack_id, first)) in stored:
+        stored.discard(found)
+        first += 1
+    return first
+
+
 class _Reader:
     """One consumer's position and the messages read ahead for it (each with the number
     of records it carries: more than one in a pack)."""
@@ -354,11 +366,7 @@ class StreamQueue:
     def _append_rows(self, message: Message, rows: int, entry: Entry) -> None:
         """Append a committed pack's `rows` rows (after those a crash left stored: they
         were appended in order, so those are the first ones), one store append for all."""
-        first = 0
-        stored = self._stored_ids
-        while stored and first < rows and row_id(message.id, first) in stored:
-            stored.discard(row_id(message.id, first))
-            first += 1
+        first = stored_rows(self._stored_ids, message.id, rows)
         if first == rows:  # all stored before a crash: only the ack is due
             self._acknowledge(entry)
             return

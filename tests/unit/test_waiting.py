@@ -107,3 +107,36 @@ def test_priority_levels_hold_their_messages_compactly_too() -> None:
     assert ids(waiting) == [0, 2, 4, 1, 3]
     assert [e.message.id for e in waiting.held()] == [0, 2, 4, 1, 3]
     assert ids(waiting.popleft() for _ in range(5)) == [0, 2, 4, 1, 3]
+
+
+def test_put_back_all_merges_refs_into_their_places_among_waiting_entries() -> None:
+    fifo = Fifo()
+    for n in (2, 4, 5, 9):  # plain messages waiting
+        fifo.append(message(n))
+    fifo.put_back(MessageRef(message(7), object(), delivery_count=1))  # came back before
+    back = [MessageRef(message(n), object(), delivery_count=1) for n in (1, 3, 6, 8, 10, 11)]
+    assert fifo.put_back_all(back) == []
+    assert ids(fifo) == list(range(1, 12))
+    assert [fifo.popleft().message.id for _ in range(11)] == list(range(1, 12))
+
+
+def test_put_back_all_of_refs_after_every_waiting_entry_keeps_their_order() -> None:
+    fifo = Fifo()
+    fifo.append(message(1))
+    back = [MessageRef(message(n), object()) for n in range(2, 50_002)]
+    fifo.put_back_all(back)
+    fifo.put_back(MessageRef(message(60_000), object()))  # after all: appended
+    fifo.put_back(MessageRef(message(0), object()))  # before all: walked to its place
+    assert ids(fifo) == [0, *range(1, 50_002), 60_000]
+
+
+def test_put_back_all_on_priorities_puts_each_ref_back_in_its_level() -> None:
+    queue = ByPriority()
+    for n, priority in ((2, 4), (4, 9), (6, 4)):
+        queue.append(message(n, priority=priority))
+    back = [
+        MessageRef(message(n, priority=p), object()) for n, p in ((1, 4), (3, 9), (5, 4), (7, 9))
+    ]
+    queue.put_back_all(back)
+    assert len(queue) == 7
+    assert ids(queue) == [3, 4, 7, 1, 2, 5, 6]  # priority 9 first, each level in id order

@@ -9,7 +9,7 @@ from proton.utils import BlockingConnection
 
 from scow.core.testing import wait_for
 
-from .helpers import consume_all
+from .helpers import bulk_send, consume_all
 
 
 class _TxHandler(MessagingHandler, TransactionHandler):
@@ -117,6 +117,18 @@ def test_rolled_back_acknowledgements_return_messages_with_a_higher_count(scow_b
     Container(rolled).run()
     assert rolled.outcome == "aborted" and rolled.received == ["a0", "a1"]
     assert _drain(broker.url, "acks") == [("a0", 1), ("a1", 1)]
+
+
+def test_a_large_rollback_puts_every_message_back_in_order_before_those_still_waiting(
+    scow_broker,
+):
+    # thousands released at once, behind which more wait: merged back in one pass
+    broker = scow_broker()
+    bulk_send(broker.url, "many", 3000, lambda i: Message(body=f"m{i}", durable=True))
+    rolled = TxReceiver(broker.url, "many", 2500, commit=False)
+    Container(rolled).run()
+    assert rolled.outcome == "aborted" and len(rolled.received) == 2500
+    assert _drain(broker.url, "many") == [(f"m{i}", 1 if i < 2500 else 0) for i in range(3000)]
 
 
 def test_committed_acknowledgements_remove_the_messages(scow_broker):

@@ -1,0 +1,91 @@
+"""A sink's staged pack committed whole to a stream (`records.committed`): one journal
+record and one store append for its rows, each row still a record of its own with its
+own sequence number; after a crash, recovery appends only the rows the store lacks."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from scow.plugins.spark.records import annotate, committed, pack, row_id, rows_in
+from scow.plugins.spark.segments import open_store
+from scow.plugins.spark.stream import stored_rows
+from scow.plugins.spark.writer import StreamWriter, Written
+from tests.spark.conftest import client, stream, wait_stream
+
+ROWS = [b"\x00\x53\x75\xa0\x02r%d" % i for i in range(5)]  # data sections: bodies r0..r4
+
+
+def test_a_staged_pack_becomes_a_committed_one_that_only_a_stream_splits() -> None:
+    staged = pack(ROWS, durable=True)
+    whole = committed(staged)
+    assert whole is not None and rows_in(whole) == 5
+    assert rows_in(staged) == 0  # a pack a client sends or reads is one message
+    assert committed(pack(ROWS)) is None  # not durable: not what the sink stages
+
+
+def test_a_committed_pack_is_stored_as_its_rows_from_a_given_one_in_one_append(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path, "s", 1 << 20, {})
+    store.open()
+    written: list[Written] = []
+    done = threading.Event()
+
+    def on_written(batch: Written) -> None:
+        written.append(batch)
+        done.set()
+
+    writer = StreamWriter(store, tmp_path, on_written, annotate)
+    whole = committed(pack(ROWS, durable=True))
+    assert whole is not None
+    writer.append_rows(7, 42, whole, 2, "token")  # rows 0 and 1 were stored before
+    assert done.wait(10)
+    writer.close()
+    assert [(w.last_seq, w.tokens) for w in written] == [(9, ["token"])]
+    records, _next = store.read(0, 100, 100)
+    assert [seq for seq, _time, _data in records] == [7, 8, 9]
+    assert all(data.endswith(row) for (_s, _t, data), row in zip(records, ROWS[2:], strict=True))
+
+    reopened = open_store(tmp_path, "s", 1 << 20, {}).open()
+    assert reopened.recent_ids == {row_id(42, n) for n in (2, 3, 4)}
+    assert reopened.next_seq == 10
+
+
+def test_recovery_skips_the_rows_of_a_pack_a_crash_left_stored() -> None:
+    stored = {row_id(42, 0), row_id(42, 1), row_id(7, 0), 42}
+    assert stored_rows(stored, 42, 5) == 2
+    assert stored == {row_id(7, 0), 42}  # only those two were taken
+    assert stored_rows(stored, 7, 1) == 1  # all of a pack: only its acknowledgement is due
+    assert stored_rows(set(), 9, 3) == 0
+    assert row_id(42, 0) != row_id(41, 1) and row_id(42, 0) >= 1 << 63
+
+
+@pytest.mark.parametrize("queues", [["out"], ["out", "plain"]])
+def test_a_commit_writes_every_row_once_in_order_to_a_stream_or_as_single_messages(
+    streams, queues: list[str]
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    from scow.plugins.spark.schema import to_batch
+    from scow.plugins.spark.source import Options, commit, stage
+
+    broker = streams.start({"out": stream()})
+    if "plain" in queues:  # a standard queue beside the stream: the rows go one by one
+        broker.call(
+            lambda: broker.broker.declare_queue("plain", address="out", routing_type="MULTICAST")
+        )
+    options = Options.parse({"url": broker.url, "address": "out"})
+    bodies = [b"r%05d" % i for i in range(3000)]  # several packs, more than a slice
+    batch = pa.RecordBatch.from_arrays([pa.array(bodies)], ["body"])
+    commit(options, "sink", 0, [stage(options, "sink", 0, iter([batch]))])
+    wait_stream(broker, "out", len(bodies))
+    reader = client(broker.url)
+    try:
+        found = [to_batch("out", m) for m in reader.read("out", 0, len(bodies) + 1)]
+    finally:
+        reader.close()
+    assert [b for part in found for b in part.column(0).to_pylist()] == bodies
+    if "plain" in queues:
+        assert broker.queue_stats("plain")["message-count"] == len(bodies)
