@@ -101,8 +101,8 @@ class PackedSend(Protocol):
     #: How many messages it holds: what it weighs in a commit's slices.
     rows: int
 
-    def duplicate_ids(self) -> list[object]:
-        """The `_AMQ_DUPL_ID` values its rows carry (those that carry one)."""
+    def duplicate_keys(self) -> list[bytes]:
+        """The duplicate-id cache keys (`id_key`) of the `_AMQ_DUPL_ID`s its rows carry."""
 
     def unpacked(self) -> list[bytes]:
         """Its rows, each a message of its own: how it goes to an address any of whose
@@ -1003,7 +1003,7 @@ class Broker:
             pack = packed.get(place)
             if pack is not None:
                 _data, address_name, _fmt, routing_type = sends[place - start]
-                ids += self._pack_ids(address_name, pack.duplicate_ids(), seen)
+                ids += self._pack_ids(address_name, pack.duplicate_keys(), seen)
                 whole[place] = _takes_packs(self.address_for(address_name, routing_type))
         routed = 0
         for place, (data, address_name, fmt, routing_type), header in zip(
@@ -1025,21 +1025,25 @@ class Broker:
         return ids, routed
 
     def _pack_ids(
-        self, address_name: str, values: list[object], seen: set[tuple[str, bytes]]
+        self, address_name: str, keys: list[bytes], seen: set[tuple[str, bytes]]
     ) -> list[tuple[DuplicateIdCache, str, bytes]]:
-        """`_ids_of` for the duplicate ids of a pack's rows (`values`), all for
-        `address_name`."""
+        """`_ids_of` for the duplicate ids of a pack's rows (their cache `keys`), all for
+        `address_name`: checked as a block (set operations, not a test per row)."""
         cache = self._id_cache(address_name)
-        if cache is None or not values:
+        if cache is None or not keys:
             return []
-        ids = []
-        for value in values:
-            key = id_key(value, address_name)
-            if key in cache or (address_name, key) in seen:
-                raise duplicate_error(key, address_name)
-            seen.add((address_name, key))
-            ids.append((cache, address_name, key))
-        return ids
+        pairs = {(address_name, key) for key in keys}
+        if (
+            len(pairs) < len(keys)
+            or not pairs.isdisjoint(seen)
+            or not cache.ids.keys().isdisjoint(keys)
+        ):
+            for key in keys:  # the first one seen before, for the error
+                if key in cache or (address_name, key) in seen:
+                    raise duplicate_error(key, address_name)
+                seen.add((address_name, key))
+        seen |= pairs
+        return [(cache, address_name, key) for key in keys]
 
     def _commit_routed(
         self,

@@ -173,6 +173,18 @@ def unpack(data: bytes, out: list[bytes], prefix: bytes = PACK_PREFIX) -> bool:
     return True
 
 
+def spans(data: bytes) -> Iterator[tuple[int, int]]:
+    """Where each record of a pack lies in `data`: (start, end), without copying them."""
+    unpack_uint = _UINT.unpack_from
+    at = _pack_start(data) + len(PACK_PREFIX)
+    count = unpack_uint(data, at)[0]
+    at += _UINT.size + len(_DATA32) + _UINT.size
+    for _ in range(count):
+        end = at + 4 + unpack_uint(data, at)[0]
+        yield at + 4, end
+        at = end
+
+
 # --------------------------------------------------------------------------- committed packs
 
 

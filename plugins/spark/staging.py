@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from scow.core.duplicates import DUPLICATE_ID_PROPERTY, id_key
 from scow.core.large_messages import with_body
 from scow.core.message import MessageRef
 from scow.core.model import (
@@ -53,8 +54,15 @@ from scow.core.model import (
     RoutingType,
 )
 from scow.plugins.queues.standard import StandardQueue
-from scow.plugins.spark.records import committed, is_pack, pack_rows, unpack
-from scow.protocols.amqp.codec import MessageInfo, encode_message
+from scow.plugins.spark.records import (
+    DURABLE_HEADER,
+    committed,
+    is_pack,
+    pack_rows,
+    spans,
+    unpack,
+)
+from scow.protocols.amqp.codec import MessageInfo, encode_message, encode_value
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettingsRepository
@@ -261,7 +269,7 @@ class Sinks:
                         # no row of it has a properties section, so none names its own `to`
                         whole = committed(data)
                         if whole is not None:
-                            tx.packed[len(tx.sends)] = _StagedRows(data, message.format)
+                            tx.packed[len(tx.sends)] = _StagedRows(data, message.format, default_to)
                             tx.sends.append((whole, default_to, message.format, None))
                         else:
                             tx.sends += [
@@ -348,11 +356,12 @@ class _StagedRows:
     """A staged pack committed whole (`Transaction.packed`): a stream appends its rows in
     one write, and the journal holds them as one record until it has."""
 
-    __slots__ = ("data", "format", "rows")
+    __slots__ = ("address", "data", "format", "rows")
 
-    def __init__(self, data: bytes, fmt: Any) -> None:
+    def __init__(self, data: bytes, fmt: Any, address: str) -> None:
         self.data = data
         self.format = fmt
+        self.address = address
         self.rows = pack_rows(data)
 
     def unpacked(self) -> list[bytes]:
@@ -360,9 +369,36 @@ class _StagedRows:
         unpack(self.data, rows)
         return rows
 
-    def duplicate_ids(self) -> list[object]:
-        inspect = self.format.inspect
-        return [value for row in self.unpacked() if (value := inspect(row)[3]) is not None]
+    def duplicate_keys(self) -> list[bytes]:
+        """The cache keys of its rows' ids: read at a fixed place in the rows the
+        connector writes (`schema.messages_of`: a durable header, then properties that
+        are the id alone, a string), by the message format's parse in any other."""
+        data, keys, head, name = self.data, [], _CONNECTOR_ROW, _ID_NAME
+        at_name, at_value = len(head) + 2, len(head) + 2 + len(name)
+        for start, end in spans(data):
+            if (
+                data.startswith(head, start)
+                and data[start + len(head) + 1] == 2  # one property
+                and data.startswith(name, start + at_name)
+            ):
+                value = start + at_value + 1
+                key = data[value : value + data[value - 1]]
+                if value + len(key) <= end and key.isascii():
+                    keys.append(_STRING_KEY + key)
+                    continue
+            found = self.format.inspect(data[start:end])[3]
+            if found is not None:
+                keys.append(id_key(found, self.address))
+        return keys
+
+
+#: How the connector's rows with a duplicate id begin (`schema.messages_of`): a durable
+#: header, an application-properties section holding a map8, whose size and count follow,
+_CONNECTOR_ROW = DURABLE_HEADER + b"\x00\x53\x74\xc1"
+#: then the key `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes).
+_ID_NAME = encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
+#: The cache key of a string id is this, then the string's UTF-8 bytes.
+_STRING_KEY = id_key("", "")
 
 
 def _rows(message: Any) -> list[bytes]:

@@ -89,3 +89,51 @@ def test_a_commit_writes_every_row_once_in_order_to_a_stream_or_as_single_messag
     assert [b for part in found for b in part.column(0).to_pylist()] == bodies
     if "plain" in queues:
         assert broker.queue_stats("plain")["message-count"] == len(bodies)
+
+
+def test_a_packs_duplicate_ids_are_read_as_the_message_format_reads_them() -> None:
+    pa = pytest.importorskip("pyarrow")
+    from scow.core.duplicates import id_key
+    from scow.plugins.spark.schema import messages_of
+    from scow.plugins.spark.staging import _StagedRows
+    from scow.protocols.amqp.codec import encode_message
+    from scow.protocols.amqp.format import AMQP_FORMAT
+
+    bodies = pa.RecordBatch.from_arrays([pa.array([b"a", b"b" * 300])], ["body"])
+    rows = [
+        *messages_of(bodies, "sink:3:1:"),  # the connector's rows: read at a fixed place
+        *messages_of(bodies, "x" * 300),  # a long id (map32): parsed
+        encode_message(b"c", durable=True, application_properties={"k": 1}),  # none
+        encode_message(b"d", durable=True, application_properties={"_AMQ_DUPL_ID": b"\xff"}),
+        encode_message(b"e", durable=True, application_properties={"_AMQ_DUPL_ID": "é"}),
+    ]
+    staged = _StagedRows(pack(rows, durable=True), AMQP_FORMAT, "out")
+    expected = [
+        id_key(value, "out") for row in rows if (value := AMQP_FORMAT.inspect(row)[3]) is not None
+    ]
+    assert staged.duplicate_keys() == expected
+    assert len(expected) == 6 and staged.rows == 7
+
+
+def test_a_commit_whose_pack_repeats_an_admitted_id_is_refused_and_writes_nothing(
+    streams,
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    from scow.plugins.spark.client import ClientError
+    from scow.plugins.spark.schema import messages_of
+    from scow.plugins.spark.source import Options, commit, duplicate_ids, stage
+
+    broker = streams.start({"out": stream()})
+    options = Options.parse({"url": broker.url, "address": "out"})
+    batch = pa.RecordBatch.from_arrays([pa.array([b"r%d" % i for i in range(3000)])], ["body"])
+    # row 2500 of the batch reached the address before (as a replay past the marker would)
+    sender = client(broker.url)
+    try:
+        one = batch.slice(2500, 1)
+        assert sender.send("out", messages_of(one, duplicate_ids("sink", 0, 0), 2500)) == 1
+    finally:
+        sender.close()
+    staged = stage(options, "sink", 0, iter([batch]))
+    with pytest.raises(ClientError, match="sink:0:0:2500"):
+        commit(options, "sink", 0, [staged])
+    assert broker.queue_stats("out")["next-sequence"] == 1  # only the one sent before
