@@ -6,6 +6,11 @@ application properties, as RabbitMQ streams keep a Bloom filter per chunk: a rea
 a selector requiring `name = value` or `name IN (...)` passes over a chunk whose summary
 holds none of the values (or not the name) without reading it.
 
+A record whose application properties are a duplicate id and nothing else (what the Spark
+sink writes) counts as "any value" of `_AMQ_DUPL_ID`, read without parsing: its values
+are unique by design, so a Bloom filter of them would cost every append a parse and a
+hash for the rare selector that names one id (such a selector reads the chunk).
+
 A summary is only made by whoever sees its chunk from the first record on, so it never
 misses one: the writer thread as it appends (a chunk begun before this start has none),
 or a reader thread whose read covered a whole chunk without one (after a restart). A
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from scow.core.duplicates import DUPLICATE_ID_PROPERTY
 from scow.plugins.paging.selecting import RecordFilter
 from scow.plugins.paging.summary import PageSummary
+from scow.plugins.spark.records import DURABLE_HEADER, STREAM_SECTION_PREFIX, STREAM_SECTION_SIZE
+from scow.protocols.amqp.codec import encode_value
 
 #: Sequence numbers per chunk: a read's size (`stream.READ_AHEAD`), so a read from a
 #: chunk's start covers it whole.
@@ -83,6 +91,14 @@ class ChunkSummaries:
             start = stop
 
     def _add(self, summary: PageSummary, data: bytes) -> None:
+        if (
+            data.startswith(_ID_ONLY_AT, _PROPERTIES_AT)
+            and data.startswith(_ID_NAME, _PROPERTIES_AT + len(_ID_ONLY_AT) + 1)
+            and data.startswith(DURABLE_HEADER)
+            and data.startswith(STREAM_SECTION_PREFIX, len(DURABLE_HEADER))
+        ):
+            summary.add(_ANY_ID)
+            return
         try:
             summary.add(self._properties(data))
         except ValueError:
@@ -105,3 +121,13 @@ class ChunkSummaries:
         chunks = self._chunks
         for chunk in [c for c in list(chunks) if (c + 1) * CHUNK <= seq]:
             chunks.pop(chunk, None)
+
+
+#: Where a durable record's application properties start once the stream annotated it,
+#: and how they start when they are a map8 (its size, then its count, follow)...
+_PROPERTIES_AT = len(DURABLE_HEADER) + STREAM_SECTION_SIZE
+_ID_ONLY_AT = b"\x00\x53\x74\xc1"
+#: ...holding one name and its value (a count of 2), the duplicate id's name.
+_ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY)
+#: The properties such a record counts as: its id, as a value no key stands for ("any").
+_ANY_ID: Mapping[str, object] = {DUPLICATE_ID_PROPERTY: None}

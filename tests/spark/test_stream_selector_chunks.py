@@ -117,3 +117,34 @@ def test_chunk_summaries_skip_only_whole_refusing_chunks_and_forget_what_retenti
     assert len(again) == 0
     chunks.forget_before(2 * CHUNK)
     assert len(chunks) == 1  # chunk 2's, which still holds records
+
+
+def test_records_whose_only_property_is_a_duplicate_id_never_let_a_selector_on_it_skip():
+    import pyarrow as pa
+
+    from scow.plugins.spark.records import annotate
+    from scow.plugins.spark.schema import messages_of
+
+    fmt = AmqpMessageFormat()
+    chunks = ChunkSummaries(fmt.properties)
+    rows = pa.RecordBatch.from_arrays([pa.array([b"x"] * CHUNK)], ["body"])
+    # the sink's rows as stored: read as "any id" without parsing
+    stored = [annotate(m, seq, 0) for seq, m in enumerate(messages_of(rows, "job:0:0:"))]
+    chunks.appended(enumerate(stored))
+    # then a chunk of rows with a second property: parsed, their ids summarized
+    tagged = [
+        annotate(encode_message(b"x", durable=True, application_properties=p), seq, 0)
+        for seq, p in (
+            (CHUNK + n, {"_AMQ_DUPL_ID": f"other:{n}", "color": "blue"}) for n in range(CHUNK)
+        )
+    ]
+    chunks.appended([(CHUNK + n, data) for n, data in enumerate(tagged)])
+    chunks.appended([(2 * CHUNK, annotate(encode_message(b"x"), 2 * CHUNK, 0))])  # closes 1
+
+    def selecting(text: str) -> RecordFilter:
+        return RecordFilter([SelectorFilter(compile_selector(text))], fmt.properties)
+
+    one = selecting("_AMQ_DUPL_ID = 'job:0:0:7'")
+    assert chunks.skip(0, 2 * CHUNK, one) == 0  # chunk 0 may hold it: read
+    assert chunks.skip(CHUNK, 2 * CHUNK, one) == 2 * CHUNK  # chunk 1 proves it does not
+    assert chunks.skip(0, 2 * CHUNK, selecting("color = 'blue'")) == CHUNK  # 0 has no color
