@@ -1124,7 +1124,7 @@ class Broker:
             pager.page(message, queues, barrier.add(), tx.id)
             if pager not in pagers:
                 pagers.append(pager)
-        acks, tx.acks, tx.sends = tx.acks, [], []
+        acks, tx.acks, tx.sends, tx.packed = tx.acks, [], [], {}
         visible = taken.visible
         done_now = False
 

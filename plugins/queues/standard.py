@@ -272,10 +272,7 @@ class StandardQueue:
 
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
         """Return an unsettled ref to its original place and offer it again."""
-        if ref.consumer is not None:
-            ref.consumer = None
-            self.delivering -= 1
-            self.delivering_bytes -= len(ref.message.data)
+        self._undeliver(ref)
         superseded = self._messages.put_back(ref)
         if superseded is not None:
             self._drop(superseded)
@@ -285,13 +282,16 @@ class StandardQueue:
         """`release` of each of `refs` (in message id order: a rollback's), put back in
         one pass over the waiting list and offered once."""
         for ref in refs:
-            if ref.consumer is not None:
-                ref.consumer = None
-                self.delivering -= 1
-                self.delivering_bytes -= len(ref.message.data)
+            self._undeliver(ref)
         for superseded in put_back_all(self._messages, refs):
             self._drop(superseded)
         self.dispatch()
+
+    def _undeliver(self, ref: MessageRef) -> None:
+        if ref.consumer is not None:
+            ref.consumer = None
+            self.delivering -= 1
+            self.delivering_bytes -= len(ref.message.data)
 
     def paged(self, message: Message) -> None:
         """A message for this queue went to pages (a last-value queue forgets the value

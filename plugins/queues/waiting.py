@@ -3,10 +3,10 @@
 A queue type is the standard queue's dispatch over one of these lists. Each keeps the
 entries (messages, or refs that came back) and answers four questions the queue asks:
 which comes next (`popleft`), where a released ref goes back (`put_back`; many at once:
-`put_back_all`), what a
-browser has not seen (`newer_than`, in arrival order), and which entries a predicate
-takes (`remove_if`). `append` and `put_back` may return an entry the list no longer
-holds because a newer one supersedes it (last-value queues); the queue drops it.
+`put_back_all`), what a browser has not seen (`newer_than`, in arrival order), and which
+entries a predicate takes (`remove_if`). `append` and `put_back` may return an entry the
+list no longer holds because a newer one supersedes it (last-value queues); the queue
+drops it.
 """
 
 from __future__ import annotations

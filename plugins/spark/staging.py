@@ -374,16 +374,11 @@ class _StagedRows:
         connector writes (`schema.messages_of`: a durable header, then properties that
         are the id alone, a string), by the message format's parse in any other."""
         data, keys, head, name = self.data, [], _CONNECTOR_ROW, _ID_NAME
-        at_name, at_value = len(head) + 2, len(head) + 2 + len(name)
         for start, end in spans(data):
-            if (
-                data.startswith(head, start)
-                and data[start + len(head) + 1] == 2  # one property
-                and data.startswith(name, start + at_name)
-            ):
-                value = start + at_value + 1
-                key = data[value : value + data[value - 1]]
-                if value + len(key) <= end and key.isascii():
+            size = start + len(head) + 1 + len(name)  # where the id's length is
+            if data.startswith(head, start) and data.startswith(name, size - len(name)):
+                key = data[size + 1 : size + 1 + data[size]] if size < end else b""
+                if key and size + 1 + len(key) <= end and key.isascii():
                     keys.append(_STRING_KEY + key)
                     continue
             found = self.format.inspect(data[start:end])[3]
@@ -395,8 +390,9 @@ class _StagedRows:
 #: How the connector's rows with a duplicate id begin (`schema.messages_of`): a durable
 #: header, an application-properties section holding a map8, whose size and count follow,
 _CONNECTOR_ROW = DURABLE_HEADER + b"\x00\x53\x74\xc1"
-#: then the key `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes).
-_ID_NAME = encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
+#: then (past the map's size) a count of 2 (one name, one value), the name
+#: `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes follow).
+_ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
 #: The cache key of a string id is this, then the string's UTF-8 bytes.
 _STRING_KEY = id_key("", "")
 
