@@ -388,7 +388,7 @@ class _StagedRows:
 
 
 #: How the connector's rows with a duplicate id begin (`schema.messages_of`): a durable
-#: header, an application-properties section holding a map8, whose size and count follow,
+#: header, an application-properties section holding a map8 (its size byte next),
 _CONNECTOR_ROW = DURABLE_HEADER + b"\x00\x53\x74\xc1"
 #: then (past the map's size) a count of 2 (one name, one value), the name
 #: `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes follow).
