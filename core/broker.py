@@ -22,6 +22,7 @@ import structlog
 from scow.core.duplicates import (
     DEFAULT_ID_CACHE_SIZE,
     DuplicateIdCache,
+    current_key,
     describe_id,
     duplicate_error,
     id_key,
@@ -587,53 +588,71 @@ class Broker:
             return RouteStatus.ROUTED
         # inspect() also looks for a duplicate id: a message without one costs no more
         header = fmt.inspect(data)
-        if header[3] is not None and check_duplicates:
-            return self._send_once(data, address, fmt, routing_type, on_stored, header)
+        key = header[3]
+        cache = None
+        if key is not None and check_duplicates:
+            cache = self.duplicate_ids.get(address.name)  # _id_cache, inlined: per message
+            if cache is None or cache.size <= 0:
+                cache = self._id_cache(address.name)  # None: detection is off here
+            if cache is not None:
+                if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
+                    key = id_key(key, address.name)  # raises InvalidField
+                if key in cache.ids:
+                    return self._duplicate(cache, key, address, on_stored)
         routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):
+            if cache is not None:  # it goes nowhere, but its id counts (Artemis)
+                self._admit(cache, key, address.name)
             return routed
         message, queues, full = routed
+        if cache is not None and (header[0] or address.pager is not None):
+            # the message, or its resends, may wait for its storage
+            return self._send_once(message, queues, full, address, cache, key, on_stored)
         try:
-            return self._accept(message, queues, address, on_stored, full)
+            status = self._accept(message, queues, address, on_stored, full)
         except StorageFull:
             self.messages_routed -= 1  # refused before anything was enqueued or counted
             raise
+        if cache is not None:  # held in memory only: accepted at once, nothing waits
+            self._admit(cache, key, address.name)
+        return status
+
+    def _duplicate(
+        self,
+        cache: DuplicateIdCache,
+        key: bytes,
+        address: AddressInfo,
+        on_stored: Completion | None,
+    ) -> RouteStatus:
+        """Drop (but accept) a message whose id `key` its address's cache holds."""
+        self.messages_duplicate += 1
+        log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
+        waiting = cache.pending.get(key)
+        if waiting is not None and on_stored is not None:
+            # what it repeats is not durable yet: it is confirmed when that is
+            waiting.append(on_stored)
+            return RouteStatus.PENDING
+        return RouteStatus.DUPLICATE
+
+    def _admit(self, cache: DuplicateIdCache, key: bytes, address_name: str) -> None:
+        """Admit the id of a message not journaled into its cache's open block."""
+        if cache.admit(key):  # the first of this loop pass
+            self._write_ids_soon(address_name, cache)
 
     def _send_once(
         self,
-        data: bytes,
+        message: Message,
+        queues: list[Any],
+        full: bool,
         address: AddressInfo,
-        fmt: MessageFormat,
-        routing_type: RoutingType | None,
+        cache: DuplicateIdCache,
+        key: bytes,
         on_stored: Completion | None,
-        header: Header,
     ) -> RouteStatus:
-        """Send a message that carries a duplicate id (`header[3]`): dropped (but
-        accepted) when its address's cache holds the id, else routed. A journaled message
-        goes as a transaction of its own, so that it and its id are journaled together:
-        both durable, or neither; any other's id joins its cache's open block."""
-        cache = self.duplicate_ids.get(address.name)  # _id_cache, inlined: per message
-        if cache is None or cache.size <= 0:
-            cache = self._id_cache(address.name)
-            if cache is None:  # detection is off for this address
-                # routed as any message: `send` has already seen to a large message's file
-                return self._send(data, address.name, fmt, routing_type, on_stored, None, False)
-        key = id_key(header[3], address.name)
-        if key in cache.ids:
-            self.messages_duplicate += 1
-            log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
-            waiting = cache.pending.get(key)
-            if waiting is not None and on_stored is not None:
-                # what it repeats is not durable yet: it is confirmed when that is
-                waiting.append(on_stored)
-                return RouteStatus.PENDING
-            return RouteStatus.DUPLICATE
-        routed = self._route(data, address, fmt, routing_type, header)
-        if isinstance(routed, RouteStatus):  # it goes nowhere, but its id counts (Artemis)
-            if cache.admit(key):  # the first of this loop pass
-                self._write_ids_soon(address.name, cache)
-            return routed
-        message, queues, full = routed
+        """Accept a routed message, new to its address's cache, that is durable or may be
+        paged: one journaled goes as a transaction of its own, so that it and its id are
+        journaled together (both durable, or neither); any other's id joins its cache's
+        open block, its resends confirmed when it is stored."""
         pager = address.pager
         paging = pager is not None and (full or pager.paging)
         durable = message.kind.durable
@@ -657,15 +676,14 @@ class Broker:
                 if waits:
                     cache.pending.pop(key, None)
                 raise
-            if cache.admit(key):  # the first of this loop pass
-                self._write_ids_soon(address.name, cache)
+            self._admit(cache, key, address.name)
             if waits and status is not RouteStatus.PENDING and cache.pending.get(key) is resends:
                 del cache.pending[key]  # accepted at once: `on_stored` is not called
             return status
         # journaled: the message and its id in one journal transaction
         kept: list[tuple[Message, list[Any], AddressInfo]] = []
         paged: list[tuple[Message, list[Any], Any]] = []
-        _place(routed, address, kept, paged)
+        _place((message, queues, full), address, kept, paged)
         returned = False
 
         def stored() -> None:
@@ -1085,13 +1103,14 @@ class Broker:
         if seen is None:
             seen = set()
         for (_data, address_name, _fmt, _routing_type), header in zip(sends, headers, strict=True):
-            value = header[3]
-            if value is None:
+            key = header[3]
+            if key is None:
                 continue
             cache = self._id_cache(address_name)
             if cache is None:
                 continue
-            key = id_key(value, address_name)
+            if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
+                key = id_key(key, address_name)
             if key in cache or (address_name, key) in seen:
                 raise duplicate_error(key, address_name)
             seen.add((address_name, key))
@@ -1632,7 +1651,8 @@ class Broker:
             if cache is None:
                 stale.append(record_id)
             else:
-                stale += cache.add_block([rec.key for rec in recs], record_id)
+                # keys of earlier data dirs as this version keys them
+                stale += cache.add_block([current_key(rec.key) for rec in recs], record_id)
         try:
             for record_id in stale:
                 self.storage.delete_record(record_id)

@@ -20,7 +20,9 @@ Message journal records:
   PAGE_TX        add     id = a transaction id: its page records are committed; written
                          in the transaction, deleted once its pages are gone
   DUPLICATE_IDS  add     a block of ids of an address's duplicate-id cache: (address,
-                         the id keys, oldest first); the ids admitted on their own in
+                         the id keys, oldest first; a key is the id's AMQP encoding,
+                         or in data dirs of before 2026-11-25 a tag byte and its bytes:
+                         `duplicates.current_key`); the ids admitted on their own in
                          one loop pass (unsynced), or those of one journal transaction
                          (the messages they admit are in it); deleted once all its ids
                          are pushed out of the cache (a block partly pushed out keeps

@@ -7,7 +7,7 @@ from typing import Any
 
 from proton import Message as ProtonMessage
 
-from scow.core.duplicates import DUPLICATE_ID_PROPERTY
+from scow.core.duplicates import DUPLICATE_ID_PROPERTY, key_of
 from scow.core.message import Header, Message
 from scow.protocols.amqp import codec
 
@@ -74,13 +74,14 @@ class AmqpMessageFormat:
         return codec.MessageInfo(data).to
 
     def _duplicate_id_at(self, data: bytes, at: int) -> object:
-        """The duplicate id of a message holding the property's name at `at`.
+        """The duplicate id (`Header`: its key) of a message holding the property's name
+        at `at`.
 
         Whether the name there is a key of the application properties depends only on
         the bytes before it: messages alike up to there (a producer's, mostly) are parsed
         for the first of them (`_id_layouts`), and the others' id (a binary or a string
-        of up to 255 bytes) read at once after the name. Any other value, or the name
-        elsewhere, is read the long way.
+        of up to 255 bytes) read at once after the name: its encoding is its key, so the
+        key is one slice. Any other value, or the name elsewhere, is read the long way.
         """
         prefix = data[:at]
         layouts = self._id_layouts
@@ -99,20 +100,25 @@ class AmqpMessageFormat:
             stop = value + 2 + data[value + 1]
             if stop <= end:
                 if code == 0xA0:  # vbin8
-                    return data[value + 2 : stop]
+                    return data[value:stop]
                 if code == 0xA1:  # str8
+                    key = data[value:stop]
                     try:
-                        return str(data[value + 2 : stop], "utf-8")
+                        key[2:].decode()
                     except UnicodeDecodeError:
                         return None  # as the long way: unreadable, no id to go by
+                    return key
         return self._duplicate_id(data)
 
     @staticmethod
     def _duplicate_id(data: bytes) -> object:
+        """The duplicate id as `Header` holds it: its key, or a value of another type."""
         try:  # reads the section headers and the application-properties' keys only
-            return codec.application_property(data, DUPLICATE_ID_PROPERTY)
+            value = codec.application_property(data, DUPLICATE_ID_PROPERTY)
         except codec.DecodeError:
             return None  # unreadable properties: no id to go by
+        key = key_of(value)
+        return value if key is None else key
 
     def describe(self, data: bytes, preview: int) -> dict[str, Any]:
         message = ProtonMessage()

@@ -6,6 +6,8 @@ A producer that lost its connection resends what it is unsure of with the same
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
 import threading
@@ -207,6 +209,44 @@ def test_export_and_import_carry_the_ids(scow_broker_process, tmp_path):
     restarted = _broker(scow_broker_process, broker.port)
     send(restarted.url, "moved", dupl("a again", "e-1"), dupl("b again", b"\x00e-2"))
     assert bodies(restarted.url, "moved") == []
+
+
+def test_ids_kept_by_an_earlier_version_are_still_detected(scow_broker_process, tmp_path):
+    # Before 2026-11-25 an id's key was a tag byte (1: string, 2: binary) and its bytes;
+    # now it is the id's AMQP encoding. An export of such a data dir carries old keys,
+    # and its import writes them to the journal as they were.
+    broker = _broker(scow_broker_process)
+    send(broker.url, "older", dupl("a", "o-1"), dupl("b", b"\x00o-2"))
+    assert bodies(broker.url, "older") == ["a", "b"]
+    assert broker.stop() == 0
+    data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
+    run = subprocess.run(
+        [*SCOW, "data", "export", "--data-dir", str(data), "--output", str(export)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    old_keys = {b"\xa1\x03o-1": b"\x01o-1", b"\xa0\x04\x00o-2": b"\x02\x00o-2"}
+    lines = []
+    for text in export.read_text().splitlines():
+        line = json.loads(text)
+        if line.get("type") == "duplicate-id":
+            line["id"] = base64.b64encode(old_keys.pop(base64.b64decode(line["id"]))).decode()
+        lines.append(json.dumps(line))
+    assert old_keys == {}  # both ids were exported, under the keys of this version
+    export.write_text("\n".join(lines) + "\n")
+    run = subprocess.run(
+        [*SCOW, "data", "import", "--data-dir", str(fresh), "--input", str(export)],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    data.rename(tmp_path / "old")
+    fresh.rename(data)
+    restarted = _broker(scow_broker_process, broker.port)
+    send(restarted.url, "older", dupl("a again", "o-1"), dupl("b again", b"\x00o-2"))
+    send(restarted.url, "older", dupl("c", b"o-1"), dupl("d", "\x00o-2"))  # other types
+    assert bodies(restarted.url, "older") == ["c", "d"]
 
 
 def test_compaction_keeps_the_cached_ids_and_nothing_else(scow_broker_process, tmp_path):
