@@ -82,6 +82,31 @@ def current_key(key: bytes) -> bytes:
     return key
 
 
+def split_keys(data: bytes, start: int = 0) -> list[bytes]:
+    """The keys written back to back in `data` from `start` (each gives its own length);
+    ValueError when one is not a key."""
+    keys = []
+    end = len(data)
+    while start < end:
+        code = data[start]
+        if start + 1 == end:
+            stop = end + 1  # not even a length
+        elif code in (_VBIN8, _STR8):
+            stop = start + 2 + data[start + 1]
+        elif code in (_VBIN32, _STR32):
+            stop = start + 5 + int.from_bytes(data[start + 1 : start + 5], "big")
+        else:
+            raise ValueError(
+                f"duplicate-id keys: type code 0x{code:02x} at byte {start}; expected "
+                f"str8, str32, vbin8 or vbin32 (0xa1, 0xb1, 0xa0, 0xb0)"
+            )
+        if stop > end:
+            raise ValueError(f"duplicate-id keys: the key at byte {start} runs past the end")
+        keys.append(data[start:stop])
+        start = stop
+    return keys
+
+
 def describe_id(key: bytes) -> str:
     """A key as an error message or a log line shows it: 'text' or binary 0a1b..."""
     key = current_key(key)

@@ -19,6 +19,8 @@ import pytest
 from proton import Delivery, Message
 from proton.utils import BlockingConnection
 
+from scow.core import app
+from scow.core.storage import DUPLICATE_ID, DUPLICATE_IDS
 from scow.core.testing import wait_for
 from tests.wire.helpers import consume_all
 
@@ -209,6 +211,33 @@ def test_export_and_import_carry_the_ids(scow_broker_process, tmp_path):
     restarted = _broker(scow_broker_process, broker.port)
     send(restarted.url, "moved", dupl("a again", "e-1"), dupl("b again", b"\x00e-2"))
     assert bodies(restarted.url, "moved") == []
+
+
+def test_ids_journaled_by_an_earlier_version_are_still_detected(scow_broker_process, tmp_path):
+    # Before 2026-11-25 a block of ids was a DUPLICATE_IDS record: each key after its
+    # length, a key a tag byte (1: string, 2: binary) and the id; before blocks, one id
+    # a DUPLICATE_ID record. Written here into the broker's own store, whichever it is.
+    broker = _broker(scow_broker_process)
+    assert broker.stop() == 0
+    plugins, config = app.load(tmp_path / "scow.toml")
+    storage = app.open_storage(plugins.unique("scow_register_journals", "journal"), config)
+    try:
+        storage.load()
+        name = b"\x00\x05older"
+        one = name + b"\x01o-0"
+        block = name + b"".join(len(k).to_bytes(4, "big") + k for k in (b"\x01o-1", b"\x02o-2"))
+        storage.messages.append_add(storage.next_id(), DUPLICATE_ID, one, sync=True)
+        storage.messages.append_add(storage.next_id(), DUPLICATE_IDS, block, sync=True)
+    finally:
+        storage.stop()
+    restarted = _broker(scow_broker_process, broker.port)
+    send(restarted.url, "older", *(dupl("again", key) for key in ("o-0", "o-1", b"o-2")))
+    send(restarted.url, "older", dupl("c", b"o-1"), dupl("d", "o-2"))  # other types
+    assert bodies(restarted.url, "older") == ["c", "d"]
+    restarted.kill()  # the new ids' block, then the old ones, after another start
+    again = _broker(scow_broker_process, broker.port)
+    send(again.url, "older", *(dupl("again", key) for key in ("o-0", "o-1", b"o-2", b"o-1")))
+    assert bodies(again.url, "older") == []
 
 
 def test_ids_kept_by_an_earlier_version_are_still_detected(scow_broker_process, tmp_path):

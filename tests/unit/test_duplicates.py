@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scow.core.duplicates import DuplicateIdCache, current_key, describe_id, id_key
+from scow.core.duplicates import DuplicateIdCache, current_key, describe_id, id_key, split_keys
 from scow.core.model import InvalidField
 
 
@@ -166,8 +166,18 @@ def test_inspect_reads_ids_of_messages_alike_up_to_the_name_from_the_first_one_s
     assert fmt.inspect(cut)[3] is None
 
 
-def test_blocks_and_the_one_id_records_of_earlier_data_dirs_are_recovered_in_order(tmp_path):
-    from scow.core.storage import DUPLICATE_ID, StorageManager
+def old_ids_record(address: str, keys: list[bytes]) -> bytes:
+    """A DUPLICATE_IDS record as written before 2026-11-25: each key after its length."""
+    name = address.encode()
+    return (
+        len(name).to_bytes(2, "big")
+        + name
+        + b"".join(len(key).to_bytes(4, "big") + key for key in keys)
+    )
+
+
+def test_blocks_and_the_records_of_earlier_data_dirs_are_recovered_in_order(tmp_path):
+    from scow.core.storage import DUPLICATE_ID, DUPLICATE_IDS, StorageManager
     from scow.plugins.file_journal.journal import FileJournal
     from scow.plugins.file_journal.plugin import journal_settings
 
@@ -181,21 +191,38 @@ def test_blocks_and_the_one_id_records_of_earlier_data_dirs_are_recovered_in_ord
     written.load()
     # an id as written before blocks: its address's length and name, then its key
     written.messages.append_add(5, DUPLICATE_ID, b"\x00\x01q" + b"\x02old", sync=True)
-    written.store_duplicate_ids(7, "q", [b"\x02a", b"\x01b" * 300, b"\x02"])
-    written.store_duplicate_ids(6, "r", [b"\x02c"])
-    written.store_duplicate_ids(8, "q", [b"\x02x"])
-    written.store_duplicate_ids(9, "q", [b"\x02d"], deleting=[8])  # 8 was pushed out
+    # a block as written before keys were encodings
+    old = old_ids_record("q", [b"\x02a", b"\x01b" * 300, b"\x02"])
+    written.messages.append_add(7, DUPLICATE_IDS, old, sync=True)
+    long_key = id_key("b" * 300, "q")
+    written.store_duplicate_ids(6, "r", [id_key(b"c", "q")])
+    written.store_duplicate_ids(8, "q", [id_key(b"x", "q")])
+    written.store_duplicate_ids(9, "q", [id_key(b"d", "q"), long_key], deleting=[8])
     written.stop()
     recovered = storage()
     try:
         found = recovered.load().duplicate_ids
     finally:
         recovered.stop()
+    # as journaled: the broker converts the older keys as it rebuilds its caches
     assert [(d.record_id, d.address, d.key) for d in found] == [
         (5, "q", b"\x02old"),
-        (6, "r", b"\x02c"),
+        (6, "r", b"\xa0\x01c"),
         (7, "q", b"\x02a"),
         (7, "q", b"\x01b" * 300),
         (7, "q", b"\x02"),
-        (9, "q", b"\x02d"),
+        (9, "q", b"\xa0\x01d"),
+        (9, "q", long_key),
     ]
+
+
+def test_keys_written_back_to_back_are_split_by_their_own_lengths():
+    keys = [id_key("s", "q"), id_key(b"", "q"), id_key(b"x" * 300, "q"), id_key("\u00e9", "q")]
+    assert split_keys(b"".join(keys)) == keys
+    assert split_keys(b"ab" + keys[0], 2) == [keys[0]]
+    with pytest.raises(ValueError, match=r"type code 0x02 at byte 0; expected str8"):
+        split_keys(b"\x02old")
+    with pytest.raises(ValueError, match=r"key at byte 3 runs past the end"):
+        split_keys(keys[0] + keys[2][:-1])
+    with pytest.raises(ValueError, match=r"key at byte 0 runs past the end"):
+        split_keys(b"\xa0")
