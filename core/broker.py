@@ -90,6 +90,11 @@ MOVE_RETRY = 1.0
 #: every other connection for 5 s; a slice is a few tens of milliseconds.
 COMMIT_SLICE = 2000
 
+# Enum members the per-message path reads, as globals: on Python 3.11 reading one off its
+# class (`RouteStatus.ROUTED`) goes through EnumType.__getattr__'s slot, ~65 ns a read.
+_ANYCAST, _MULTICAST = RoutingType.ANYCAST, RoutingType.MULTICAST
+_ROUTED, _PENDING = RouteStatus.ROUTED, RouteStatus.PENDING
+
 #: `authorize(permission, address)`: raises Unauthorized when the client may not.
 Authorize = Callable[[str, str], None]
 
@@ -601,8 +606,9 @@ class Broker:
                     return self._duplicate(cache, key, address, on_stored)
         routed = self._route(data, address, fmt, routing_type, header)
         if isinstance(routed, RouteStatus):
-            if cache is not None:  # it goes nowhere, but its id counts (Artemis)
-                self._admit(cache, key, address.name)
+            # it goes nowhere, but its id counts (Artemis)
+            if cache is not None and cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
             return routed
         message, queues, full = routed
         if cache is not None and (header[0] or address.pager is not None):
@@ -613,8 +619,9 @@ class Broker:
         except StorageFull:
             self.messages_routed -= 1  # refused before anything was enqueued or counted
             raise
-        if cache is not None:  # held in memory only: accepted at once, nothing waits
-            self._admit(cache, key, address.name)
+        # held in memory only: accepted at once, nothing waits
+        if cache is not None and cache.admit(key):  # the first of this loop pass
+            self._write_ids_soon(address.name, cache)
         return status
 
     def _duplicate(
@@ -633,11 +640,6 @@ class Broker:
             waiting.append(on_stored)
             return RouteStatus.PENDING
         return RouteStatus.DUPLICATE
-
-    def _admit(self, cache: DuplicateIdCache, key: bytes, address_name: str) -> None:
-        """Admit the id of a message not journaled into its cache's open block."""
-        if cache.admit(key):  # the first of this loop pass
-            self._write_ids_soon(address_name, cache)
 
     def _send_once(
         self,
@@ -676,7 +678,8 @@ class Broker:
                 if waits:
                     cache.pending.pop(key, None)
                 raise
-            self._admit(cache, key, address.name)
+            if cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
             if waits and status is not RouteStatus.PENDING and cache.pending.get(key) is resends:
                 del cache.pending[key]  # accepted at once: `on_stored` is not called
             return status
@@ -782,8 +785,8 @@ class Broker:
         for queue in queues:
             queue.enqueue(message)
         if journaled and on_stored is not None:
-            return RouteStatus.PENDING
-        return RouteStatus.ROUTED
+            return _PENDING
+        return _ROUTED
 
     def _accept_kept(
         self,
@@ -858,12 +861,9 @@ class Broker:
     ) -> list[Any]:
         """Every matching multicast queue plus one matching anycast queue (round robin)."""
         targets: list[Any] = []
-        if routing_type is not RoutingType.ANYCAST and address.multicast:
+        if routing_type is not _ANYCAST and address.multicast:
             targets = [q for q in address.multicast if q.filter is None or q.filter(message)]
-        if (
-            routing_type is RoutingType.MULTICAST
-            or RoutingType.ANYCAST not in address.routing_types
-        ):
+        if routing_type is _MULTICAST or _ANYCAST not in address.routing_types:
             return targets
         anycast: list[Any] = address.anycast
         if not anycast and address.settings.auto_create_queues:

@@ -34,6 +34,7 @@ _OUTCOMES = frozenset(
 )
 _TAG = struct.Struct(">Q")
 _ACCEPTED = engine.ACCEPTED
+_PENDING = RouteStatus.PENDING  # a global: reading it off its Enum class costs ~65 ns
 #: Target addresses an anonymous-relay link remembers its permission for.
 _RELAY_CACHE = 1024
 #: The sections before a large message's body are held in memory (the broker parses
@@ -235,7 +236,7 @@ class ProducerLink:
             else:
                 accept = self.conn.accepter(delivery, self)
                 status = self.broker.send(data, address, AMQP_FORMAT, self.routing_type, accept)
-                if status is not RouteStatus.PENDING:
+                if status is not _PENDING:
                     engine.delivery_update(delivery, _ACCEPTED)
                     engine.delivery_settle(delivery)
         except BrokerError as exc:
