@@ -195,8 +195,9 @@ class DuplicateIdCache:
         opened = block is None
         if block is None:
             block = self.open = IdBlock(0, [])
-        if block.keys is not None:
-            block.keys.append(key)
+        keys = block.keys
+        if keys is not None:
+            keys.append(key)
         ids = self.ids
         ids[key] = block
         self.ring.append(key)

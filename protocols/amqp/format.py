@@ -21,6 +21,7 @@ _SEARCH_WHOLE = 4096
 #: The descriptor codes of body sections (each section is a described value, `00 53 code`
 #: with the usual smallulong descriptor).
 _BODY_SECTIONS = frozenset((codec.DATA, codec.AMQP_SEQUENCE, codec.AMQP_VALUE))
+_HEADER = codec.HEADER
 #: What `inspect` reads of a message that is only a body: the header's defaults, no id.
 _BODY_ONLY: Header = (False, 4, 0, None)
 
@@ -43,17 +44,23 @@ class AmqpMessageFormat:
         # Others cost one search for the property's name (`find`: `in` costs twice as
         # much) before anything is parsed.
         try:
-            if data[2] in _BODY_SECTIONS and data[1] == 0x53 and data[0] == 0:
-                return _BODY_ONLY
+            first = data[2] if data[1] == 0x53 and data[0] == 0 else None
         except IndexError:
-            pass  # too short to be a message: parse_header says why
-        durable, priority, ttl, _first, _count = codec.parse_header(data)
+            first = None  # too short to be a message: parse_header says why
+        if first is not None and first != _HEADER:
+            # no header section: its defaults, without the call (parse_header's first test)
+            if first in _BODY_SECTIONS:
+                return _BODY_ONLY
+            durable, priority, ttl = False, 4, 0
+        else:
+            durable, priority, ttl, _first, _count = codec.parse_header(data)
+            ttl = ttl or 0
         if len(data) <= _SEARCH_WHOLE:
             at = data.find(_DUPLICATE_ID_NAME)
             if at < 0:
-                return durable, priority, ttl or 0, None
-            return durable, priority, ttl or 0, self._duplicate_id_at(data, at)
-        return durable, priority, ttl or 0, self._duplicate_id(data)
+                return durable, priority, ttl, None
+            return durable, priority, ttl, self._duplicate_id_at(data, at)
+        return durable, priority, ttl, self._duplicate_id(data)
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         return codec.selector_lookup(codec.MessageInfo(message.data))
