@@ -663,7 +663,9 @@ class ConsumerLink:
         if self.max_unsettled and len(self.unsettled) == self.max_unsettled - 1:
             self.queue.dispatch()  # it was held at the limit: send what its credit allows
         broker = self.conn.broker
-        if state == TRANSACTIONAL_STATE:
+        if state == _ACCEPTED:  # the usual outcome, tested first
+            broker.acknowledge(ref)
+        elif state == TRANSACTIONAL_STATE:
             try:
                 tx, fields = transaction_of(self.conn, delivery)  # type: ignore[misc]
             except BrokerError:
@@ -682,7 +684,7 @@ class ConsumerLink:
             broker.release(ref, delivered=failed)
         elif state == engine.REJECTED:
             broker.reject(ref)
-        else:  # accepted, or settled without a terminal outcome: the client is done with it
+        else:  # settled without a terminal outcome: the client is done with it
             broker.acknowledge(ref)
 
     def close(self, remote_closed: bool) -> None:
