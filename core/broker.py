@@ -605,7 +605,7 @@ class Broker:
                 if key in cache.ids:
                     return self._duplicate(cache, key, address, on_stored)
         routed = self._route(data, address, fmt, routing_type, header)
-        if isinstance(routed, RouteStatus):
+        if routed.__class__ is RouteStatus:  # isinstance: 65 ns, EnumType's own check
             # it goes nowhere, but its id counts (Artemis)
             if cache is not None and cache.admit(key):  # the first of this loop pass
                 self._write_ids_soon(address.name, cache)

@@ -199,13 +199,9 @@ def test_export_and_import_carry_the_ids(scow_broker_process, tmp_path):
     assert bodies(broker.url, "moved") == ["a", "b"]
     assert broker.stop() == 0
     data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
-    for command in (
-        ["export", "--data-dir", str(data), "--output", str(export)],
-        ["import", "--data-dir", str(fresh), "--input", str(export)],
-    ):
-        run = subprocess.run([*SCOW, "data", *command], capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr
-    assert "'duplicate-ids': 2" in run.stdout
+    _scow_data("export", "--data-dir", str(data), "--output", str(export))
+    imported = _scow_data("import", "--data-dir", str(fresh), "--input", str(export))
+    assert "'duplicate-ids': 2" in imported
     data.rename(tmp_path / "old")
     fresh.rename(data)
     restarted = _broker(scow_broker_process, broker.port)
@@ -240,21 +236,16 @@ def test_ids_journaled_by_an_earlier_version_are_still_detected(scow_broker_proc
     assert bodies(again.url, "older") == []
 
 
-def test_ids_kept_by_an_earlier_version_are_still_detected(scow_broker_process, tmp_path):
+def test_an_export_of_an_earlier_version_carries_its_ids(scow_broker_process, tmp_path):
     # Before 2026-11-25 an id's key was a tag byte (1: string, 2: binary) and its bytes;
-    # now it is the id's AMQP encoding. An export of such a data dir carries old keys,
-    # and its import writes them to the journal as they were.
+    # now it is the id's AMQP encoding. An export of such a data dir carries the old
+    # keys: its import converts them.
     broker = _broker(scow_broker_process)
     send(broker.url, "older", dupl("a", "o-1"), dupl("b", b"\x00o-2"))
     assert bodies(broker.url, "older") == ["a", "b"]
     assert broker.stop() == 0
     data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
-    run = subprocess.run(
-        [*SCOW, "data", "export", "--data-dir", str(data), "--output", str(export)],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr
+    _scow_data("export", "--data-dir", str(data), "--output", str(export))
     old_keys = {b"\xa1\x03o-1": b"\x01o-1", b"\xa0\x04\x00o-2": b"\x02\x00o-2"}
     lines = []
     for text in export.read_text().splitlines():
@@ -264,18 +255,20 @@ def test_ids_kept_by_an_earlier_version_are_still_detected(scow_broker_process, 
         lines.append(json.dumps(line))
     assert old_keys == {}  # both ids were exported, under the keys of this version
     export.write_text("\n".join(lines) + "\n")
-    run = subprocess.run(
-        [*SCOW, "data", "import", "--data-dir", str(fresh), "--input", str(export)],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr
+    _scow_data("import", "--data-dir", str(fresh), "--input", str(export))
     data.rename(tmp_path / "old")
     fresh.rename(data)
     restarted = _broker(scow_broker_process, broker.port)
     send(restarted.url, "older", dupl("a again", "o-1"), dupl("b again", b"\x00o-2"))
     send(restarted.url, "older", dupl("c", b"o-1"), dupl("d", "\x00o-2"))  # other types
     assert bodies(restarted.url, "older") == ["c", "d"]
+
+
+def _scow_data(*command: str) -> str:
+    """Run `scow data COMMAND...`; its output (it must succeed)."""
+    run = subprocess.run([*SCOW, "data", *command], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
 
 
 def test_compaction_keeps_the_cached_ids_and_nothing_else(scow_broker_process, tmp_path):
