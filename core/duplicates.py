@@ -151,7 +151,8 @@ class DuplicateIdCache:
     own (`add_block`), as do the records recovery finds, oldest first.
 
     Per id admitted, a plain dict (key -> block) and a ring of keys in admission order,
-    not an OrderedDict: its insert and its pop of the oldest cost about twice as much.
+    not an OrderedDict, whose insert and pop of the oldest cost 1.5x as much (200 against
+    135 ns per id at 20,000 ids, CPU, best of 7).
     An id admitted again by `add_block` (recovery, an import) moves to the newest; its
     older place stays in the ring, counted in `moved`, and is skipped when it comes out.
     """
