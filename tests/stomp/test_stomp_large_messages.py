@@ -334,9 +334,10 @@ def test_a_send_the_database_refuses_gets_an_error_and_its_rows_go(scow_broker, 
 def test_a_send_across_a_postgresql_outage_waits_for_it_then_is_stored_whole(
     private_postgres, scow_broker
 ):  # in that order: the broker stops before its database
-    """A lost database is an outage, not a refusal (the database store retries until it
-    is back, as for every record): the SEND's rows wait, and its RECEIPT comes once
-    PostgreSQL is back, with nothing of the body lost."""
+    """A database lost for less than `jdbc-network-timeout` is an outage, not a refusal
+    (the database store retries until it is back): the SEND's rows wait, and its RECEIPT
+    comes once PostgreSQL is back, with nothing of the body lost. (Lost for longer, the
+    SEND is refused: tests/database/test_database_large_message_outages.py.)"""
     url = private_postgres.url(private_postgres.create_database())
     broker = _start_on(scow_broker, url, {"min-large-message-size": LARGE})
     body = bytes(range(256)) * (24 << 10)  # 6 MiB
