@@ -250,6 +250,23 @@ def test_a_send_without_content_length_goes_to_its_file_as_it_arrives(scow_broke
     wait_for(lambda: not _bodies(broker), 5, what="the body to go")
 
 
+def test_a_send_over_4_gib_is_refused_by_its_content_length_with_no_max_message_size(
+    scow_broker,
+):
+    stomp = {"min-large-message-size": LARGE, "max-message-size": 0}  # 0: no limit of its own
+    broker = start(scow_broker, sections={"stomp": stomp})
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/huge\nreceipt:r\ncontent-length:%d\n\n" % (4 << 30))
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR", (command, headers)
+    assert b"4294967296 bytes (its content-length) exceeds the 4 GiB" in text, text
+    assert b"max-message-size (0)" in text and "4 GiB" in headers["message"], text
+    assert _stats(broker) == {"files": 0, "bytes": 0, "arriving": 0}
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/huge", b"fits", receipt="ok")
+        seen.wait_receipt("ok")
+
+
 @pytest.mark.parametrize(
     ("tail", "says"),
     [
