@@ -165,8 +165,11 @@ class ProducerLink:
         #: Messages from this size on are large; the one arriving, if any.
         self.large_size = conn.server.min_large_message_size
         self.arrival: _LargeArrival | None = None
-        #: A large message is waiting for its store to have every byte (`when_stored`).
+        #: A large message is waiting for its store to have every byte (`when_stored`):
+        #: the link's later messages wait in proton meanwhile (`_wait_for_store`), and
+        #: `waited` says whether any came.
         self.storing = False
+        self.waited = False
         authorize = conn.authorize
         #: Anonymous relay under enforced permissions: target address -> the refusal
         #: (None: allowed), so each address is checked once per link.
@@ -184,6 +187,9 @@ class ProducerLink:
 
     def on_delivery(self, delivery: Any) -> None:
         if self.closed:
+            return
+        if self.storing:
+            self._wait_for_store()
             return
         size = engine.delivery_pending(delivery)
         if not size and not engine.delivery_readable(delivery):
@@ -294,11 +300,12 @@ class ProducerLink:
             self._replenish()
             return
         # routed once its store has every byte: at once for files; until then what
-        # came after it on the connection waits, so that it is handled after it
+        # came after it on this link waits, so that it is handled after it (and, in a
+        # transaction, all that came after it on the connection: its discharge too)
         file = arrival.file
         self.storing = True
         file.when_stored(lambda error: self._large_stored(delivery, data, error, file))
-        if self.storing:
+        if self.storing and engine.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
             self.conn.hold_events(delivery)
 
     def _large_stored(self, delivery: Any, data: LargeHead, error: str | None, file: Any) -> None:
@@ -319,7 +326,34 @@ class ProducerLink:
             self._replenish()
         finally:
             body.release()
-            self.conn.release_events(delivery)
+            if self.conn.events_held is delivery:
+                self.conn.release_events(delivery)
+            else:
+                if self.waited:
+                    self._take_waiting()
+                self.conn.mark_dirty()
+
+    def _wait_for_store(self) -> None:
+        """A message came after the one being stored: it stays in proton until then (see
+        `_take_waiting`), and so does what follows it, as long as its session holds
+        less than a large message; past that the socket waits, not the memory."""
+        self.waited = True
+        if engine.session_incoming_bytes(engine.link_session(self.link)) >= self.large_size:
+            self.conn.hold_input(self.link)
+
+    def _take_waiting(self) -> None:
+        """Handle the messages that waited on this link while a large one was stored (their
+        events went by meanwhile), until one waits for more frames or for its store."""
+        self.waited = False
+        self.conn.release_input(self.link)
+        link = self.link
+        while not (self.closed or self.storing):
+            delivery = engine.link_current(link)
+            if not delivery:
+                break
+            self.on_delivery(delivery)
+            if engine.link_current(link) == delivery:
+                break  # not advanced past: still arriving (more frames bring its event)
 
     def _abandon_large(self) -> None:
         if self.arrival is not None:
@@ -436,6 +470,7 @@ class ProducerLink:
         if self.partial:
             self._release_partial()
         self._abandon_large()
+        self.conn.release_input(self.link)  # held while a large message was stored
         self._stop_waiting()
 
 

@@ -17,8 +17,9 @@ from scow.core import cli
 from scow.core.management import Management
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
 from scow.plugins.database_store import large_messages as db_large
+from scow.protocols.amqp import engine
 from tests.database.backends import REFUSED, on_database, refuse_rows
-from tests.wire.helpers import Capabilities, connected, receive, send
+from tests.wire.helpers import Capabilities, RawClient, connected, receive, send
 
 LARGE = 16 << 10
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -214,3 +215,49 @@ def test_a_body_the_database_refuses_is_refused_to_its_producer_and_its_rows_go(
         send(conn, "big", Message(body=b"small", durable=True), Message(body=fits, durable=True))
         got = receive(conn.create_receiver("big", credit=2), 2)
     assert [bytes(m.body) for m in got] == [b"small", fits]
+
+
+@pytest.mark.postgres
+def test_a_large_message_waiting_for_a_locked_table_holds_only_its_own_link(
+    scow_broker: Any, postgres_url: str
+) -> None:
+    """Two links on one session of one connection: while one link's large message waits
+    for LARGE_MESSAGES (locked by another client), the other's messages are answered, and
+    so are other connections'; the large one is accepted once the table is free."""
+    broker = scow_broker(**on_db(postgres_url))
+    body = body_of(2 << 20 | 3)
+    client = RawClient(broker.port)
+    large = engine.new_sender(client.session, "large", "big")
+    small = engine.new_sender(client.session, "small", "small")
+    client.until(lambda: engine.link_credit(large) and engine.link_credit(small), "credit")
+    locker = sa.create_engine(postgres_url).connect()
+    try:
+        locker.exec_driver_sql('LOCK TABLE "LARGE_MESSAGES" IN EXCLUSIVE MODE')
+        waiting = engine.send(large, b"L", bytes(Message(body=body, durable=True).encode()))
+        client.until(
+            lambda: broker.call(broker.broker.stats)["large-messages"]["files"] == 1,
+            "the large message whole, waiting for its rows",
+        )
+        answered = [
+            engine.send(small, b"s%d" % n, bytes(Message(body=f"s{n}", durable=True).encode()))
+            for n in range(3)
+        ]
+        client.until(
+            lambda: all(engine.delivery_remote_state(d) == engine.ACCEPTED for d in answered),
+            "the other link's messages accepted",
+        )
+        with connected(broker.url) as other:  # and other connections
+            send(other, "small", Message(body="other", durable=True))
+        assert not engine.delivery_remote_state(waiting)  # still waiting for its rows
+    finally:
+        locker.rollback()
+        locker.close()
+    client.until(
+        lambda: engine.delivery_remote_state(waiting) == engine.ACCEPTED, "the large one accepted"
+    )
+    client.close()
+    with connected(broker.url) as conn:
+        (got,) = receive(conn.create_receiver("big", credit=1), 1)
+        smalls = receive(conn.create_receiver("small", credit=4), 4)
+    assert bytes(got.body) == body
+    assert [m.body for m in smalls] == ["s0", "s1", "s2", "other"]
