@@ -10,7 +10,7 @@ for the lanes (`room`); a delivery reads READ_AHEAD chunks ahead on the reader t
 (`_Prefetch`).
 
 Chunks commit as they are written, on PostgreSQL without waiting for the WAL's flush.
-Once a durable message's last row is in (with `large-message-sync`), the `_Syncer`'s
+Once a durable message's last row is in (with `large-message-sync`), the syncer thread's
 next fenced synchronous commit checks that every body that waited meanwhile has all its
 bytes and flushes the WAL of every row before it: the body counts as stored (`when_stored`
 answers, and the message is routed) only then. The check is what makes a retry after a
@@ -19,7 +19,7 @@ body found short is refused, never accepted without them.
 
 A body the database cannot take is refused, never waited on for ever: its rows' writes
 and its sync retry a lost database for `jdbc-network-timeout`, then give up, and
-`when_stored` answers why. Its rows are deleted by the `_Cleaner`, which keeps trying
+`when_stored` answers why. Its rows are deleted by the cleaner thread, which keeps trying
 until the database is back (or, if the broker stops first, `remove_orphans` at the next
 start), on a thread of its own so that a deletion waiting for the database holds no lane.
 Deletions are fenced, so a broker that lost its lock (a failed-over primary) never
@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 import structlog
@@ -66,6 +66,8 @@ READERS = 2
 READ_AHEAD = 4
 #: Ids per DELETE when orphans are removed.
 DELETE_BATCH = 500
+
+T = TypeVar("T")
 
 
 class DatabaseArrival(Arrival):
@@ -141,7 +143,7 @@ class DatabaseArrival(Arrival):
 
     def _failed(self, exc: Exception) -> None:
         # never synced, so never accepted: its owner hears of it at its next write or
-        # from `when_stored`, and abandons it (its rows go, see `_Cleaner`)
+        # from `when_stored`, and abandons it (its rows go, see `clean`)
         self._error = _first_line(exc)
         log.error("large message not stored", body=self.file_id, reason=str(exc))
 
@@ -284,24 +286,24 @@ class _Prefetch:
         self.ready.clear()
 
 
-class _Syncer:
-    """Makes the bodies whose rows are committed durable together: one fenced synchronous
-    commit flushes the WAL of every row committed before it (PostgreSQL's group commit,
-    done by hand), so a body costs no disk flush of its own. The same transaction checks
-    that each body has all its bytes (see the module's doc); each arrival hears its
-    outcome (`DatabaseArrival.synced`)."""
+class _Batches(Generic[T]):
+    """A thread of the store's that handles what is added, in batches of what waits (at
+    most `most` items, or all)."""
 
-    def __init__(self, store: DatabaseLargeMessageStore) -> None:
-        self.store = store
-        self.pending: list[tuple[LargeBody, DatabaseArrival]] = []
+    def __init__(
+        self, name: str, handle: Callable[[list[T]], None], most: int | None = None
+    ) -> None:
+        self.handle = handle
+        self.most = most
+        self.pending: list[T] = []
         self.changed = threading.Condition()
         self.closing = False
-        self.thread = threading.Thread(target=self._run, name="scow-db-large-sync", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
-    def add(self, body: LargeBody, arrival: DatabaseArrival) -> None:
+    def add(self, item: T) -> None:
         with self.changed:
-            self.pending.append((body, arrival))
+            self.pending.append(item)
             self.changed.notify()
 
     def _run(self) -> None:
@@ -311,65 +313,12 @@ class _Syncer:
                     self.changed.wait()
                 if not self.pending:
                     return
-                batch, self.pending = self.pending, []
-            try:
-                stored = self.store.sync_rows([body.file_id for body, _arrival in batch])
-            except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
-                reason = f"its rows could not be synced: {_first_line(exc)}"
-                log.error("large message bodies not synced", bodies=len(batch), reason=str(exc))
-                for _body, arrival in batch:
-                    arrival.synced(reason)
-                continue
-            for body, arrival in batch:
-                found = stored.get(body.file_id, 0)
-                if found == body.length:
-                    self.store.call_on_loop(body._now_synced)
-                    arrival.synced(None)
-                else:
-                    reason = (
-                        f"{found} of its {body.length} bytes were in the database at its "
-                        "sync (rows lost with a connection or a server restart)"
-                    )
-                    log.error("large message body short", body=body.file_id, reason=reason)
-                    arrival.synced(reason)
+                cut = len(self.pending) if self.most is None else self.most
+                batch, self.pending = self.pending[:cut], self.pending[cut:]
+            self.handle(batch)
 
     def close(self) -> None:
-        with self.changed:
-            self.closing = True
-            self.changed.notify()
-        self.thread.join()
-
-
-class _Cleaner:
-    """Deletes the rows of bodies no message keeps (refused, abandoned, released), on a
-    thread of its own: a deletion that waits for a lost database waits there, until the
-    database is back, while the lanes go on refusing what they cannot store."""
-
-    def __init__(self, store: DatabaseLargeMessageStore) -> None:
-        self.store = store
-        self.pending: list[int] = []
-        self.changed = threading.Condition()
-        self.closing = False
-        self.thread = threading.Thread(target=self._run, name="scow-db-large-clean", daemon=True)
-        self.thread.start()
-
-    def add(self, file_id: int) -> None:
-        with self.changed:
-            self.pending.append(file_id)
-            self.changed.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self.changed:
-                while not self.pending and not self.closing:
-                    self.changed.wait()
-                if not self.pending:
-                    return
-                batch, self.pending = self.pending[:DELETE_BATCH], self.pending[DELETE_BATCH:]
-            self.store.delete_rows(batch, give_up=lambda: self.closing)
-
-    def close(self) -> None:
-        """Delete what is pending, giving up on a lost database (orphans at the next start)."""
+        """Handle what is pending, then stop."""
         with self.changed:
             self.closing = True
             self.changed.notify()
@@ -452,8 +401,11 @@ class DatabaseLargeMessageStore(LargeMessageStore):
         self._lanes: list[ThreadPoolExecutor] = []
         self._reader: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._syncer: _Syncer | None = None
-        self._cleaner: _Cleaner | None = None
+        #: Flushes the rows of bodies that wait for it together, and checks them whole
+        #: (`_sync`); deletes bodies' rows on a thread of its own, so that a deletion
+        #: waiting for a lost database holds no lane (`delete_rows`).
+        self._syncer: _Batches[tuple[LargeBody, DatabaseArrival]] | None = None
+        self._cleaner: _Batches[int] | None = None
         self._closing = False
         #: Bytes handed to the lanes and not written yet, and the arrivals waiting for
         #: them to drop (`room`).
@@ -533,8 +485,35 @@ class DatabaseLargeMessageStore(LargeMessageStore):
             body._now_synced()
         else:
             if self._syncer is None:
-                self._syncer = _Syncer(self)
-            self._syncer.add(body, arrival)
+                self._syncer = _Batches("scow-db-large-sync", self._sync)
+            self._syncer.add((body, arrival))
+
+    def _sync(self, batch: list[tuple[LargeBody, DatabaseArrival]]) -> None:
+        """Make the bodies whose rows are committed durable together (on the syncer's
+        thread): one synchronous commit flushes the WAL of every row committed before it
+        (PostgreSQL's group commit, done by hand), so a body costs no disk flush of its
+        own; the same transaction checks that each has all its bytes (see the module's
+        doc). Each arrival hears its outcome (`DatabaseArrival.synced`)."""
+        try:
+            stored = self.sync_rows([body.file_id for body, _arrival in batch])
+        except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
+            reason = f"its rows could not be synced: {_first_line(exc)}"
+            log.error("large message bodies not synced", bodies=len(batch), reason=str(exc))
+            for _body, arrival in batch:
+                arrival.synced(reason)
+            return
+        for body, arrival in batch:
+            found = stored.get(body.file_id, 0)
+            if found == body.length:
+                self.call_on_loop(body._now_synced)
+                arrival.synced(None)
+            else:
+                reason = (
+                    f"{found} of its {body.length} bytes were in the database at its sync "
+                    "(rows lost with a connection or a server restart)"
+                )
+                log.error("large message body short", body=body.file_id, reason=reason)
+                arrival.synced(reason)
 
     def sync_rows(self, file_ids: list[int]) -> dict[int, int]:
         """A fenced synchronous commit, which returns the bytes stored of each body in
@@ -612,13 +591,17 @@ class DatabaseLargeMessageStore(LargeMessageStore):
 
     def clean(self, file_id: int) -> None:
         """Delete a body's rows once every write handed on before is done (on its lane):
-        by the cleaner (see `_Cleaner`), or here without an event loop (an offline tool)."""
+        by the cleaner, or here without an event loop (an offline tool)."""
         if self._loop is None:
             self.delete_rows([file_id])
             return
         if self._cleaner is None:
-            self._cleaner = _Cleaner(self)
+            self._cleaner = _Batches("scow-db-large-clean", self._clean, most=DELETE_BATCH)
         self._cleaner.add(file_id)
+
+    def _clean(self, file_ids: list[int]) -> None:
+        # until the database is back, or the broker stops (orphans at the next start)
+        self.delete_rows(file_ids, give_up=lambda: self._closing)
 
     def delete_rows(self, file_ids: list[int], give_up: Callable[[], bool] | None = None) -> None:
         """Delete these bodies' rows, retrying a lost database until `give_up()` says to

@@ -347,13 +347,19 @@ class ProducerLink:
         self.waited = False
         self.conn.release_input(self.link)
         link = self.link
-        while not (self.closed or self.storing):
-            delivery = engine.link_current(link)
-            if not delivery:
-                break
-            self.on_delivery(delivery)
-            if engine.link_current(link) == delivery:
-                break  # not advanced past: still arriving (more frames bring its event)
+        try:
+            while not (self.closed or self.storing):
+                delivery = engine.link_current(link)
+                if not delivery:
+                    break
+                self.on_delivery(delivery)
+                if engine.link_current(link) == delivery:
+                    break  # not advanced past: still arriving (more frames bring its event)
+        except Exception:
+            # outside the connection's event loop, which guards the rest: a bug costs
+            # this link only, never the broker or the connection's other links
+            log.exception("producer link failed", link=engine.link_name(link))
+            self.conn.drop_link(link, "amqp:internal-error", "the broker failed on this link")
 
     def _abandon_large(self) -> None:
         if self.arrival is not None:
