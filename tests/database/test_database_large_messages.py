@@ -261,3 +261,34 @@ def test_a_large_message_waiting_for_a_locked_table_holds_only_its_own_link(
         smalls = receive(conn.create_receiver("small", credit=4), 4)
     assert bytes(got.body) == body
     assert [m.body for m in smalls] == ["s0", "s1", "s2", "other"]
+
+
+def test_a_transaction_commits_its_large_messages_once_their_rows_are_stored(
+    scow_broker: Any, database_url: str
+) -> None:
+    """The discharge comes right after the sends: it waits for their rows (the database
+    answers after the frames), and commits or rolls back all of them."""
+    from proton.reactor import Container
+
+    from tests.wire.test_transactions import TxClient
+
+    bodies = [body_of(1 << 20 | 9, seed=i) for i in range(2)]
+
+    class LargeTx(TxClient):  # type: ignore[misc]
+        def on_transaction_declared(self, event: Any) -> None:
+            for body in bodies:
+                event.transaction.send(self.sender, Message(body=body, durable=True))
+            self.discharge(event.transaction)
+
+    broker = scow_broker(**on_db(database_url))
+    aborted = LargeTx(broker.url, "txl", 2, commit=False)
+    Container(aborted).run()
+    assert aborted.outcome == "aborted"
+    wait_for(lambda: not stored_bodies(database_url), 10, what="the rolled back rows to go")
+    committed = LargeTx(broker.url, "txl", 2, commit=True)
+    Container(committed).run()
+    assert committed.outcome == "committed"
+    assert len(stored_bodies(database_url)) == 2
+    with connected(broker.url) as conn:
+        got = receive(conn.create_receiver("txl", credit=2), 2)
+    assert [bytes(m.body) for m in got] == bodies
