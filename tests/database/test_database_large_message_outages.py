@@ -44,7 +44,7 @@ def _psycopg(server: PostgresServer, url: str) -> psycopg.Connection[Any]:
 
 
 @contextlib.contextmanager
-def _lock_row_held(server: PostgresServer, url: str) -> Iterator[None]:
+def lock_row_held(server: PostgresServer, url: str) -> Iterator[None]:
     """Hold the broker's lock row in a transaction of our own: every fenced commit (the
     syncer's included) waits behind it, until the server goes."""
     conn = _psycopg(server, url)
@@ -101,7 +101,7 @@ def test_a_large_message_whose_final_sync_fails_is_refused_and_its_rows_go(
         send(conn, "kept", Message(body="accepted before", durable=True))
     client = RawClient(broker.port)
     link = _new_sender(client, "big")
-    with _lock_row_held(server, url):
+    with lock_row_held(server, url):
         delivery = engine.send(
             link, b"1", bytes(Message(body=body_of(2 << 20 | 5), durable=True).encode())
         )
