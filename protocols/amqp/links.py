@@ -105,6 +105,19 @@ class _LargeArrival:
         return LargeHead(bytes(self.head), body)
 
 
+class _Stored:
+    """A large message that arrived whole, routed (or refused) once its store answers."""
+
+    __slots__ = ("answered", "data", "delivery", "error", "file")
+
+    def __init__(self, delivery: Any, data: LargeHead, file: Arrival) -> None:
+        self.delivery = delivery
+        self.data = data
+        self.file = file
+        self.answered = False
+        self.error: str | None = None
+
+
 #: Node properties that describe the node itself (qpidd's NodeProperties); every other
 #: key is a queue argument (e.g. qpid.priorities, last-value-key, x-queue-type).
 _NODE_KEYS = frozenset(
@@ -165,10 +178,11 @@ class ProducerLink:
         #: Messages from this size on are large; the one arriving, if any.
         self.large_size = conn.server.min_large_message_size
         self.arrival: _LargeArrival | None = None
-        #: A large message is waiting for its store to have every byte (`when_stored`):
-        #: the link's later messages wait in proton meanwhile (`_wait_for_store`), and
-        #: `waited` says whether any came.
-        self.storing = False
+        #: Large messages that arrived whole, in order, until their store has every byte
+        #: (`when_stored`): the link takes the next large message's bytes meanwhile,
+        #: but any other message waits in proton behind them (`_wait_for_store`), and
+        #: `waited` says whether one does.
+        self.stored: deque[_Stored] = deque()
         self.waited = False
         authorize = conn.authorize
         #: Anonymous relay under enforced permissions: target address -> the refusal
@@ -188,7 +202,7 @@ class ProducerLink:
     def on_delivery(self, delivery: Any) -> None:
         if self.closed:
             return
-        if self.storing:
+        if self.waited:  # one before it waits in proton: so does this one, behind it
             self._wait_for_store()
             return
         size = engine.delivery_pending(delivery)
@@ -201,6 +215,9 @@ class ProducerLink:
             return
         if size >= self.large_size or self.arrival is not None:
             self._receive_large(delivery, size)
+            return
+        if self.stored:  # routed after the large messages before it
+            self._wait_for_store()
             return
         if self.max_size and size > self.max_size:
             self._too_large(size)
@@ -299,62 +316,78 @@ class ProducerLink:
             self._refuse(delivery, engine.delivery_settled(delivery), "amqp:decode-error", str(exc))
             self._replenish()
             return
-        # routed once its store has every byte: at once for files; until then what
-        # came after it on this link waits, so that it is handled after it (and, in a
-        # transaction, all that came after it on the connection: its discharge too)
-        file = arrival.file
-        self.storing = True
-        file.when_stored(lambda error: self._large_stored(delivery, data, error, file))
-        if self.storing and engine.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+        # routed once its store has every byte (at once for files), after the large
+        # messages before it; in a transaction, all that came after it on the connection
+        # waits too, its discharge included
+        entry = _Stored(delivery, data, arrival.file)
+        self.stored.append(entry)
+        arrival.file.when_stored(lambda error: self._large_stored(entry, error))
+        waiting = bool(self.stored) and self.stored[-1] is entry
+        if waiting and engine.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
             self.conn.hold_events(delivery)
 
-    def _large_stored(self, delivery: Any, data: LargeHead, error: str | None, file: Any) -> None:
+    def _large_stored(self, entry: _Stored, error: str | None) -> None:
+        """A large message's store answered: route, in order, those that have their
+        answer, then what waited behind them."""
+        entry.answered = True
+        entry.error = error
+        stored = self.stored
+        held = None
+        while stored and stored[0].answered:
+            first = stored.popleft()
+            self._route_stored(first)
+            if self.conn.events_held is first.delivery:
+                held = first.delivery
+        if not stored and self.waited:
+            self._take_waiting()
+        if held is not None:
+            self.conn.release_events(held)  # handles what waited, and flushes
+        else:
+            self.conn.mark_dirty()
+
+    def _route_stored(self, entry: _Stored) -> None:
         """Route a large message its store has whole, or refuse it: its body goes."""
-        self.storing = False
-        body: LargeBody = data.body
+        body: LargeBody = entry.data.body
         body.acquire()  # held while it is routed: the body goes if nothing keeps it
         try:
             if self.closed:  # its delivery went with the link
                 return
-            if error is None:
-                self._route(delivery, data)
+            delivery = entry.delivery
+            if entry.error is None:
+                self._route(delivery, entry.data)
             else:
-                reason = f"large message {file.store.describe(file.file_id)} not stored: {error}"
+                where = entry.file.store.describe(entry.file.file_id)
+                reason = f"large message {where} not stored: {entry.error}"
                 log.warning("large message refused", reason=reason)
                 presettled = engine.delivery_settled(delivery)
                 self._refuse(delivery, presettled, "amqp:resource-limit-exceeded", reason)
             self._replenish()
         finally:
             body.release()
-            if self.conn.events_held is delivery:
-                self.conn.release_events(delivery)
-            else:
-                if self.waited:
-                    self._take_waiting()
-                self.conn.mark_dirty()
 
     def _wait_for_store(self) -> None:
-        """A message came after the one being stored: it stays in proton until then (see
-        `_take_waiting`), and so does what follows it, as long as its session holds
-        less than a large message; past that the socket waits, not the memory."""
+        """A message came after large ones that wait for their store: it stays in proton
+        until they are routed (see `_take_waiting`), and so does what follows it, as long
+        as its session holds less than a large message; past that the socket waits, not
+        the memory."""
         self.waited = True
         if engine.session_incoming_bytes(engine.link_session(self.link)) >= self.large_size:
             self.conn.hold_input(self.link)
 
     def _take_waiting(self) -> None:
-        """Handle the messages that waited on this link while a large one was stored (their
-        events went by meanwhile), until one waits for more frames or for its store."""
+        """Handle the messages that waited on this link behind large ones (their events
+        went by meanwhile), until one waits for more frames or for its store."""
         self.waited = False
         self.conn.release_input(self.link)
         link = self.link
         try:
-            while not (self.closed or self.storing):
+            while not self.closed:
                 delivery = engine.link_current(link)
                 if not delivery:
                     break
                 self.on_delivery(delivery)
                 if engine.link_current(link) == delivery:
-                    break  # not advanced past: still arriving (more frames bring its event)
+                    break  # not advanced past: still arriving, or waiting again
         except Exception:
             # outside the connection's event loop, which guards the rest: a bug costs
             # this link only, never the broker or the connection's other links

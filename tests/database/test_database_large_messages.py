@@ -292,3 +292,28 @@ def test_a_transaction_commits_its_large_messages_once_their_rows_are_stored(
     with connected(broker.url) as conn:
         got = receive(conn.create_receiver("txl", credit=2), 2)
     assert [bytes(m.body) for m in got] == bodies
+
+
+def test_large_and_small_messages_sent_at_once_on_one_link_keep_their_order(
+    scow_broker: Any, database_url: str
+) -> None:
+    """The link takes the next large message while the one before waits for its rows'
+    sync (on another lane, perhaps answered first); a small one waits behind them."""
+    broker = scow_broker(**on_db(database_url))
+    bodies = [body_of(1 << 20 | n, seed=n) if n % 3 != 1 else b"small %d" % n for n in range(8)]
+    client = RawClient(broker.port)
+    link = engine.new_sender(client.session, "order", "order")
+    client.until(lambda: engine.link_credit(link) >= len(bodies), "credit")
+    sent = [
+        engine.send(link, b"%d" % n, bytes(Message(body=body, durable=True).encode()))
+        for n, body in enumerate(bodies)
+    ]
+    client.until(
+        lambda: all(engine.delivery_remote_state(d) == engine.ACCEPTED for d in sent),
+        "every message accepted",
+        timeout=60,
+    )
+    client.close()
+    with connected(broker.url) as conn:
+        got = receive(conn.create_receiver("order", credit=len(bodies)), len(bodies))
+    assert [bytes(m.body) for m in got] == bodies
