@@ -20,6 +20,7 @@ from scow.plugins.database_store import large_messages as db_large
 from scow.protocols.amqp import engine
 from tests.database.backends import REFUSED, on_database, refuse_rows
 from tests.wire.helpers import Capabilities, RawClient, connected, receive, send
+from tests.wire.test_large_messages import send_in_transaction
 
 LARGE = 16 << 10
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -268,26 +269,11 @@ def test_a_transaction_commits_its_large_messages_once_their_rows_are_stored(
 ) -> None:
     """The discharge comes right after the sends: it waits for their rows (the database
     answers after the frames), and commits or rolls back all of them."""
-    from proton.reactor import Container
-
-    from tests.wire.test_transactions import TxClient
-
-    bodies = [body_of(1 << 20 | 9, seed=i) for i in range(2)]
-
-    class LargeTx(TxClient):  # type: ignore[misc]
-        def on_transaction_declared(self, event: Any) -> None:
-            for body in bodies:
-                event.transaction.send(self.sender, Message(body=body, durable=True))
-            self.discharge(event.transaction)
-
     broker = scow_broker(**on_db(database_url))
-    aborted = LargeTx(broker.url, "txl", 2, commit=False)
-    Container(aborted).run()
-    assert aborted.outcome == "aborted"
+    bodies = [body_of(1 << 20 | 9, seed=i) for i in range(2)]
+    assert send_in_transaction(broker.url, "txl", bodies, commit=False) == "aborted"
     wait_for(lambda: not stored_bodies(database_url), 10, what="the rolled back rows to go")
-    committed = LargeTx(broker.url, "txl", 2, commit=True)
-    Container(committed).run()
-    assert committed.outcome == "committed"
+    assert send_in_transaction(broker.url, "txl", bodies, commit=True) == "committed"
     assert len(stored_bodies(database_url)) == 2
     with connected(broker.url) as conn:
         got = receive(conn.create_receiver("txl", credit=2), 2)
