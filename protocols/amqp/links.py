@@ -203,7 +203,7 @@ class ProducerLink:
         if self.closed:
             return
         if self.waited:  # one before it waits in proton: so does this one, behind it
-            self._wait_for_store()
+            self._wait_for_store(delivery)
             return
         size = engine.delivery_pending(delivery)
         if not size and not engine.delivery_readable(delivery):
@@ -217,7 +217,7 @@ class ProducerLink:
             self._receive_large(delivery, size)
             return
         if self.stored:  # routed after the large messages before it
-            self._wait_for_store()
+            self._wait_for_store(delivery)
             return
         if self.max_size and size > self.max_size:
             self._too_large(size)
@@ -318,7 +318,7 @@ class ProducerLink:
             return
         # routed once its store has every byte (at once for files), after the large
         # messages before it; in a transaction, all that came after it on the connection
-        # waits too, its discharge included
+        # waits too, so that its discharge cannot overtake it
         entry = _Stored(delivery, data, arrival.file)
         self.stored.append(entry)
         arrival.file.when_stored(lambda error: self._large_stored(entry, error))
@@ -341,9 +341,8 @@ class ProducerLink:
         if not stored and self.waited:
             self._take_waiting()
         if held is not None:
-            self.conn.release_events(held)  # handles what waited, and flushes
-        else:
-            self.conn.mark_dirty()
+            _release_events(self.conn, held)
+        self.conn.mark_dirty()
 
     def _route_stored(self, entry: _Stored) -> None:
         """Route a large message its store has whole, or refuse it: its body goes."""
@@ -365,18 +364,28 @@ class ProducerLink:
         finally:
             body.release()
 
-    def _wait_for_store(self) -> None:
+    def _wait_for_store(self, delivery: Any) -> None:
         """A message came after large ones that wait for their store: it stays in proton
         until they are routed (see `_take_waiting`), and so does what follows it, as long
         as its session holds less than a large message; past that the socket waits, not
-        the memory."""
+        the memory. A transactional one holds the connection's events (its discharge
+        must not overtake it)."""
         self.waited = True
-        if engine.session_incoming_bytes(engine.link_session(self.link)) >= self.large_size:
-            self.conn.hold_input(self.link)
+        conn = self.conn
+        if conn.events_held is None and engine.delivery_remote_state(delivery) == (
+            TRANSACTIONAL_STATE
+        ):
+            conn.hold_events(self.link)
+        elif engine.session_incoming_bytes(engine.link_session(self.link)) >= self.large_size:
+            conn.hold_input(self.link)
 
     def _take_waiting(self) -> None:
         """Handle the messages that waited on this link behind large ones (their events
-        went by meanwhile), until one waits for more frames or for its store."""
+        went by meanwhile), until one waits for more frames or for its store; not while
+        the connection's events are held (their holder takes them once it lets go)."""
+        held = self.conn.events_held
+        if held is not None and held is not self.link:
+            return
         self.waited = False
         self.conn.release_input(self.link)
         link = self.link
@@ -393,6 +402,8 @@ class ProducerLink:
             # this link only, never the broker or the connection's other links
             log.exception("producer link failed", link=engine.link_name(link))
             self.conn.drop_link(link, "amqp:internal-error", "the broker failed on this link")
+        if self.conn.events_held is self.link:
+            _release_events(self.conn, self.link)
 
     def _abandon_large(self) -> None:
         if self.arrival is not None:
@@ -522,6 +533,15 @@ class _Stream:
         self.ref = ref
         self.delivery = delivery
         self.chunks = chunks
+
+
+def _release_events(conn: AmqpConnection, holder: object) -> None:
+    """`holder` lets the connection's events go: those that waited are handled, then the
+    messages producer links left waiting meanwhile (see `ProducerLink._take_waiting`)."""
+    conn.release_events(holder)
+    for link in list(conn.links.values()):
+        if type(link) is ProducerLink and link.waited and not link.stored:
+            link._take_waiting()
 
 
 class ConsumerLink:

@@ -303,3 +303,17 @@ def test_large_and_small_messages_sent_at_once_on_one_link_keep_their_order(
     with connected(broker.url) as conn:
         got = receive(conn.create_receiver("order", credit=len(bodies)), len(bodies))
     assert [bytes(m.body) for m in got] == bodies
+
+
+def test_a_transactional_message_behind_a_large_one_is_in_the_commit_that_follows_it(
+    scow_broker: Any, database_url: str
+) -> None:
+    """On one link, a large message outside the transaction waits for its rows; the
+    transactional message behind it waits in turn, and so does the discharge after it."""
+    broker = scow_broker(**on_db(database_url))
+    large = body_of(2 << 20 | 1)
+    outcome = send_in_transaction(broker.url, "txb", [b"in the tx"], commit=True, before=(large,))
+    assert outcome == "committed"
+    with connected(broker.url) as conn:
+        got = receive(conn.create_receiver("txb", credit=2), 2)
+    assert [bytes(m.body) for m in got] == [large, b"in the tx"]

@@ -308,15 +308,20 @@ def test_an_expired_large_message_moves_to_the_expiry_address_with_its_file(scow
     wait_for(lambda: not files(broker), 5, what="the file to go")
 
 
-def send_in_transaction(url: str, address: str, bodies: list[bytes], *, commit: bool) -> str:
+def send_in_transaction(
+    url: str, address: str, bodies: list[bytes], *, commit: bool, before: tuple[bytes, ...] = ()
+) -> str:
     """Send durable messages of `bodies` in one transaction, discharged right after the
-    sends; returns the outcome ("committed" or "aborted")."""
+    sends (on the same link, `before` are sent first outside it); returns the outcome
+    ("committed" or "aborted")."""
     from proton.reactor import Container
 
     from .test_transactions import TxClient
 
     class LargeTx(TxClient):
         def on_transaction_declared(self, event: Any) -> None:
+            for body in before:
+                self.sender.send(Message(body=body, durable=True))
             for body in bodies:
                 event.transaction.send(self.sender, Message(body=body, durable=True))
             self.discharge(event.transaction)
