@@ -377,13 +377,14 @@ class _StagedRows:
         for start, end in spans(data):
             size = start + len(head) + 1 + len(name)  # where the id's length is
             if data.startswith(head, start) and data.startswith(name, size - len(name)):
-                key = data[size + 1 : size + 1 + data[size]] if size < end else b""
-                if key and size + 1 + len(key) <= end and key.isascii():
-                    keys.append(_STRING_KEY + key)
+                text = data[size + 1 : size + 1 + data[size]] if size < end else b""
+                if text and size + 1 + len(text) <= end and text.isascii():
+                    # a string id's key is its str8 encoding, as it stands in the row
+                    keys.append(data[size - 1 : size + 1 + len(text)])
                     continue
             found = self.format.inspect(data[start:end])[3]
-            if found is not None:
-                keys.append(id_key(found, self.address))
+            if found is not None:  # `inspect` gives the key of a valid id
+                keys.append(found if found.__class__ is bytes else id_key(found, self.address))
         return keys
 
 
@@ -393,8 +394,6 @@ _CONNECTOR_ROW = DURABLE_HEADER + b"\x00\x53\x74\xc1"
 #: then (past the map's size) a count of 2 (one name, one value), the name
 #: `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes follow).
 _ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
-#: The cache key of a string id is this, then the string's UTF-8 bytes.
-_STRING_KEY = id_key("", "")
 
 
 def _rows(message: Any) -> list[bytes]:

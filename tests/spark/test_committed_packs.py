@@ -108,9 +108,8 @@ def test_a_packs_duplicate_ids_are_read_as_the_message_format_reads_them() -> No
         encode_message(b"e", durable=True, application_properties={"_AMQ_DUPL_ID": "é"}),
     ]
     staged = _StagedRows(pack(rows, durable=True), AMQP_FORMAT, "out")
-    expected = [
-        id_key(value, "out") for row in rows if (value := AMQP_FORMAT.inspect(row)[3]) is not None
-    ]
+    found = [value for row in rows if (value := AMQP_FORMAT.inspect(row)[3]) is not None]
+    expected = [v if v.__class__ is bytes else id_key(v, "out") for v in found]
     assert staged.duplicate_keys() == expected
     assert len(expected) == 6 and staged.rows == 7
 
