@@ -28,8 +28,8 @@ def _reader_for(queue_id: int) -> SimpleNamespace:
     return SimpleNamespace(queue=SimpleNamespace(id=queue_id))
 
 
-def _read(store: FilePageStore, offset: int = 0):  # type: ignore[no-untyped-def]
-    return _read_run(store, 1, offset, _reader_for(QUEUE), _kinds)  # type: ignore[arg-type]
+def _read(store: FilePageStore, offset: int = 0, end: int = 1 << 40):  # type: ignore[no-untyped-def]
+    return _read_run(store, 1, offset, end, _reader_for(QUEUE), _kinds)  # type: ignore[arg-type]
 
 
 def _offsets(store: FilePageStore) -> list[int]:
