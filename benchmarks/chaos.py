@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/chaos.py --schedules 100          # seeds 1..100, 30 s each
     .venv/bin/python benchmarks/chaos.py --schedules 20 --seconds 15 --first-seed 500
     .venv/bin/python benchmarks/chaos.py --soak 1800               # 30 min, client kills
+    .venv/bin/python benchmarks/chaos.py --soak 3600 --laps 6      # 6 laps of 10 min
 
 A schedule (tests/system/harness.py) runs the installed `scow run` with every feature on
 (paging addresses, durable subscriptions, a stream, transactions, selectors, priority,
@@ -20,7 +21,9 @@ peer crashing) every `--kill-every` seconds, and prints the broker's RSS and ope
 descriptors at the start (no clients), sampled along the way, and at the end (drained,
 no clients). RSS at the start and at the end is read at rest: the lowest reading over a
 little more than the broker's trim period, so that both come after a trim has given freed
-heap back.
+heap back. With `--laps N` the soak is N laps, each ended the same way (its queues drained,
+RSS read at rest, the broker left running): whether RSS at rest keeps growing lap after
+lap or levels off once the broker has served its working set.
 """
 
 from __future__ import annotations
@@ -130,7 +133,8 @@ def run_soak(args: argparse.Namespace, workdir: Path) -> int:
     c_examples, tls = _environment(workdir)
     settings = Settings(
         seed=args.first_seed,
-        duration=args.soak,
+        duration=args.soak / args.laps,
+        laps=args.laps,
         faults=tuple(SOAK_WEIGHTS),
         weights=SOAK_WEIGHTS,
         step=(args.kill_every * 0.5, args.kill_every * 1.5),
@@ -170,6 +174,12 @@ def run_soak(args: argparse.Namespace, workdir: Path) -> int:
             f"(first {rss[0]:.1f}, last {rss[-1]:.1f}), fds {min(fds)}-{max(fds)} "
             f"(first {fds[0]}, last {fds[-1]})"
         )
+    laps = report.resources.get("laps", [])
+    for lap, rest in enumerate(laps[:-1], 1):
+        print(
+            f"lap {lap} (drained, at rest):  rss {rest['rss_kib'] / 1024:.1f} MiB, "
+            f"fds {rest['fds']}"
+        )
     if after:
         print(
             f"end (drained, at rest):    rss {after['rss_kib'] / 1024:.1f} MiB, fds {after['fds']}"
@@ -191,6 +201,9 @@ def main() -> int:
     parser.add_argument("--rate-factor", type=float, default=1.0, help="scales send rates")
     parser.add_argument("--soak", type=float, default=0, help="soak for this many seconds")
     parser.add_argument("--kill-every", type=float, default=3, help="soak: seconds per fault")
+    parser.add_argument(
+        "--laps", type=int, default=1, help="soak: in this many laps, each drained and measured"
+    )
     parser.add_argument("--sample-every", type=float, default=30, help="soak: seconds")
     parser.add_argument("--workdir", type=Path, help="default: a temporary directory")
     parser.add_argument("--keep", action="store_true", help="keep passing schedules' files")

@@ -334,6 +334,8 @@ class QueueCursor:
         self._next_expiry: dict[int, int] = {}
         #: browser -> (page, offset) it has seen the pages up to
         self._browsing: dict[Consumer, tuple[int, int]] = {}
+        #: (page, offset) of the damaged frames whose loss has been logged
+        self._damaged: set[tuple[int, int]] = set()
 
     def __repr__(self) -> str:
         return f"<QueueCursor {self.queue.name!r} at {self.page}:{self.offset}, {self.backlog}>"
@@ -447,23 +449,26 @@ class QueueCursor:
             if run is None:
                 return  # a read is on its way; it calls fill again
             if run.end == offset:  # visible bytes, but no valid frame at the position
-                self._skip_unreadable(page, offset, end)
+                self.offset = self._past_damage(page, offset, end)
                 continue
             self._take(run, end)
 
-    def _skip_unreadable(self, page: int, offset: int, end: int) -> None:
-        """A frame damaged on disk after it was written: the frames after it cannot be
-        found, so the position moves to the end of what is visible of the page (read
-        again, the frame would stop the queue there for good) and the loss is logged."""
-        log.error(
-            UNREADABLE,
-            address=self.pager.address.name,
-            queue=self.queue.name,
-            page=page,
-            offset=offset,
-            bytes_lost=end - offset,
-        )
-        self.offset = end
+    def _past_damage(self, page: int, offset: int, end: int) -> int:
+        """Where to read on from a frame damaged on disk after it was written: the frames
+        after it cannot be found, so from the end of what is visible of the page (read
+        again, the frame would stop the reader there for good). The loss is logged once,
+        by whichever reader (the position, a browser, a look-ahead) meets it first."""
+        if (page, offset) not in self._damaged:
+            self._damaged.add((page, offset))
+            log.error(
+                UNREADABLE,
+                address=self.pager.address.name,
+                queue=self.queue.name,
+                page=page,
+                offset=offset,
+                bytes_lost=end - offset,
+            )
+        return end
 
     def _selected_out(self, page: int) -> bool:
         """True when every consumer with credit has a selector and the page's summary
@@ -810,6 +815,8 @@ class QueueCursor:
                     if budget <= 0:
                         asyncio.get_running_loop().call_soon(self.fill)
                         return
+                if window.cut and offset >= window.end:
+                    offset = self._past_damage(page, offset, end)
         finally:
             self._scan = (page, offset)
 
@@ -955,6 +962,8 @@ class QueueCursor:
                         browser.deliver(PagedRef(message, self.queue, self, page, at))
                         if browser.credit() <= 0:
                             return
+                if window.cut and offset >= window.end:
+                    offset = self._past_damage(page, offset, end)
         finally:
             self._browsing[browser] = (page, offset)
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Message
+from proton import Message, Timeout
+from proton.reactor import Copy, Selector
 
 from scow.core.page_frames import iter_frames
 from scow.core.storage import StorageManager
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
 from scow.plugins.paging.manager import PagingManager
-from tests.wire.helpers import connected, consume_all, receive, send
+from tests.wire.helpers import connected, consume_all, receive, round_trip, send
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "paging"]
 FAST_JOURNAL = {"journal": {"journal-file-size": "1MiB", "journal-buffer-timeout": 500000}}
@@ -189,3 +190,48 @@ def test_a_corrupt_record_mid_page_loses_the_rest_of_its_page_only_and_says_so(
     assert f"offset={valid} page=2" in report
     assert len(lost) == 6  # the page's records from the fourth on (its summary aside)
     assert got == [f"m{i}" for i in range(40) if f"m{i}" not in lost]
+
+
+def _colored(i: int) -> Message:
+    """m0-m8 (page 1) blue; from m9 on red when odd."""
+    color = "red" if i >= 9 and i % 2 else "blue"
+    return Message(id=f"m{i}", body="d" * 500, durable=True, properties={"color": color})
+
+
+def _take(url: str, options: list[Any], count: int, *, accept: bool) -> list[str]:
+    """Ids of up to `count` messages given to a receiver with `options`."""
+    got: list[str] = []
+    with connected(url) as conn:
+        receiver = conn.create_receiver("q", credit=count, options=options)
+        while len(got) < count:
+            try:
+                message = receiver.receive(timeout=3)
+            except Timeout:
+                break
+            got.append(str(message.id))
+            if accept:
+                receiver.accept()
+    return got
+
+
+@pytest.mark.parametrize("reader", ["browser", "selector"])
+def test_a_corrupt_record_mid_page_does_not_stop_browsers_or_selector_scans(
+    restartable, tmp_path, capfd, reader
+):
+    """A browser, and a consumer whose selector sends the cursor looking ahead of its
+    position (page 1 holds nothing it matches), pass a damaged frame as the cursor's own
+    read does: they read up to it, then the next page. Both used to stay on it."""
+    broker = restartable(PAGE_ALWAYS)
+    with connected(broker.url) as conn:
+        send(conn, "q", *(_colored(i) for i in range(40)))
+    _corrupt_fourth_record(next((tmp_path / "data" / "paging").rglob("000000002.page")))
+    lost = {f"m{i}" for i in range(12, 18)}  # the fourth record of page 2 on
+    if reader == "browser":
+        got = _take(broker.url, [Copy()], 40, accept=False)
+        wanted = [f"m{i}" for i in range(40) if f"m{i}" not in lost]
+    else:
+        got = _take(broker.url, [Selector("color = 'red'")], 40, accept=True)
+        wanted = [f"m{i}" for i in range(9, 40, 2) if f"m{i}" not in lost]
+    assert got == wanted
+    round_trip(broker.url)  # the loop still serves
+    assert any("unreadable" in line for line in capfd.readouterr().err.splitlines())

@@ -111,8 +111,18 @@ class Drained:
     stuck: dict[str, int] = field(default_factory=dict)
 
 
-def drain_all(broker: SystemBroker, log_path: Path, timeout: float = 300) -> Drained:
-    """Take every message of every queue."""
+def _pending(queue: dict[str, Any], drained: dict[str, int], streams: bool) -> bool:
+    name = queue["name"]
+    if queue.get("queue-type") == "stream":
+        return streams and name not in drained
+    return bool(queue.get("message-count")) and (name not in drained or name in LAST)
+
+
+def drain_all(
+    broker: SystemBroker, log_path: Path, timeout: float = 300, *, streams: bool = True
+) -> Drained:
+    """Take every message of every queue, and read every stream from `first` (unless
+    `streams` is false: a stream read twice would hand out its messages twice)."""
     log = EventLog(log_path, "drain")
     result = Drained()
     drained = result.taken
@@ -121,12 +131,7 @@ def drain_all(broker: SystemBroker, log_path: Path, timeout: float = 300) -> Dra
     try:
         for _ in range(4):  # expiry and dead letters may refill the last queues
             queues = sorted(_queues(broker), key=lambda q: (q["name"] in LAST, q["name"]))
-            pending = [
-                q
-                for q in queues
-                if (q.get("message-count") and (q["name"] not in drained or q["name"] in LAST))
-                or (q.get("queue-type") == "stream" and q["name"] not in drained)
-            ]
+            pending = [q for q in queues if _pending(q, drained, streams)]
             if not pending:
                 break
             for queue in pending:

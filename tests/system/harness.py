@@ -83,6 +83,11 @@ class Settings:
     #: readings come after a trim has given freed heap back (0: the first reading within
     #: `rss_slack_kib`, which is all a short schedule needs).
     rest_window: float = 0.0
+    #: Rounds of `duration` seconds of faults, each ended by a drain and a measurement at
+    #: rest (the broker keeps running): a soak's RSS at rest after each lap shows whether
+    #: it keeps growing or levels off. Queues are drained after every lap, streams (which
+    #: reading does not empty) only after the last.
+    laps: int = 1
 
     def replay_command(self) -> str:
         """The command that runs this schedule again (test_chaos.py::test_replay)."""
@@ -93,6 +98,8 @@ class Settings:
             env.append(f"SCOW_CHAOS_MUST={','.join(self.must)}")
         if self.rate_factor != 1.0:
             env.append(f"SCOW_CHAOS_RATE={self.rate_factor:g}")
+        if self.laps != 1:
+            env.append(f"SCOW_CHAOS_LAPS={self.laps}")
         return " ".join(env) + " .venv/bin/python -m pytest tests/system/test_chaos.py -k replay"
 
     @classmethod
@@ -109,6 +116,7 @@ class Settings:
             faults=kinds("SCOW_CHAOS_FAULTS", FAULT_KINDS),
             must=kinds("SCOW_CHAOS_MUST", ()),
             rate_factor=float(environ.get("SCOW_CHAOS_RATE", "1")),
+            laps=int(environ.get("SCOW_CHAOS_LAPS", "1")),
         )
 
 
@@ -203,9 +211,12 @@ class ChaosRun:
         start = time.monotonic()
         try:
             self.setup()
-            self.inject_faults()
-            self.wind_down()
-            self.drain_and_measure()
+            for lap in range(1, self.s.laps + 1):
+                if lap > 1:
+                    self.resume()
+                self.inject_faults()
+                self.wind_down()
+                self.drain_and_measure(last=lap == self.s.laps)
             self.stop_broker()
             self.summarize_log()
             self.report.findings = check(
@@ -575,6 +586,12 @@ class ChaosRun:
             self.dead = False
         self.watch_broker()
 
+    def resume(self) -> None:
+        """Start the next lap: the clients of the last one have all ended."""
+        self.procs = [p for p in self.procs if p.popen.poll() is None]
+        self.winding_down = False
+        self.log("lap")
+
     def wait_roles(self, roles: tuple[str, ...], grace: float) -> None:
         procs = [p for p in self.procs if p.role in roles and p.popen.poll() is None]
         for proc in procs:
@@ -609,15 +626,16 @@ class ChaosRun:
             lowest = min(lowest, self.broker.rss_kib())
         return lowest
 
-    def drain_and_measure(self) -> None:
+    def drain_and_measure(self, *, last: bool = True) -> None:
         assert self.broker is not None
         with contextlib.suppress(AssertionError):
             wait_for(lambda: self.broker.api("/api/broker")["connections"] == 0, 15)
         self.log("disconnected")
         self.log("drain")
-        drained = drain_all(self.broker, self.events / "drain.jsonl")
+        drained = drain_all(self.broker, self.events / "drain.jsonl", streams=last)
         self.log("drained", queues=drained.taken, stuck=drained.stuck)
-        self.report.resources["drained"] = sum(drained.taken.values())
+        resources = self.report.resources
+        resources["drained"] = resources.get("drained", 0) + sum(drained.taken.values())
         for queue, count in drained.stuck.items():
             self.violation(
                 "stuck",
@@ -670,6 +688,7 @@ class ChaosRun:
                 f"(allowed +{self.s.rss_slack_kib} KiB)",
             )
         self.report.resources["after"] = after
+        self.report.resources.setdefault("laps", []).append(after)
         self.log("settled", after=after)
 
     def _paging_cursors(self) -> dict[str, Any]:

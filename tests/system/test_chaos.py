@@ -65,6 +65,20 @@ def test_short_schedule_with_broker_kills_and_a_full_disk_keeps_every_invariant(
     assert not report.failed, report.describe()
 
 
+def test_laps_drain_and_measure_each_lap_and_read_streams_once(tmp_path, c_build, pki):
+    """A soak's laps: queues drained after each lap with the broker left running, the
+    stream read once at the end (a second read would count its messages twice)."""
+    report = run_schedule(
+        tmp_path,
+        c_build,
+        pki,
+        Settings(seed=1704, duration=4, laps=2, faults=QUICK_FAULTS, rate_factor=0.5),
+    )
+    assert not report.failed, report.describe()
+    assert len(report.resources["laps"]) == 2
+    assert report.broker_deaths == 0
+
+
 @pytest.mark.skipif("SCOW_CHAOS_SEED" not in os.environ, reason="set SCOW_CHAOS_SEED to replay")
 def test_replay(tmp_path, c_build, pki):
     report = run_schedule(tmp_path, c_build, pki, Settings.from_environment(os.environ))
