@@ -278,12 +278,9 @@ class FilePageStore:
         if offset < 0:
             raise ValueError(f"page store of {self.address!r}: read offset {offset} is negative")
         path = self._path(page)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = self._open_to_read(path)
+        if fd is None:
             return b""
-        except OSError as exc:
-            raise _os_error(exc, path, "opening the page to read") from exc
         try:
             want = os.fstat(fd).st_size - offset
             if want <= 0:
@@ -313,12 +310,9 @@ class FilePageStore:
         the file would fault when read. A missing page reads as empty, a shorter one as
         what it holds; the caller closes the map (or drops it)."""
         path = self._path(page)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = self._open_to_read(path)
+        if fd is None:
             return b""
-        except OSError as exc:
-            raise _os_error(exc, path, "opening the page to read") from exc
         try:
             length = min(end, os.fstat(fd).st_size)
             if length <= 0:
@@ -328,6 +322,16 @@ class FilePageStore:
             raise _os_error(exc, path, f"mapping its first {end} bytes") from exc
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _open_to_read(path: Path) -> int | None:
+        """A read-only descriptor of a page file; None if there is no such page."""
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _os_error(exc, path, "opening the page to read") from exc
 
     def delete(self, page: int) -> None:
         """Remove a page file; a missing one is fine. The folder and address.txt stay."""
