@@ -184,6 +184,14 @@ def run_soak(args: argparse.Namespace, workdir: Path) -> int:
         print(
             f"end (drained, at rest):    rss {after['rss_kib'] / 1024:.1f} MiB, fds {after['fds']}"
         )
+    if len(laps) > 1:
+        # the first lap takes the heap to its working set; what a leak would show is
+        # growth from there on
+        rss = [rest["rss_kib"] / 1024 for rest in laps]
+        print(
+            f"after the first lap: rss {min(rss[1:]):.1f}-{max(rss[1:]):.1f} MiB at rest, "
+            f"{rss[-1] - rss[0]:+.1f} MiB from lap 1 to the end"
+        )
     print(
         f"accepted {report.findings.accepted}, lost {report.findings.lost}, first deliveries "
         f"duplicated {report.findings.duplicated}, broker deaths {report.broker_deaths}"

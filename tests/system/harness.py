@@ -572,9 +572,9 @@ class ChaosRun:
         self.wait_roles(("consumer", "tx-consumer", "raw", "c-receive"), grace=10)
         self.log("consumers-stopped")
         for proc in self.procs:
-            if proc.role == "c-send":
+            count = self.c_send_counts.pop(proc.name, None)  # each once, in its lap
+            if count is not None:
                 out = proc.out.read_text(errors="replace") if proc.out else ""
-                count = self.c_send_counts[proc.name]
                 done = proc.popen.returncode == 0 and f"{count} messages sent" in out
                 self.c_sends.append((count, done, proc.ended or time.time()))
         if self.filler is not None:
@@ -587,8 +587,8 @@ class ChaosRun:
         self.watch_broker()
 
     def resume(self) -> None:
-        """Start the next lap: the clients of the last one have all ended."""
-        self.procs = [p for p in self.procs if p.popen.poll() is None]
+        """Start the next lap (the clients of the last one have all ended; they stay in
+        `procs`, whose length numbers the next clients' names and so their logs)."""
         self.winding_down = False
         self.log("lap")
 
