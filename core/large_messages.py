@@ -189,7 +189,10 @@ class Arrival(abc.ABC):
         """Run `then` on the event loop once every byte written so far (and completed)
         is stored: with None, or with why the store refused some, after which the
         message must not be routed (its body is to be released, or its arrival
-        abandoned). At once by default: a store whose `write` stores or raises."""
+        abandoned). At once by default: a store whose `write` stores or raises. A store
+        that syncs a completed message's bytes apart from writing them (the database's)
+        answers once they are synced, if they are to be, so that a failed sync refuses
+        the message instead of leaving its producer without an answer."""
         then(None)
 
     @abc.abstractmethod

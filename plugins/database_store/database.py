@@ -366,7 +366,8 @@ class Database:
         """`work(conn)` in one transaction, retried with backoff while the database is lost.
 
         Raises what `work` raises when it is not a lost connection, LockLost once the lock
-        is gone, and the last error when `give_up()` says to stop retrying.
+        is gone, and the last error when `give_up()` says to stop retrying (the outage
+        this work reported is then over for it: nothing waits on it any more).
         """
         delay = BACKOFF_START
         while True:
@@ -383,6 +384,8 @@ class Database:
                         result = work(conn)
             except exc.SQLAlchemyError as error:
                 if not _retryable(error) or (give_up is not None and give_up()):
+                    if delay != BACKOFF_START:
+                        self._set_outage(what, None)
                     raise
                 self._set_outage(what, _cause(error))
                 time.sleep(delay)

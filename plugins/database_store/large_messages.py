@@ -10,24 +10,34 @@ for the lanes (`room`); a delivery reads READ_AHEAD chunks ahead on the reader t
 (`_Prefetch`).
 
 Chunks commit as they are written, on PostgreSQL without waiting for the WAL's flush.
-Once a durable message's last row is in (with `large-message-sync`), the `_Syncer`'s
-next fenced synchronous commit flushes the WAL of every row before it, for every body
-that waited meanwhile: the body counts as synced (and the message may be accepted) only
-then. A crash before that leaves rows no record refers to: `remove_orphans` deletes
-them at the next start. Deletions are fenced, so a broker that lost its lock (a
-failed-over primary) never deletes a body its backup now serves.
+Once a durable message's last row is in (with `large-message-sync`), the syncer thread's
+next fenced synchronous commit checks that every body that waited meanwhile has all its
+bytes and flushes the WAL of every row before it: the body counts as stored (`when_stored`
+answers, and the message is routed) only then. The check is what makes a retry after a
+lost connection safe: a server that crashed loses the rows it had not flushed, and a
+body found short is refused, never accepted without them.
+
+A body the database cannot take is refused, never waited on for ever: its rows' writes
+and its sync retry a lost database for `jdbc-network-timeout`, then give up, and
+`when_stored` answers why. Its rows are deleted by the cleaner thread, which keeps trying
+until the database is back (or, if the broker stops first, `remove_orphans` at the next
+start), on a thread of its own so that a deletion waiting for the database holds no lane.
+Deletions are fenced, so a broker that lost its lock (a failed-over primary) never
+deletes a body its backup now serves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 import structlog
@@ -57,11 +67,13 @@ READ_AHEAD = 4
 #: Ids per DELETE when orphans are removed.
 DELETE_BATCH = 500
 
+T = TypeVar("T")
+
 
 class DatabaseArrival(Arrival):
     """A large message arriving into rows of the table, a chunk at a time."""
 
-    __slots__ = ("_buffer", "_chunk", "_error")
+    __slots__ = ("_after_sync", "_buffer", "_chunk", "_error", "_lock", "_syncing")
 
     store: DatabaseLargeMessageStore
 
@@ -69,8 +81,13 @@ class DatabaseArrival(Arrival):
         super().__init__(store, file_id)
         self._buffer = bytearray()
         self._chunk = 0
-        #: Why the database refused a row of this message (set on its lane), if it did.
+        #: Why the database refused this message's rows or their sync, if it did.
         self._error: str | None = None
+        #: Its rows wait for the syncer, and the `when_stored` answers waiting for it;
+        #: the lane and the syncer's thread both change them.
+        self._syncing = False
+        self._after_sync: list[Callable[[str | None], None]] = []
+        self._lock = threading.Lock()
 
     def write(self, chunk: bytes | memoryview) -> None:
         self._check()
@@ -126,17 +143,23 @@ class DatabaseArrival(Arrival):
 
     def _failed(self, exc: Exception) -> None:
         # never synced, so never accepted: its owner hears of it at its next write or
-        # from `when_stored`, and abandons it (its rows go; orphans at the next start
-        # if the database cannot delete them either)
-        self._error = str(exc).splitlines()[0]
+        # from `when_stored`, and abandons it (its rows go, see `clean`)
+        self._error = _first_line(exc)
         log.error("large message not stored", body=self.file_id, reason=str(exc))
 
     def room(self, wake: Wake) -> bool:
         return self.store.room(wake)
 
     def when_stored(self, then: Callable[[str | None], None]) -> None:
-        def answer() -> None:
-            error = self._error
+        """See `Arrival.when_stored`; a message completed with `sync` is stored once the
+        syncer has checked and flushed its rows (a failed sync refuses it)."""
+
+        def answer() -> None:  # on the lane: every write handed on before is done
+            with self._lock:
+                if self._syncing:
+                    self._after_sync.append(then)
+                    return
+                error = self._error
             self.store.call_on_loop(lambda: then(error))
 
         self.store.submit(self.file_id, answer)
@@ -147,14 +170,29 @@ class DatabaseArrival(Arrival):
         self._send(piece)
 
         def written() -> None:
-            if self._error is None:
-                self.store.written(body, sync)
+            if self._error is not None:
+                return
+            if sync and self.store.syncs_later():
+                with self._lock:
+                    self._syncing = True
+            self.store.written(body, sync, self)
 
         self.store.submit(self.file_id, written)
 
+    def synced(self, error: str | None) -> None:
+        """The syncer's outcome for this message's rows (on its thread): None, or why
+        they could not be synced; `when_stored` answers with it."""
+        with self._lock:
+            self._syncing = False
+            if error is not None:
+                self._error = error
+            waiting, self._after_sync = self._after_sync, []
+        for then in waiting:
+            self.store.call_on_loop(functools.partial(then, error))
+
     def _discard(self) -> None:
         self._buffer = bytearray()
-        self.store.submit(self.file_id, self.store.delete_rows, [self.file_id])
+        self.store.submit(self.file_id, self.store.clean, self.file_id)
 
 
 class _Prefetch:
@@ -248,22 +286,24 @@ class _Prefetch:
         self.ready.clear()
 
 
-class _Syncer:
-    """Makes the bodies whose rows are committed durable together: one fenced synchronous
-    commit flushes the WAL of every row committed before it (PostgreSQL's group commit,
-    done by hand), so a body costs no disk flush of its own."""
+class _Batches(Generic[T]):
+    """A thread of the store's that handles what is added, in batches of what waits (at
+    most `most` items, or all)."""
 
-    def __init__(self, store: DatabaseLargeMessageStore) -> None:
-        self.store = store
-        self.pending: list[LargeBody] = []
+    def __init__(
+        self, name: str, handle: Callable[[list[T]], None], most: int | None = None
+    ) -> None:
+        self.handle = handle
+        self.most = most
+        self.pending: list[T] = []
         self.changed = threading.Condition()
         self.closing = False
-        self.thread = threading.Thread(target=self._run, name="scow-db-large-sync", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
-    def add(self, body: LargeBody) -> None:
+    def add(self, item: T) -> None:
         with self.changed:
-            self.pending.append(body)
+            self.pending.append(item)
             self.changed.notify()
 
     def _run(self) -> None:
@@ -273,21 +313,21 @@ class _Syncer:
                     self.changed.wait()
                 if not self.pending:
                     return
-                batch, self.pending = self.pending, []
-            try:
-                self.store.sync_rows()
-            except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
-                # never synced, so never accepted; orphans at the next start
-                log.error("large message bodies not synced", bodies=len(batch), reason=str(exc))
-                continue
-            for body in batch:
-                self.store.call_on_loop(body._now_synced)
+                cut = len(self.pending) if self.most is None else self.most
+                batch, self.pending = self.pending[:cut], self.pending[cut:]
+            self.handle(batch)
 
     def close(self) -> None:
+        """Handle what is pending, then stop."""
         with self.changed:
             self.closing = True
             self.changed.notify()
         self.thread.join()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 @contextlib.contextmanager
@@ -361,7 +401,12 @@ class DatabaseLargeMessageStore(LargeMessageStore):
         self._lanes: list[ThreadPoolExecutor] = []
         self._reader: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._syncer: _Syncer | None = None
+        #: Flushes the rows of bodies that wait for it together, and checks them whole
+        #: (`_sync`); deletes bodies' rows on a thread of its own, so that a deletion
+        #: waiting for a lost database holds no lane (`delete_rows`).
+        self._syncer: _Batches[tuple[LargeBody, DatabaseArrival]] | None = None
+        self._cleaner: _Batches[int] | None = None
+        self._closing = False
         #: Bytes handed to the lanes and not written yet, and the arrivals waiting for
         #: them to drop (`room`).
         self._behind = 0
@@ -425,25 +470,85 @@ class DatabaseLargeMessageStore(LargeMessageStore):
             self._waiting.append(wake)
             return False
 
-    def written(self, body: LargeBody, sync: bool) -> None:
+    def syncs_later(self) -> bool:
+        """Whether `written` with `sync` leaves the sync to the syncer (on an event loop)."""
+        return self._loop is not None
+
+    def written(self, body: LargeBody, sync: bool, arrival: DatabaseArrival) -> None:
         """Every row of `body` is committed (on its lane): synced now, or with `sync`
-        once a synchronous commit has flushed them (the syncer's, shared by the bodies
-        that wait meanwhile)."""
+        once a synchronous commit has checked and flushed them (the syncer's, shared by
+        the bodies that wait meanwhile), which `arrival` hears of."""
         if not sync:
             self.call_on_loop(body._now_synced)
         elif self._loop is None:  # offline: synced here
-            self.sync_rows()
+            self.sync_rows([body.file_id])
             body._now_synced()
         else:
             if self._syncer is None:
-                self._syncer = _Syncer(self)
-            self._syncer.add(body)
+                self._syncer = _Batches("scow-db-large-sync", self._sync)
+            self._syncer.add((body, arrival))
 
-    def sync_rows(self) -> None:
-        """A fenced synchronous commit: the rows committed before it are on disk (the
-        lanes commit without waiting for the WAL's flush)."""
+    def _sync(self, batch: list[tuple[LargeBody, DatabaseArrival]]) -> None:
+        """Make the bodies whose rows are committed durable together (on the syncer's
+        thread): one synchronous commit flushes the WAL of every row committed before it
+        (PostgreSQL's group commit, done by hand), so a body costs no disk flush of its
+        own; the same transaction checks that each has all its bytes (see the module's
+        doc). Each arrival hears its outcome (`DatabaseArrival.synced`)."""
+        try:
+            stored = self.sync_rows([body.file_id for body, _arrival in batch])
+        except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
+            reason = f"its rows could not be synced: {_first_line(exc)}"
+            log.error("large message bodies not synced", bodies=len(batch), reason=str(exc))
+            for _body, arrival in batch:
+                arrival.synced(reason)
+            return
+        for body, arrival in batch:
+            found = stored.get(body.file_id, 0)
+            if found == body.length:
+                self.call_on_loop(body._now_synced)
+                arrival.synced(None)
+            else:
+                reason = (
+                    f"{found} of its {body.length} bytes were in the database at its sync "
+                    "(rows lost with a connection or a server restart)"
+                )
+                log.error("large message body short", body=body.file_id, reason=reason)
+                arrival.synced(reason)
+
+    def sync_rows(self, file_ids: list[int]) -> dict[int, int]:
+        """A fenced synchronous commit, which returns the bytes stored of each body in
+        `file_ids`: the rows committed before it are on disk (the lanes commit without
+        waiting for the WAL's flush). Gives up on a lost database as the lanes do."""
         assert self.db is not None
-        self.db.run("syncing large message bodies", self.db.fence)
+        db = self.db
+        t = self._table.c
+        query = (
+            sa.select(t.id, sa.func.sum(sa.func.length(t.data)))
+            .where(t.id.in_(file_ids))
+            .group_by(t.id)
+        )
+
+        def sync(conn: sa.Connection) -> dict[int, int]:
+            stored = {int(i): int(n) for i, n in conn.execute(query).all()}
+            db.fence(conn)
+            return stored
+
+        return db.run("syncing large message bodies", sync, give_up=self._give_up())
+
+    def _give_up(self) -> Callable[[], bool]:
+        """`Database.run`'s give_up for a body's rows: once the database has been lost for
+        jdbc-network-timeout (from the first failure), or the store is closing."""
+        limit = self.settings.network_timeout_ms / 1000
+        first: float | None = None
+
+        def give_up() -> bool:
+            nonlocal first
+            now = time.monotonic()
+            if first is None:
+                first = now
+            return self._closing or now - first > limit
+
+        return give_up
 
     def reader(self) -> ThreadPoolExecutor:
         if self._reader is None:
@@ -465,7 +570,9 @@ class DatabaseLargeMessageStore(LargeMessageStore):
                 conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
             _insert_chunk(conn, self._table, file_id, number, data)
 
-        self.db.run(f"storing large message {self.describe(file_id)}", write)
+        self.db.run(
+            f"storing large message {self.describe(file_id)}", write, give_up=self._give_up()
+        )
 
     def rewrite_chunk(self, file_id: int, number: int, at: int, data: bytes) -> None:
         """Write `data` over a chunk's bytes from `at` on (a size learnt at the end)."""
@@ -478,9 +585,27 @@ class DatabaseLargeMessageStore(LargeMessageStore):
             new = old[:at] + data + old[at + len(data) :]
             conn.execute(sa.update(self._table).where(row).values(data=new))
 
-        self.db.run(f"storing large message {self.describe(file_id)}", rewrite)
+        self.db.run(
+            f"storing large message {self.describe(file_id)}", rewrite, give_up=self._give_up()
+        )
 
-    def delete_rows(self, file_ids: list[int]) -> None:
+    def clean(self, file_id: int) -> None:
+        """Delete a body's rows once every write handed on before is done (on its lane):
+        by the cleaner, or here without an event loop (an offline tool)."""
+        if self._loop is None:
+            self.delete_rows([file_id])
+            return
+        if self._cleaner is None:
+            self._cleaner = _Batches("scow-db-large-clean", self._clean, most=DELETE_BATCH)
+        self._cleaner.add(file_id)
+
+    def _clean(self, file_ids: list[int]) -> None:
+        # until the database is back, or the broker stops (orphans at the next start)
+        self.delete_rows(file_ids, give_up=lambda: self._closing)
+
+    def delete_rows(self, file_ids: list[int], give_up: Callable[[], bool] | None = None) -> None:
+        """Delete these bodies' rows, retrying a lost database until `give_up()` says to
+        stop (never by default); a body not deleted is an orphan the next start removes."""
         assert self.db is not None
         db = self.db
         t = self._table.c
@@ -490,7 +615,7 @@ class DatabaseLargeMessageStore(LargeMessageStore):
             db.fence(conn)
 
         try:
-            db.run(f"deleting large message bodies {file_ids[:3]}", delete)
+            db.run("deleting large message bodies", delete, give_up=give_up)
         except (DatabaseError, sa.exc.SQLAlchemyError) as exc:  # orphans at the next start
             log.warning("large message body not deleted", bodies=file_ids[:3], reason=str(exc))
 
@@ -543,7 +668,7 @@ class DatabaseLargeMessageStore(LargeMessageStore):
 
     def _delete(self, body: LargeBody) -> None:
         self._stored.pop(body.file_id, None)
-        self.submit(body.file_id, self.delete_rows, [body.file_id])
+        self.submit(body.file_id, self.clean, body.file_id)
 
     def _delete_all_but(self, kept: set[int]) -> int:
         orphans = [file_id for file_id in self._stored if file_id not in kept]
@@ -553,12 +678,16 @@ class DatabaseLargeMessageStore(LargeMessageStore):
         return len(orphans)
 
     def close(self) -> None:
+        self._closing = True  # what waits for a lost database gives up
         lanes, self._lanes = self._lanes, []
         for lane in lanes:
             lane.shutdown(wait=True)
         if self._syncer is not None:
             self._syncer.close()
             self._syncer = None
+        if self._cleaner is not None:
+            self._cleaner.close()
+            self._cleaner = None
         if self._reader is not None:
             self._reader.shutdown(wait=True)
             self._reader = None

@@ -49,7 +49,10 @@ SECTION = ConfigSection(
             int,
             20_000,
             "Milliseconds a connection attempt or an unanswered request may take before "
-            "the database counts as lost.",
+            "the database counts as lost. A large message's body is retried that long on "
+            "a lost database, then refused to its producer (amqp:resource-limit-exceeded, "
+            "a STOMP ERROR) and its rows deleted once the database is back; records and "
+            "pages wait for it.",
             kind="duration-ms",
             minimum=1,
         ),

@@ -133,6 +133,8 @@ def send_more(link: CData, data: bytes) -> None:
 
 #: Bytes a session holds that the peer's window has not let out yet.
 session_outgoing_bytes = lib.pn_session_outgoing_bytes
+#: Bytes a session holds that have arrived and not been read from their links yet.
+session_incoming_bytes = lib.pn_session_incoming_bytes
 #: Abort a delivery whose message cannot be sent in full.
 delivery_abort = lib.pn_delivery_abort
 

@@ -105,6 +105,19 @@ class _LargeArrival:
         return LargeHead(bytes(self.head), body)
 
 
+class _Stored:
+    """A large message that arrived whole, routed (or refused) once its store answers."""
+
+    __slots__ = ("answered", "data", "delivery", "error", "file")
+
+    def __init__(self, delivery: Any, data: LargeHead, file: Arrival) -> None:
+        self.delivery = delivery
+        self.data = data
+        self.file = file
+        self.answered = False
+        self.error: str | None = None
+
+
 #: Node properties that describe the node itself (qpidd's NodeProperties); every other
 #: key is a queue argument (e.g. qpid.priorities, last-value-key, x-queue-type).
 _NODE_KEYS = frozenset(
@@ -165,8 +178,12 @@ class ProducerLink:
         #: Messages from this size on are large; the one arriving, if any.
         self.large_size = conn.server.min_large_message_size
         self.arrival: _LargeArrival | None = None
-        #: A large message is waiting for its store to have every byte (`when_stored`).
-        self.storing = False
+        #: Large messages that arrived whole, in order, until their store has every byte
+        #: (`when_stored`): the link takes the next large message's bytes meanwhile,
+        #: but any other message waits in proton behind them (`_wait_for_store`), and
+        #: `waited` says whether one does.
+        self.stored: deque[_Stored] = deque()
+        self.waited = False
         authorize = conn.authorize
         #: Anonymous relay under enforced permissions: target address -> the refusal
         #: (None: allowed), so each address is checked once per link.
@@ -185,6 +202,9 @@ class ProducerLink:
     def on_delivery(self, delivery: Any) -> None:
         if self.closed:
             return
+        if self.waited:  # one before it waits in proton: so does this one, behind it
+            self._wait_for_store(delivery)
+            return
         size = engine.delivery_pending(delivery)
         if not size and not engine.delivery_readable(delivery):
             # A message already read whole, the link advanced past it: proton merges
@@ -195,6 +215,9 @@ class ProducerLink:
             return
         if size >= self.large_size or self.arrival is not None:
             self._receive_large(delivery, size)
+            return
+        if self.stored:  # routed after the large messages before it
+            self._wait_for_store(delivery)
             return
         if self.max_size and size > self.max_size:
             self._too_large(size)
@@ -293,33 +316,94 @@ class ProducerLink:
             self._refuse(delivery, engine.delivery_settled(delivery), "amqp:decode-error", str(exc))
             self._replenish()
             return
-        # routed once its store has every byte: at once for files; until then what
-        # came after it on the connection waits, so that it is handled after it
-        file = arrival.file
-        self.storing = True
-        file.when_stored(lambda error: self._large_stored(delivery, data, error, file))
-        if self.storing:
+        # routed once its store has every byte (at once for files), after the large
+        # messages before it; in a transaction, all that came after it on the connection
+        # waits too, so that its discharge cannot overtake it
+        entry = _Stored(delivery, data, arrival.file)
+        self.stored.append(entry)
+        arrival.file.when_stored(lambda error: self._large_stored(entry, error))
+        waiting = bool(self.stored) and self.stored[-1] is entry
+        if waiting and engine.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
             self.conn.hold_events(delivery)
 
-    def _large_stored(self, delivery: Any, data: LargeHead, error: str | None, file: Any) -> None:
+    def _large_stored(self, entry: _Stored, error: str | None) -> None:
+        """A large message's store answered: route, in order, those that have their
+        answer, then what waited behind them."""
+        entry.answered = True
+        entry.error = error
+        stored = self.stored
+        held = None
+        while stored and stored[0].answered:
+            first = stored.popleft()
+            self._route_stored(first)
+            if self.conn.events_held is first.delivery:
+                held = first.delivery
+        if not stored and self.waited:
+            self._take_waiting()
+        if held is not None:
+            _release_events(self.conn, held)
+        self.conn.mark_dirty()
+
+    def _route_stored(self, entry: _Stored) -> None:
         """Route a large message its store has whole, or refuse it: its body goes."""
-        self.storing = False
-        body: LargeBody = data.body
+        body: LargeBody = entry.data.body
         body.acquire()  # held while it is routed: the body goes if nothing keeps it
         try:
             if self.closed:  # its delivery went with the link
                 return
-            if error is None:
-                self._route(delivery, data)
+            delivery = entry.delivery
+            if entry.error is None:
+                self._route(delivery, entry.data)
             else:
-                reason = f"large message {file.store.describe(file.file_id)} not stored: {error}"
+                where = entry.file.store.describe(entry.file.file_id)
+                reason = f"large message {where} not stored: {entry.error}"
                 log.warning("large message refused", reason=reason)
                 presettled = engine.delivery_settled(delivery)
                 self._refuse(delivery, presettled, "amqp:resource-limit-exceeded", reason)
             self._replenish()
         finally:
             body.release()
-            self.conn.release_events(delivery)
+
+    def _wait_for_store(self, delivery: Any) -> None:
+        """A message came after large ones that wait for their store: it stays in proton
+        until they are routed (see `_take_waiting`), and so does what follows it, as long
+        as its session holds less than a large message; past that the socket waits, not
+        the memory. A transactional one holds the connection's events (its discharge
+        must not overtake it)."""
+        self.waited = True
+        conn = self.conn
+        if conn.events_held is None and engine.delivery_remote_state(delivery) == (
+            TRANSACTIONAL_STATE
+        ):
+            conn.hold_events(self.link)
+        elif engine.session_incoming_bytes(engine.link_session(self.link)) >= self.large_size:
+            conn.hold_input(self.link)
+
+    def _take_waiting(self) -> None:
+        """Handle the messages that waited on this link behind large ones (their events
+        went by meanwhile), until one waits for more frames or for its store; not while
+        the connection's events are held (their holder takes them once it lets go)."""
+        held = self.conn.events_held
+        if held is not None and held is not self.link:
+            return
+        self.waited = False
+        self.conn.release_input(self.link)
+        link = self.link
+        try:
+            while not self.closed:
+                delivery = engine.link_current(link)
+                if not delivery:
+                    break
+                self.on_delivery(delivery)
+                if engine.link_current(link) == delivery:
+                    break  # not advanced past: still arriving, or waiting again
+        except Exception:
+            # outside the connection's event loop, which guards the rest: a bug costs
+            # this link only, never the broker or the connection's other links
+            log.exception("producer link failed", link=engine.link_name(link))
+            self.conn.drop_link(link, "amqp:internal-error", "the broker failed on this link")
+        if self.conn.events_held is self.link:
+            _release_events(self.conn, self.link)
 
     def _abandon_large(self) -> None:
         if self.arrival is not None:
@@ -436,6 +520,7 @@ class ProducerLink:
         if self.partial:
             self._release_partial()
         self._abandon_large()
+        self.conn.release_input(self.link)  # held while a large message was stored
         self._stop_waiting()
 
 
@@ -448,6 +533,15 @@ class _Stream:
         self.ref = ref
         self.delivery = delivery
         self.chunks = chunks
+
+
+def _release_events(conn: AmqpConnection, holder: object) -> None:
+    """`holder` lets the connection's events go: those that waited are handled, then the
+    messages producer links left waiting meanwhile (see `ProducerLink._take_waiting`)."""
+    conn.release_events(holder)
+    for link in list(conn.links.values()):
+        if type(link) is ProducerLink and link.waited and not link.stored:
+            link._take_waiting()
 
 
 class ConsumerLink:

@@ -17,8 +17,10 @@ from scow.core import cli
 from scow.core.management import Management
 from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
 from scow.plugins.database_store import large_messages as db_large
+from scow.protocols.amqp import engine
 from tests.database.backends import REFUSED, on_database, refuse_rows
-from tests.wire.helpers import Capabilities, connected, receive, send
+from tests.wire.helpers import Capabilities, RawClient, connected, receive, send
+from tests.wire.test_large_messages import send_in_transaction
 
 LARGE = 16 << 10
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -214,3 +216,104 @@ def test_a_body_the_database_refuses_is_refused_to_its_producer_and_its_rows_go(
         send(conn, "big", Message(body=b"small", durable=True), Message(body=fits, durable=True))
         got = receive(conn.create_receiver("big", credit=2), 2)
     assert [bytes(m.body) for m in got] == [b"small", fits]
+
+
+@pytest.mark.postgres
+def test_a_large_message_waiting_for_a_locked_table_holds_only_its_own_link(
+    scow_broker: Any, postgres_url: str
+) -> None:
+    """Two links on one session of one connection: while one link's large message waits
+    for LARGE_MESSAGES (locked by another client), the other's messages are answered, and
+    so are other connections'; the large one is accepted once the table is free."""
+    broker = scow_broker(**on_db(postgres_url))
+    body = body_of(2 << 20 | 3)
+    client = RawClient(broker.port)
+    large = engine.new_sender(client.session, "large", "big")
+    small = engine.new_sender(client.session, "small", "small")
+    client.until(lambda: engine.link_credit(large) and engine.link_credit(small), "credit")
+    locker = sa.create_engine(postgres_url).connect()
+    try:
+        locker.exec_driver_sql('LOCK TABLE "LARGE_MESSAGES" IN EXCLUSIVE MODE')
+        waiting = engine.send(large, b"L", bytes(Message(body=body, durable=True).encode()))
+        client.until(
+            lambda: broker.call(broker.broker.stats)["large-messages"]["files"] == 1,
+            "the large message whole, waiting for its rows",
+        )
+        answered = [
+            engine.send(small, b"s%d" % n, bytes(Message(body=f"s{n}", durable=True).encode()))
+            for n in range(3)
+        ]
+        client.until(
+            lambda: all(engine.delivery_remote_state(d) == engine.ACCEPTED for d in answered),
+            "the other link's messages accepted",
+        )
+        with connected(broker.url) as other:  # and other connections
+            send(other, "small", Message(body="other", durable=True))
+        assert not engine.delivery_remote_state(waiting)  # still waiting for its rows
+    finally:
+        locker.rollback()
+        locker.close()
+    client.until(
+        lambda: engine.delivery_remote_state(waiting) == engine.ACCEPTED, "the large one accepted"
+    )
+    client.close()
+    with connected(broker.url) as conn:
+        (got,) = receive(conn.create_receiver("big", credit=1), 1)
+        smalls = receive(conn.create_receiver("small", credit=4), 4)
+    assert bytes(got.body) == body
+    assert [m.body for m in smalls] == ["s0", "s1", "s2", "other"]
+
+
+def test_a_transaction_commits_its_large_messages_once_their_rows_are_stored(
+    scow_broker: Any, database_url: str
+) -> None:
+    """The discharge comes right after the sends: it waits for their rows (the database
+    answers after the frames), and commits or rolls back all of them."""
+    broker = scow_broker(**on_db(database_url))
+    bodies = [body_of(1 << 20 | 9, seed=i) for i in range(2)]
+    assert send_in_transaction(broker.url, "txl", bodies, commit=False) == "aborted"
+    wait_for(lambda: not stored_bodies(database_url), 10, what="the rolled back rows to go")
+    assert send_in_transaction(broker.url, "txl", bodies, commit=True) == "committed"
+    assert len(stored_bodies(database_url)) == 2
+    with connected(broker.url) as conn:
+        got = receive(conn.create_receiver("txl", credit=2), 2)
+    assert [bytes(m.body) for m in got] == bodies
+
+
+def test_large_and_small_messages_sent_at_once_on_one_link_keep_their_order(
+    scow_broker: Any, database_url: str
+) -> None:
+    """The link takes the next large message while the one before waits for its rows'
+    sync (on another lane, perhaps answered first); a small one waits behind them."""
+    broker = scow_broker(**on_db(database_url))
+    bodies = [body_of(1 << 20 | n, seed=n) if n % 3 != 1 else b"small %d" % n for n in range(8)]
+    client = RawClient(broker.port)
+    link = engine.new_sender(client.session, "order", "order")
+    client.until(lambda: engine.link_credit(link) >= len(bodies), "credit")
+    sent = [
+        engine.send(link, b"%d" % n, bytes(Message(body=body, durable=True).encode()))
+        for n, body in enumerate(bodies)
+    ]
+    client.until(
+        lambda: all(engine.delivery_remote_state(d) == engine.ACCEPTED for d in sent),
+        "every message accepted",
+        timeout=60,
+    )
+    client.close()
+    with connected(broker.url) as conn:
+        got = receive(conn.create_receiver("order", credit=len(bodies)), len(bodies))
+    assert [bytes(m.body) for m in got] == bodies
+
+
+def test_a_transactional_message_behind_a_large_one_is_in_the_commit_that_follows_it(
+    scow_broker: Any, database_url: str
+) -> None:
+    """On one link, a large message outside the transaction waits for its rows; the
+    transactional message behind it waits in turn, and so does the discharge after it."""
+    broker = scow_broker(**on_db(database_url))
+    large = body_of(2 << 20 | 1)
+    outcome = send_in_transaction(broker.url, "txb", [b"in the tx"], commit=True, before=(large,))
+    assert outcome == "committed"
+    with connected(broker.url) as conn:
+        got = receive(conn.create_receiver("txb", credit=2), 2)
+    assert [bytes(m.body) for m in got] == [large, b"in the tx"]

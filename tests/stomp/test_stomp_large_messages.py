@@ -16,6 +16,8 @@ from stomp_helpers import PLUGINS, RawStomp, client, start
 from scow.core.testing import wait_for
 from tests.conftest import DATABASES
 from tests.database.backends import REFUSED, on_database, refuse_rows
+from tests.database.test_database_large_message_outages import GIVE_UP, lock_row_held
+from tests.database.test_database_large_messages import stored_bodies
 from tests.wire.helpers import connected, receive, send
 from tests.wire.test_large_messages import files as _bodies
 
@@ -250,6 +252,23 @@ def test_a_send_without_content_length_goes_to_its_file_as_it_arrives(scow_broke
     wait_for(lambda: not _bodies(broker), 5, what="the body to go")
 
 
+def test_a_send_over_4_gib_is_refused_by_its_content_length_with_no_max_message_size(
+    scow_broker,
+):
+    stomp = {"min-large-message-size": LARGE, "max-message-size": 0}  # 0: no limit of its own
+    broker = start(scow_broker, sections={"stomp": stomp})
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.send(b"SEND\ndestination:/queue/huge\nreceipt:r\ncontent-length:%d\n\n" % (4 << 30))
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR", (command, headers)
+    assert b"4294967296 bytes (its content-length) exceeds the 4 GiB" in text, text
+    assert b"max-message-size (0)" in text and "4 GiB" in headers["message"], text
+    assert _stats(broker) == {"files": 0, "bytes": 0, "arriving": 0}
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/huge", b"fits", receipt="ok")
+        seen.wait_receipt("ok")
+
+
 @pytest.mark.parametrize(
     ("tail", "says"),
     [
@@ -334,9 +353,10 @@ def test_a_send_the_database_refuses_gets_an_error_and_its_rows_go(scow_broker, 
 def test_a_send_across_a_postgresql_outage_waits_for_it_then_is_stored_whole(
     private_postgres, scow_broker
 ):  # in that order: the broker stops before its database
-    """A lost database is an outage, not a refusal (the database store retries until it
-    is back, as for every record): the SEND's rows wait, and its RECEIPT comes once
-    PostgreSQL is back, with nothing of the body lost."""
+    """A database lost for less than `jdbc-network-timeout` is an outage, not a refusal
+    (the database store retries until it is back): the SEND's rows wait, and its RECEIPT
+    comes once PostgreSQL is back, with nothing of the body lost. (Lost for longer, the
+    SEND is refused: tests/database/test_database_large_message_outages.py.)"""
     url = private_postgres.url(private_postgres.create_database())
     broker = _start_on(scow_broker, url, {"min-large-message-size": LARGE})
     body = bytes(range(256)) * (24 << 10)  # 6 MiB
@@ -358,3 +378,40 @@ def test_a_send_across_a_postgresql_outage_waits_for_it_then_is_stored_whole(
     with connected(broker.url) as amqp:
         (message,) = receive(amqp.create_receiver("outage", credit=1), 1)
     assert bytes(message.body) == body
+
+
+@pytest.mark.postgres
+def test_a_large_send_whose_final_sync_fails_gets_an_error_and_its_rows_go(
+    private_postgres, scow_broker
+):  # in that order: the broker stops before its database
+    url = private_postgres.url(private_postgres.create_database())
+    kwargs = on_database(
+        {"plugins": PLUGINS, "sections": {"stomp": {"min-large-message-size": LARGE}}}, url
+    )
+    kwargs["sections"]["database"]["jdbc-network-timeout"] = GIVE_UP
+    broker = start(scow_broker, **kwargs)
+    body = b"b" * (2 << 20)
+    raw = RawStomp(broker.port_of("stomp"))
+    with lock_row_held(private_postgres, url):
+        raw.send(
+            b"SEND\ndestination:/queue/synced\npersistent:true\nreceipt:r\n"
+            b"content-length:%d\n\n" % len(body) + body + b"\x00"
+        )
+        # every row is in; the final sync cannot commit while we hold the lock row
+        wait_for(lambda: list(stored_bodies(url).values()) == [3], 10, what="every row")
+        private_postgres.stop("immediate")  # and now never will: the server is gone
+    raw.sock.settimeout(30)
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR" and headers.get("receipt-id") == "r", (command, headers)
+    assert b"could not be synced" in text and b"LARGE_MESSAGES" in text, text
+    raw.close()
+    private_postgres.start()
+    wait_for(lambda: not stored_bodies(url), 30, what="the rows to go")
+    assert _stats(broker) == {"files": 0, "bytes": 0, "arriving": 0}
+    # STOMP producers are refused while the outage lasts (no flow control to hold them)
+    outage = lambda: broker.call(lambda: broker.broker.limits.blocked_by("database"))  # noqa: E731
+    wait_for(lambda: not outage(), 30, what="the database back for the broker")
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/synced", b"y" * (3 << 19), headers={"persistent": "true"}, receipt="ok")
+        seen.wait_receipt("ok")
+    assert broker.queue_stats("synced")["message-count"] == 1

@@ -308,30 +308,39 @@ def test_an_expired_large_message_moves_to_the_expiry_address_with_its_file(scow
     wait_for(lambda: not files(broker), 5, what="the file to go")
 
 
-def test_transactions_commit_large_messages_and_roll_them_back_with_their_files(scow_broker):
+def send_in_transaction(
+    url: str, address: str, bodies: list[bytes], *, commit: bool, before: tuple[bytes, ...] = ()
+) -> str:
+    """Send durable messages of `bodies` in one transaction, discharged right after the
+    sends (on the same link, `before` are sent first outside it); returns the outcome
+    ("committed" or "aborted")."""
     from proton.reactor import Container
 
     from .test_transactions import TxClient
 
     class LargeTx(TxClient):
         def on_transaction_declared(self, event: Any) -> None:
-            for i in range(self.count):
-                message = Message(body=body_of(256 << 10, seed=i), durable=True)
-                event.transaction.send(self.sender, message)
+            for body in before:
+                self.sender.send(Message(body=body, durable=True))
+            for body in bodies:
+                event.transaction.send(self.sender, Message(body=body, durable=True))
             self.discharge(event.transaction)
 
+    client = LargeTx(url, address, len(bodies), commit=commit)
+    Container(client).run()
+    return str(client.outcome)
+
+
+def test_transactions_commit_large_messages_and_roll_them_back_with_their_files(scow_broker):
     broker = large_broker(scow_broker)
-    aborted = LargeTx(broker.url, "txl", 2, commit=False)
-    Container(aborted).run()
-    assert aborted.outcome == "aborted"
+    bodies = [body_of(256 << 10, seed=i) for i in range(2)]
+    assert send_in_transaction(broker.url, "txl", bodies, commit=False) == "aborted"
     wait_for(lambda: not files(broker), 5, what="the rolled back files to go")
-    committed = LargeTx(broker.url, "txl", 2, commit=True)
-    Container(committed).run()
-    assert committed.outcome == "committed"
+    assert send_in_transaction(broker.url, "txl", bodies, commit=True) == "committed"
     assert len(files(broker)) == 2
     with connected(broker.url) as conn:
         got = receive(conn.create_receiver("txl", credit=2), 2)
-    assert [bytes(m.body) for m in got] == [body_of(256 << 10, seed=i) for i in range(2)]
+    assert [bytes(m.body) for m in got] == bodies
 
 
 def test_a_qpid_paged_queue_keeps_large_messages_with_their_files(scow_broker):

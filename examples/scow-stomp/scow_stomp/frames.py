@@ -36,6 +36,9 @@ CLIENT_COMMANDS = frozenset(
 _UNESCAPED = frozenset({"CONNECT", "CONNECTED"})
 _ESCAPES = {b"\\\\": b"\\", b"\\n": b"\n", b"\\r": b"\r", b"\\c": b":"}
 MAX_HEADERS = 1000
+#: The largest body a large SEND can have whatever `[stomp] max-message-size` says: the
+#: 32-bit length of the AMQP data or string section it is stored as (4 GiB less a byte).
+MAX_BODY_SIZE = 0xFFFF_FFFF
 
 
 class FrameError(ValueError):
@@ -128,7 +131,8 @@ class Parser:
     whose body reaches `stream_from` bytes comes out streamed (see the module's doc):
     at once when its content-length says so, otherwise once that many bytes have come
     without a NUL. A streamed body is bounded by `max_message_size` instead (0: no
-    limit): by its content-length before it arrives, or as it arrives.
+    limit of its own), and always by MAX_BODY_SIZE: by its content-length before it
+    arrives, or as it arrives.
     """
 
     def __init__(
@@ -137,6 +141,16 @@ class Parser:
         self.max_frame_size = max_frame_size
         self.stream_from = stream_from
         self.max_message_size = max_message_size
+        #: What a streamed body may not exceed, and why (for the error).
+        if 0 < max_message_size <= MAX_BODY_SIZE:
+            self._body_limit = max_message_size
+            self._limit_reason = f"[stomp] max-message-size {max_message_size}"
+        else:
+            self._body_limit = MAX_BODY_SIZE
+            self._limit_reason = (
+                f"the 4 GiB ({MAX_BODY_SIZE} bytes) an AMQP body section can hold, the "
+                f"limit whatever [stomp] max-message-size ({max_message_size}) says"
+            )
         self.heartbeats = 0
         self._buffer = bytearray()
         #: Where the next frame starts: frames are read in place, and what they used is
@@ -202,10 +216,10 @@ class Parser:
         end = data.find(0)
         part = memoryview(data)[: len(data) if end == -1 else end]
         self._streamed += len(part)
-        if self.max_message_size and self._streamed > self.max_message_size:
+        if self._streamed > self._body_limit:
             raise FrameTooLarge(
-                f"SEND body of more than {self.max_message_size} bytes (it has no "
-                f"content-length) exceeds [stomp] max-message-size {self.max_message_size}"
+                f"SEND body of more than {self._body_limit} bytes (it has no "
+                f"content-length) exceeds {self._limit_reason}"
             )
         if end == -1:
             if part:
@@ -248,10 +262,10 @@ class Parser:
                 raise FrameError(f"{frame.command}: content-length {length!r} is not a number")
             size = int(length)
             if stream_from is not None and size >= stream_from:
-                if self.max_message_size and size > self.max_message_size:
+                if size > self._body_limit:
                     raise FrameTooLarge(
-                        f"SEND body of {size} bytes (its content-length) exceeds [stomp] "
-                        f"max-message-size {self.max_message_size}"
+                        f"SEND body of {size} bytes (its content-length) exceeds "
+                        f"{self._limit_reason}"
                     )
                 frame.streamed = True
                 self._body_left = size

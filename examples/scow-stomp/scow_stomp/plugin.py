@@ -65,7 +65,8 @@ SECTION = ConfigSection(
             "written to its file as it arrives): with a content-length over it, refused "
             "before its body is read; without one, once that many bytes have come. "
             "Refused with an ERROR frame naming this setting; the connection closes. "
-            "0 means no limit.",
+            "0 means no limit of its own; a body is never more than 4 GiB less a byte "
+            "(the 32-bit length of the AMQP section it is stored as).",
             kind="size",
             minimum=0,
         ),
