@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
+from scow.core.duplicates import current_key, split_keys
 from scow.core.interfaces import StreamStore
 from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
@@ -429,6 +430,16 @@ def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: 
         raise ExportError(f"line {number}: bad duplicate-id line ({exc})") from None
     if not isinstance(address, str) or not key:
         raise ExportError(f"line {number}: a duplicate-id needs an address and an id")
+    key = current_key(key)  # an export of an earlier version holds keys as they were then
+    try:
+        whole = split_keys(key) == [key]
+    except ValueError:
+        whole = False
+    if not whole:
+        raise ExportError(
+            f"line {number}: id {line['id']!r} is not a duplicate-id key (an id's AMQP "
+            f"encoding as str8, str32, vbin8 or vbin32)"
+        )
     storage.store_duplicate_ids(storage.next_id(), address, [key])
 
 

@@ -29,8 +29,10 @@ class MessageFormat(Protocol):
     def inspect(self, data: bytes) -> Header:
         """(durable, priority, ttl in ms or 0, duplicate id or None), read once per message
         sent: the header's fields, and the `_AMQ_DUPL_ID` application property
-        (duplicate detection). A message without that property must cost next to nothing
-        more (the AMQP format looks for the name's bytes before parsing anything)."""
+        (duplicate detection), as its cache key (`duplicates.key_of`: bytes) when it is
+        a string or binary, else as its value (refused when it is checked). A message
+        without that property must cost next to nothing more (the AMQP format looks for
+        the name's bytes before parsing anything)."""
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         """A function mapping selector identifiers to the message's field values."""

@@ -19,12 +19,17 @@ Message journal records:
   CURSOR_COUNT   update  (offset, delivery count) of a paged message
   PAGE_TX        add     id = a transaction id: its page records are committed; written
                          in the transaction, deleted once its pages are gone
-  DUPLICATE_IDS  add     a block of ids of an address's duplicate-id cache: (address,
-                         the id keys, oldest first); the ids admitted on their own in
-                         one loop pass (unsynced), or those of one journal transaction
-                         (the messages they admit are in it); deleted once all its ids
-                         are pushed out of the cache (a block partly pushed out keeps
-                         them all: recovery drops the older ones again by cache size)
+  DUPLICATE_KEYS add     a block of ids of an address's duplicate-id cache: (address,
+                         the id keys back to back, oldest first: a key is the id's
+                         AMQP encoding, which gives its own length); the ids admitted on
+                         their own in one loop pass (unsynced), or those of one journal
+                         transaction (the messages they admit are in it); deleted once
+                         all its ids are pushed out of the cache (a block partly pushed
+                         out keeps them all: recovery drops the older ones again by
+                         cache size)
+  DUPLICATE_IDS  add     a block as written before 2026-11-25: each key after its length,
+                         a key a tag byte and the id (`duplicates.current_key`); still
+                         read, deleted as DUPLICATE_KEYS are
   DUPLICATE_ID   add     one id, as (address, id key): written before blocks, still read
 A journal refuses a record it has no room for with `StorageFull` (changing nothing), so
 every method here either stores what it was asked to or raises without effect.
@@ -43,6 +48,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scow.core.duplicates import split_keys
 from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransaction
 from scow.core.large_messages import large_body
 
@@ -55,7 +61,8 @@ CURSOR_ACK = 21
 CURSOR_COUNT = 22
 PAGE_TX = 23
 DUPLICATE_ID = 24  # read only: written before DUPLICATE_IDS
-DUPLICATE_IDS = 25
+DUPLICATE_IDS = 25  # read only: written before DUPLICATE_KEYS
+DUPLICATE_KEYS = 26
 ADDRESS = 1
 QUEUE = 2
 ID_BLOCK = 3
@@ -132,19 +139,20 @@ def _decode_any(
     return decode_message_record(record, addresses)
 
 
-def _encode_keys(keys: Iterable[bytes]) -> bytes:
-    """The ids of a DUPLICATE_IDS record (after its address): each after its length."""
-    pack = _KEY_LEN.pack
-    return b"".join([pack(len(key)) + key for key in keys])
-
-
 def _address_prefix(address: str) -> bytes:
     addr = address.encode()
     return _ADDRESS_LEN.pack(len(addr)) + addr
 
 
+def decode_duplicate_keys(record: bytes) -> tuple[str, list[bytes]]:
+    """(address, id keys oldest first) of a DUPLICATE_KEYS record."""
+    (alen,) = _ADDRESS_LEN.unpack_from(record)
+    pos = _ADDRESS_LEN.size + alen
+    return record[_ADDRESS_LEN.size : pos].decode(), split_keys(record, pos)
+
+
 def decode_duplicate_ids(record: bytes) -> tuple[str, list[bytes]]:
-    """(address, id keys oldest first) of a DUPLICATE_IDS record."""
+    """(address, id keys oldest first, as keyed then) of a DUPLICATE_IDS record."""
     (alen,) = _ADDRESS_LEN.unpack_from(record)
     pos = _ADDRESS_LEN.size + alen
     address = record[_ADDRESS_LEN.size : pos].decode()
@@ -258,7 +266,7 @@ class StorageManager:
         # records are what frees space, so they keep the room that is left.
         hold_back = getattr(messages, "hold_back", None)
         if hold_back is not None:
-            hold_back({MESSAGE, LARGE_MESSAGE, PAGE_TX, DUPLICATE_IDS})
+            hold_back({MESSAGE, LARGE_MESSAGE, PAGE_TX, DUPLICATE_KEYS})
         # The two journals sync apart: a message must not be confirmed before the bindings
         # records it relies on (its auto-created queue, the id block covering its id) are
         # durable too, or a crash right after the confirmation loses it. Records appended
@@ -267,7 +275,7 @@ class StorageManager:
         self._bindings_durable = 0
         self._held: list[tuple[int, Completion]] = []
         self._held_lock = threading.Lock()
-        #: Encoded address names, the start of every DUPLICATE_IDS record of theirs.
+        #: Encoded address names, the start of every DUPLICATE_KEYS record of theirs.
         self._id_prefixes: dict[str, bytes] = {}
 
     def stats(self) -> dict[str, Any]:
@@ -495,15 +503,15 @@ class StorageManager:
             if len(self._id_prefixes) >= 4096:  # addresses may come and go without end
                 self._id_prefixes.clear()
             prefix = self._id_prefixes[address] = _address_prefix(address)
-        data = prefix + _encode_keys(keys)
+        data = prefix + b"".join(keys)  # each key gives its own length
         if tx_id is not None:
             for record in deleting:
                 journal.append_delete_tx(tx_id, record)
-            journal.append_add_tx(tx_id, record_id, DUPLICATE_IDS, data)
+            journal.append_add_tx(tx_id, record_id, DUPLICATE_KEYS, data)
         else:
             for record in deleting:
                 journal.append_delete(record, sync=False)
-            journal.append_add(record_id, DUPLICATE_IDS, data, sync=False)
+            journal.append_add(record_id, DUPLICATE_KEYS, data, sync=False)
 
     # ------------------------------------------------------------------ recovery
 
@@ -586,7 +594,10 @@ def _pages_from(result: LoadResult) -> PageRecovery:
 def _duplicate_ids_from(result: LoadResult) -> list[RecoveredDuplicateId]:
     found = []
     for rec in result.records:
-        if rec.type == DUPLICATE_IDS and not rec.is_update:
+        if rec.type == DUPLICATE_KEYS and not rec.is_update:
+            address, keys = decode_duplicate_keys(rec.data)
+            found += [RecoveredDuplicateId(rec.id, address, key) for key in keys]
+        elif rec.type == DUPLICATE_IDS and not rec.is_update:
             address, keys = decode_duplicate_ids(rec.data)
             found += [RecoveredDuplicateId(rec.id, address, key) for key in keys]
         elif rec.type == DUPLICATE_ID and not rec.is_update:

@@ -7,7 +7,7 @@ from typing import Any
 
 from proton import Message as ProtonMessage
 
-from scow.core.duplicates import DUPLICATE_ID_PROPERTY
+from scow.core.duplicates import DUPLICATE_ID_PROPERTY, key_of
 from scow.core.message import Header, Message
 from scow.protocols.amqp import codec
 
@@ -21,6 +21,7 @@ _SEARCH_WHOLE = 4096
 #: The descriptor codes of body sections (each section is a described value, `00 53 code`
 #: with the usual smallulong descriptor).
 _BODY_SECTIONS = frozenset((codec.DATA, codec.AMQP_SEQUENCE, codec.AMQP_VALUE))
+_HEADER = codec.HEADER
 #: What `inspect` reads of a message that is only a body: the header's defaults, no id.
 _BODY_ONLY: Header = (False, 4, 0, None)
 
@@ -43,17 +44,23 @@ class AmqpMessageFormat:
         # Others cost one search for the property's name (`find`: `in` costs twice as
         # much) before anything is parsed.
         try:
-            if data[2] in _BODY_SECTIONS and data[1] == 0x53 and data[0] == 0:
-                return _BODY_ONLY
+            first = data[2] if data[1] == 0x53 and data[0] == 0 else None
         except IndexError:
-            pass  # too short to be a message: parse_header says why
-        durable, priority, ttl, _first, _count = codec.parse_header(data)
+            first = None  # too short to be a message: parse_header says why
+        if first is not None and first != _HEADER:
+            # no header section: its defaults, without the call (parse_header's first test)
+            if first in _BODY_SECTIONS:
+                return _BODY_ONLY
+            durable, priority, ttl = False, 4, 0
+        else:
+            durable, priority, ttl, _first, _count = codec.parse_header(data)
+            ttl = ttl or 0
         if len(data) <= _SEARCH_WHOLE:
             at = data.find(_DUPLICATE_ID_NAME)
             if at < 0:
-                return durable, priority, ttl or 0, None
-            return durable, priority, ttl or 0, self._duplicate_id_at(data, at)
-        return durable, priority, ttl or 0, self._duplicate_id(data)
+                return durable, priority, ttl, None
+            return durable, priority, ttl, self._duplicate_id_at(data, at)
+        return durable, priority, ttl, self._duplicate_id(data)
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
         return codec.selector_lookup(codec.MessageInfo(message.data))
@@ -74,13 +81,14 @@ class AmqpMessageFormat:
         return codec.MessageInfo(data).to
 
     def _duplicate_id_at(self, data: bytes, at: int) -> object:
-        """The duplicate id of a message holding the property's name at `at`.
+        """The duplicate id (`Header`: its key) of a message holding the property's name
+        at `at`.
 
         Whether the name there is a key of the application properties depends only on
         the bytes before it: messages alike up to there (a producer's, mostly) are parsed
         for the first of them (`_id_layouts`), and the others' id (a binary or a string
-        of up to 255 bytes) read at once after the name. Any other value, or the name
-        elsewhere, is read the long way.
+        of up to 255 bytes) read at once after the name: its encoding is its key, so the
+        key is one slice. Any other value, or the name elsewhere, is read the long way.
         """
         prefix = data[:at]
         layouts = self._id_layouts
@@ -99,20 +107,25 @@ class AmqpMessageFormat:
             stop = value + 2 + data[value + 1]
             if stop <= end:
                 if code == 0xA0:  # vbin8
-                    return data[value + 2 : stop]
+                    return data[value:stop]
                 if code == 0xA1:  # str8
+                    key = data[value:stop]
                     try:
-                        return str(data[value + 2 : stop], "utf-8")
+                        key[2:].decode()
                     except UnicodeDecodeError:
                         return None  # as the long way: unreadable, no id to go by
+                    return key
         return self._duplicate_id(data)
 
     @staticmethod
     def _duplicate_id(data: bytes) -> object:
+        """The duplicate id as `Header` holds it: its key, or a value of another type."""
         try:  # reads the section headers and the application-properties' keys only
-            return codec.application_property(data, DUPLICATE_ID_PROPERTY)
+            value = codec.application_property(data, DUPLICATE_ID_PROPERTY)
         except codec.DecodeError:
             return None  # unreadable properties: no id to go by
+        key = key_of(value)
+        return value if key is None else key
 
     def describe(self, data: bytes, preview: int) -> dict[str, Any]:
         message = ProtonMessage()

@@ -16,6 +16,7 @@ PARAMETRIZED = ("test_crash", "test_restart", "test_duplicate_ids")
 FILE_ONLY = (
     "test_export_then_import_round_trip",
     "test_export_and_import_carry_the_ids",
+    "test_an_export_of_an_earlier_version_carries_its_ids",
     "test_compaction_keeps_the_cached_ids_and_nothing_else",
     "test_journal_section_settings_reach_the_journal",
 )

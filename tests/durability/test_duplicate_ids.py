@@ -6,6 +6,8 @@ A producer that lost its connection resends what it is unsure of with the same
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
 import threading
@@ -17,6 +19,8 @@ import pytest
 from proton import Delivery, Message
 from proton.utils import BlockingConnection
 
+from scow.core import app
+from scow.core.storage import DUPLICATE_ID, DUPLICATE_IDS
 from scow.core.testing import wait_for
 from tests.wire.helpers import consume_all
 
@@ -195,18 +199,76 @@ def test_export_and_import_carry_the_ids(scow_broker_process, tmp_path):
     assert bodies(broker.url, "moved") == ["a", "b"]
     assert broker.stop() == 0
     data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
-    for command in (
-        ["export", "--data-dir", str(data), "--output", str(export)],
-        ["import", "--data-dir", str(fresh), "--input", str(export)],
-    ):
-        run = subprocess.run([*SCOW, "data", *command], capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr
-    assert "'duplicate-ids': 2" in run.stdout
+    _scow_data("export", "--data-dir", str(data), "--output", str(export))
+    imported = _scow_data("import", "--data-dir", str(fresh), "--input", str(export))
+    assert "'duplicate-ids': 2" in imported
     data.rename(tmp_path / "old")
     fresh.rename(data)
     restarted = _broker(scow_broker_process, broker.port)
     send(restarted.url, "moved", dupl("a again", "e-1"), dupl("b again", b"\x00e-2"))
     assert bodies(restarted.url, "moved") == []
+
+
+def test_ids_journaled_by_an_earlier_version_are_still_detected(scow_broker_process, tmp_path):
+    # Before 2026-11-25 a block of ids was a DUPLICATE_IDS record: each key after its
+    # length, a key a tag byte (1: string, 2: binary) and the id; before blocks, one id
+    # a DUPLICATE_ID record. Written here into the broker's own store, whichever it is.
+    broker = _broker(scow_broker_process)
+    assert broker.stop() == 0
+    plugins, config = app.load(tmp_path / "scow.toml")
+    storage = app.open_storage(plugins.unique("scow_register_journals", "journal"), config)
+    try:
+        storage.load()
+        name = b"\x00\x05older"
+        one = name + b"\x01o-0"
+        block = name + b"".join(len(k).to_bytes(4, "big") + k for k in (b"\x01o-1", b"\x02o-2"))
+        storage.messages.append_add(storage.next_id(), DUPLICATE_ID, one, sync=True)
+        storage.messages.append_add(storage.next_id(), DUPLICATE_IDS, block, sync=True)
+    finally:
+        storage.stop()
+    restarted = _broker(scow_broker_process, broker.port)
+    send(restarted.url, "older", *(dupl("again", key) for key in ("o-0", "o-1", b"o-2")))
+    send(restarted.url, "older", dupl("c", b"o-1"), dupl("d", "o-2"))  # other types
+    assert bodies(restarted.url, "older") == ["c", "d"]
+    restarted.kill()  # the new ids' block, then the old ones, after another start
+    again = _broker(scow_broker_process, broker.port)
+    send(again.url, "older", *(dupl("again", key) for key in ("o-0", "o-1", b"o-2", b"o-1")))
+    assert bodies(again.url, "older") == []
+
+
+def test_an_export_of_an_earlier_version_carries_its_ids(scow_broker_process, tmp_path):
+    # Before 2026-11-25 an id's key was a tag byte (1: string, 2: binary) and its bytes;
+    # now it is the id's AMQP encoding. An export of such a data dir carries the old
+    # keys: its import converts them.
+    broker = _broker(scow_broker_process)
+    send(broker.url, "older", dupl("a", "o-1"), dupl("b", b"\x00o-2"))
+    assert bodies(broker.url, "older") == ["a", "b"]
+    assert broker.stop() == 0
+    data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
+    _scow_data("export", "--data-dir", str(data), "--output", str(export))
+    old_keys = {b"\xa1\x03o-1": b"\x01o-1", b"\xa0\x04\x00o-2": b"\x02\x00o-2"}
+    lines = []
+    for text in export.read_text().splitlines():
+        line = json.loads(text)
+        if line.get("type") == "duplicate-id":
+            line["id"] = base64.b64encode(old_keys.pop(base64.b64decode(line["id"]))).decode()
+        lines.append(json.dumps(line))
+    assert old_keys == {}  # both ids were exported, under the keys of this version
+    export.write_text("\n".join(lines) + "\n")
+    _scow_data("import", "--data-dir", str(fresh), "--input", str(export))
+    data.rename(tmp_path / "old")
+    fresh.rename(data)
+    restarted = _broker(scow_broker_process, broker.port)
+    send(restarted.url, "older", dupl("a again", "o-1"), dupl("b again", b"\x00o-2"))
+    send(restarted.url, "older", dupl("c", b"o-1"), dupl("d", "\x00o-2"))  # other types
+    assert bodies(restarted.url, "older") == ["c", "d"]
+
+
+def _scow_data(*command: str) -> str:
+    """Run `scow data COMMAND...`; its output (it must succeed)."""
+    run = subprocess.run([*SCOW, "data", *command], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
 
 
 def test_compaction_keeps_the_cached_ids_and_nothing_else(scow_broker_process, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scow.core.duplicates import DuplicateIdCache, describe_id, id_key
+from scow.core.duplicates import DuplicateIdCache, current_key, describe_id, id_key, split_keys
 from scow.core.model import InvalidField
 
 
@@ -64,10 +64,40 @@ def test_ids_admitted_together_keep_the_newest_that_fit():
 
 def test_strings_and_binaries_are_distinct_keys_and_other_types_are_refused():
     assert id_key("a", "q") != id_key(b"a", "q")
+    # a key is the id's shortest AMQP encoding (str8/vbin8, str32/vbin32 past 255 bytes)
+    assert id_key("a", "q") == b"\xa1\x01a" and id_key(b"a", "q") == b"\xa0\x01a"
+    assert id_key(memoryview(b"a"), "q") == b"\xa0\x01a"
+    assert id_key("\u00e9" * 128, "q") == b"\xb1\x00\x00\x01\x00" + "\u00e9".encode() * 128
+    assert id_key(b"", "q") == b"\xa0\x00"
     assert describe_id(id_key("order-1", "q")) == "'order-1'"
     assert describe_id(id_key(b"\x00\xff", "q")) == "binary 00ff"
+    assert describe_id(id_key(b"x" * 300, "q")) == f"binary {'78' * 64}..."
     with pytest.raises(InvalidField, match=r"address 'q'.*_AMQ_DUPL_ID = 7 .*string or binary"):
         id_key(7, "q")
+
+
+def test_keys_of_earlier_data_dirs_become_the_keys_of_the_same_ids():
+    assert current_key(b"\x01order-1") == id_key("order-1", "q")
+    assert current_key(b"\x02\x00\xff") == id_key(b"\x00\xff", "q")
+    assert current_key(b"\x02") == id_key(b"", "q")
+    assert current_key(b"\x02" + b"x" * 300) == id_key(b"x" * 300, "q")
+    assert current_key(id_key("s", "q")) == id_key("s", "q")  # current keys stay
+    assert describe_id(b"\x01order-1") == "'order-1'"  # as `scow data` shows a journal's
+
+
+def test_an_id_admitted_again_moves_to_the_newest_and_leaves_once():
+    cache = DuplicateIdCache(3)
+    cache.add_block([b"a", b"b"], 10)
+    cache.add_block([b"a"], 11)  # recovery: a is in a newer block too
+    assert list(cache.ids) == [b"b", b"a"] and list(cache.ring) == [b"a", b"b", b"a"]
+    assert cache.emptied_by(2) == [10]  # one more than fits: b goes, and block 10
+    cache.admit(b"c")
+    cache.admit(b"d")  # a's old place is skipped: b goes, a stays
+    _block, keys, dead = cache.close()
+    assert list(cache.ids) == [b"a", b"c", b"d"] and keys == [b"c", b"d"] and dead == [10]
+    cache.admit(b"e")
+    assert list(cache.ids) == [b"c", b"d", b"e"] and cache.close()[2] == [11]
+    assert not cache.moved and len(cache.ring) == 3
 
 
 def _encoded(message: object) -> bytes:
@@ -85,10 +115,16 @@ def test_inspect_reads_the_header_and_the_duplicate_id_of_every_message_shape():
     assert AMQP_FORMAT.inspect(b"\x00\x53\x77\xa1\x03abc") == (False, 4, 0, None)
     durable = ProtonMessage(body="x", durable=True, priority=7, ttl=5)
     assert AMQP_FORMAT.inspect(_encoded(durable)) == (True, 7, 5000, None)
+    # an id as its key
     with_id = ProtonMessage(body="x", properties={"_AMQ_DUPL_ID": "order-1"})
-    assert AMQP_FORMAT.inspect(_encoded(with_id)) == (False, 4, 0, "order-1")
+    assert AMQP_FORMAT.inspect(_encoded(with_id)) == (False, 4, 0, id_key("order-1", "q"))
     both = ProtonMessage(body=b"x", durable=True, properties={"_AMQ_DUPL_ID": b"\x01"})
-    assert AMQP_FORMAT.inspect(_encoded(both)) == (True, 4, 0, b"\x01")
+    assert AMQP_FORMAT.inspect(_encoded(both)) == (True, 4, 0, id_key(b"\x01", "q"))
+    # read the long way (past 255 bytes): the same keys; another type: its value
+    long_id = ProtonMessage(body="x", properties={"_AMQ_DUPL_ID": "s" * 300})
+    assert AMQP_FORMAT.inspect(_encoded(long_id))[3] == id_key("s" * 300, "q")
+    number = ProtonMessage(body="x", properties={"_AMQ_DUPL_ID": 7})
+    assert AMQP_FORMAT.inspect(_encoded(number))[3] == 7
     # a body that merely contains the name is no id
     assert AMQP_FORMAT.inspect(_encoded(ProtonMessage(body="_AMQ_DUPL_ID")))[3] is None
     with pytest.raises(DecodeError):
@@ -103,34 +139,45 @@ def test_inspect_reads_ids_of_messages_alike_up_to_the_name_from_the_first_one_s
     fmt = AmqpMessageFormat()  # a layout cache of its own
 
     def inspect(**kwargs: object) -> object:
-        return fmt.inspect(_encoded(ProtonMessage(**kwargs)))[3]
+        found = fmt.inspect(_encoded(ProtonMessage(**kwargs)))[3]
+        return None if found is None else describe_id(found)  # type: ignore[arg-type]
 
     # one layout (the map's size is in it), learnt from the first message, read for the
     # next ones
-    assert inspect(body="a", properties={"_AMQ_DUPL_ID": b"\x01\x02"}) == b"\x01\x02"
-    assert inspect(body="b", properties={"_AMQ_DUPL_ID": b"\x03\x04"}) == b"\x03\x04"
+    assert inspect(body="a", properties={"_AMQ_DUPL_ID": b"\x01\x02"}) == "binary 0102"
+    assert inspect(body="b", properties={"_AMQ_DUPL_ID": b"\x03\x04"}) == "binary 0304"
     assert len(fmt._id_layouts) == 1
     # string ids, read by their layout too, or an id after another key
-    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-1"}) == "s-1"
-    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-2"}) == "s-2"
-    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "\u00e9"}) == "\u00e9"
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-1"}) == "'s-1'"
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "s-2"}) == "'s-2'"
+    assert inspect(body="c", properties={"_AMQ_DUPL_ID": "\u00e9"}) == "'\u00e9'"
     assert len(fmt._id_layouts) == 2
-    assert inspect(body="d", properties={"k": "v", "_AMQ_DUPL_ID": b"\x04"}) == b"\x04"
+    assert inspect(body="d", properties={"k": "v", "_AMQ_DUPL_ID": b"\x04"}) == "binary 04"
     # the name first seen as a value, then as the key; as an annotation's key only; in
     # the body only
     both = {"k": "_AMQ_DUPL_ID", "_AMQ_DUPL_ID": b"\x05"}
-    assert inspect(body="e", properties=both) == b"\x05"
+    assert inspect(body="e", properties=both) == "binary 05"
     assert inspect(body="f", annotations={"_AMQ_DUPL_ID": b"\x06"}) is None
     assert inspect(body="_AMQ_DUPL_ID") is None
     # a message cut short after the name of a known layout has no id it can trust
     whole = _encoded(ProtonMessage(body="g", properties={"_AMQ_DUPL_ID": b"\x07" * 8}))
     cut = whole[: whole.index(b"_AMQ_DUPL_ID") + 16]
-    assert fmt.inspect(whole)[3] == b"\x07" * 8
+    assert fmt.inspect(whole)[3] == id_key(b"\x07" * 8, "q")
     assert fmt.inspect(cut)[3] is None
 
 
-def test_blocks_and_the_one_id_records_of_earlier_data_dirs_are_recovered_in_order(tmp_path):
-    from scow.core.storage import DUPLICATE_ID, StorageManager
+def old_ids_record(address: str, keys: list[bytes]) -> bytes:
+    """A DUPLICATE_IDS record as written before 2026-11-25: each key after its length."""
+    name = address.encode()
+    return (
+        len(name).to_bytes(2, "big")
+        + name
+        + b"".join(len(key).to_bytes(4, "big") + key for key in keys)
+    )
+
+
+def test_blocks_and_the_records_of_earlier_data_dirs_are_recovered_in_order(tmp_path):
+    from scow.core.storage import DUPLICATE_ID, DUPLICATE_IDS, StorageManager
     from scow.plugins.file_journal.journal import FileJournal
     from scow.plugins.file_journal.plugin import journal_settings
 
@@ -144,21 +191,38 @@ def test_blocks_and_the_one_id_records_of_earlier_data_dirs_are_recovered_in_ord
     written.load()
     # an id as written before blocks: its address's length and name, then its key
     written.messages.append_add(5, DUPLICATE_ID, b"\x00\x01q" + b"\x02old", sync=True)
-    written.store_duplicate_ids(7, "q", [b"\x02a", b"\x01b" * 300, b"\x02"])
-    written.store_duplicate_ids(6, "r", [b"\x02c"])
-    written.store_duplicate_ids(8, "q", [b"\x02x"])
-    written.store_duplicate_ids(9, "q", [b"\x02d"], deleting=[8])  # 8 was pushed out
+    # a block as written before keys were encodings
+    old = old_ids_record("q", [b"\x02a", b"\x01b" * 300, b"\x02"])
+    written.messages.append_add(7, DUPLICATE_IDS, old, sync=True)
+    long_key = id_key("b" * 300, "q")
+    written.store_duplicate_ids(6, "r", [id_key(b"c", "q")])
+    written.store_duplicate_ids(8, "q", [id_key(b"x", "q")])
+    written.store_duplicate_ids(9, "q", [id_key(b"d", "q"), long_key], deleting=[8])
     written.stop()
     recovered = storage()
     try:
         found = recovered.load().duplicate_ids
     finally:
         recovered.stop()
+    # as journaled: the broker converts the older keys as it rebuilds its caches
     assert [(d.record_id, d.address, d.key) for d in found] == [
         (5, "q", b"\x02old"),
-        (6, "r", b"\x02c"),
+        (6, "r", b"\xa0\x01c"),
         (7, "q", b"\x02a"),
         (7, "q", b"\x01b" * 300),
         (7, "q", b"\x02"),
-        (9, "q", b"\x02d"),
+        (9, "q", b"\xa0\x01d"),
+        (9, "q", long_key),
     ]
+
+
+def test_keys_written_back_to_back_are_split_by_their_own_lengths():
+    keys = [id_key("s", "q"), id_key(b"", "q"), id_key(b"x" * 300, "q"), id_key("\u00e9", "q")]
+    assert split_keys(b"".join(keys)) == keys
+    assert split_keys(b"ab" + keys[0], 2) == [keys[0]]
+    with pytest.raises(ValueError, match=r"type code 0x02 at byte 0; expected str8"):
+        split_keys(b"\x02old")
+    with pytest.raises(ValueError, match=r"key at byte 3 runs past the end"):
+        split_keys(keys[0] + keys[2][:-1])
+    with pytest.raises(ValueError, match=r"key at byte 0 runs past the end"):
+        split_keys(b"\xa0")

@@ -286,7 +286,7 @@ def test_a_transaction_s_ids_fill_a_small_cache_oldest_out_first(scow_broker):
 
 
 def _id_block_records(data_dir: Any) -> list[tuple[str, int]]:
-    """(kind, record id) of each DUPLICATE_IDS record written to a stopped broker's file
+    """(kind, record id) of each DUPLICATE_KEYS record written to a stopped broker's file
     journal and of each deletion of one, in order (`scow data print`)."""
     out = subprocess.run(
         [sys.executable, "-m", "scow.core.cli", "data", "print", "--data-dir", str(data_dir)],
@@ -301,7 +301,7 @@ def _id_block_records(data_dir: Any) -> list[tuple[str, int]]:
         if len(fields) < 4 or not fields[2].startswith("id="):
             continue
         kind, record_id = fields[1], int(fields[2][3:])
-        if fields[3] == "type=DUPLICATE_IDS":
+        if fields[3] == "type=DUPLICATE_KEYS":
             blocks.add(record_id)
         if record_id in blocks:
             found.append((kind, record_id))
