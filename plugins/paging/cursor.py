@@ -182,19 +182,29 @@ def _read_run(
     store: PageStore,
     page: int,
     offset: int,
+    end: int,
     cursor: QueueCursor,
     kinds: Callable[[int, int], MessageKind],
 ) -> _Run:
-    """Read `page` from `offset` and make a `PagedRef` of each record routed to the
-    cursor's queue, `kinds` giving a message's kind by its record's flags and priority
-    (runs in the reader thread: it only reads the loop's objects).
+    """Read `page` from `offset` up to `end` (its visible end) and make a `PagedRef` of
+    each record routed to the cursor's queue, `kinds` giving a message's kind by its
+    record's flags and priority (runs in the reader thread: it only reads the loop's
+    objects).
 
     Every paged message passes through here once, so the loop is written out: the
     frames walked inline, each checked as `page_frames.valid_length` would (the
-    store's `read_unchecked` leaves that to this one walk), one unpack per record, and
-    the message and its reference built as their `__init__`s would."""
-    read = getattr(store, "read_unchecked", store.read)
-    buf = read(page, offset)
+    store's `read_mapped` or `read_unchecked` leaves that to this one walk), one unpack
+    per record, the message and its reference built as their `__init__`s would, and a
+    kind looked up only when a record's flags or priority differ from the one before.
+    A store that maps its pages (`read_mapped`) is read in place: only the bytes of the
+    messages kept are copied, and the offsets in the map are the page's own."""
+    mapped = getattr(store, "read_mapped", None)
+    if mapped is not None:
+        buf = mapped(page, end)
+        at, shift = offset, 0  # the map starts at the page's first byte
+    else:
+        buf = getattr(store, "read_unchecked", store.read)(page, offset)
+        at, shift = 0, offset
     view = memoryview(buf)
     queue = cursor.queue
     queue_id = queue.id
@@ -207,48 +217,60 @@ def _read_run(
     unpack = _FRAME_AND_HEAD.unpack_from
     new, new_ref = _new_message, _new_ref
     ids_from = FRAME_HEADER + HEAD.size
-    known: dict[int, MessageKind] = {}  # kinds by (priority << 1 | durable flag)
+    data_from = ids_from + 8  # where the message starts in a record routed to one queue
+    seen = -1  # flags << 8 | priority of the last message, whose kind is `kind`
+    kind: MessageKind | None = None
     priorities = 0  # bit p set: a message of priority p
     total = 0
-    at = 0
     size = len(buf)
-    while at + _FRAME_AND_HEAD.size <= size:
-        length, crc, message_id, expiration, tx_id, flags, priority, n, first = unpack(buf, at)
-        pend = at + FRAME_HEADER + length
-        if length == 0 or pend > size or crc32(view[at + FRAME_HEADER : pend]) != crc:
-            break  # zero fill, a torn append or a corrupt frame: the page ends here
-        if (n == 1 and first == queue_id) or (n > 1 and queue_id in _ids(buf, at + ids_from, n)):
-            data = buf[at + ids_from + 8 * n : pend]
+    last = size - _FRAME_AND_HEAD.size  # the last place a message's frame can start
+    try:
+        while at <= last:
+            length, crc, message_id, expiration, tx_id, flags, priority, n, first = unpack(buf, at)
+            pend = at + FRAME_HEADER + length
+            if length == 0 or pend > size or crc32(view[at + FRAME_HEADER : pend]) != crc:
+                break  # zero fill, a torn append or a corrupt frame: the page ends here
+            if first == queue_id and n == 1:
+                data = buf[at + data_from : pend]
+            elif n > 1 and queue_id in _ids(buf, at + ids_from, n):
+                data = buf[at + ids_from + 8 * n : pend]
+            else:
+                at = pend
+                continue
             ref = new_ref(PagedRef)
             if tx_id or flags & LARGE:
                 special[len(refs)] = (
                     (message_id, expiration, tx_id, flags, priority, n),
                     data if flags & LARGE else None,
                 )
+            if flags << 8 | priority != seen:
+                seen = flags << 8 | priority
+                kind = kinds(flags, priority)
+                priorities |= 1 << priority
             if not flags & LARGE:
                 message = new(Message)
                 message.id = message_id
                 message.data = data
-                kind = known.get(priority << 1 | flags & DURABLE)
-                if kind is None:
-                    kind = known[priority << 1 | flags & DURABLE] = kinds(flags, priority)
                 message.kind = kind
                 message.expiration = expiration
                 ref.message = message
             ref.queue = queue
             ref.cursor = cursor
             ref.page = page
-            ref.offset = offset + at
+            ref.offset = shift + at
             ref.delivery_count = 0
             ref.consumer = None
             add_ref(ref)
-            add_next(offset + pend)
+            add_next(shift + pend)
             total += len(data)
             add_size(total)
-            priorities |= 1 << priority
-        at = pend
-    # what is too short for a message (a summary) is checked as the store would
-    run.end = offset + valid_length(view, at)
+            at = pend
+        # what is too short for a message (a summary) is checked as the store would
+        run.end = shift + valid_length(view, at)
+    finally:
+        view.release()
+        if mapped is not None and buf:
+            buf.close()  # type: ignore[union-attr]
     run.plain = not special
     if priorities and not priorities & (priorities - 1):  # one bit: a single priority
         run.priority = priorities.bit_length() - 1
@@ -496,7 +518,8 @@ class QueueCursor:
     def _run(self, page: int, offset: int) -> _Run | None:
         """The references to take in order from `offset` of `page`, or None while they
         are being read."""
-        return self._read("main", page, offset, _read_run, self, self._kind)
+        end = self.pager.visible_end(page)
+        return self._read("main", page, offset, _read_run, end, self, self._kind)
 
     def _read(
         self, slot: str, page: int, offset: int, reader: Callable[..., Any], *args: Any

@@ -513,7 +513,14 @@ class AddressPager:
 
     def check(self) -> None:
         """Leave page mode once every cursor caught up and the address has room."""
-        if not self.paging or self._unseen or self.address.is_full():
+        if not self.paging or self._unseen:
+            return
+        # asked on every acknowledgement while paging: while a cursor still has messages
+        # in pages (a drain, all along) that alone says no, before the address's limits
+        for cursor in self.cursors.values():
+            if cursor.backlog:
+                return
+        if self.address.is_full():
             return
         page, offset = self.write_page, self.write_offset
         if all(c.caught_up(page, offset) for c in list(self.cursors.values())):

@@ -28,8 +28,8 @@ def _reader_for(queue_id: int) -> SimpleNamespace:
     return SimpleNamespace(queue=SimpleNamespace(id=queue_id))
 
 
-def _read(store: FilePageStore, offset: int = 0):  # type: ignore[no-untyped-def]
-    return _read_run(store, 1, offset, _reader_for(QUEUE), _kinds)  # type: ignore[arg-type]
+def _read(store: FilePageStore, offset: int = 0, end: int = 1 << 40):  # type: ignore[no-untyped-def]
+    return _read_run(store, 1, offset, end, _reader_for(QUEUE), _kinds)  # type: ignore[arg-type]
 
 
 def _offsets(store: FilePageStore) -> list[int]:
@@ -103,4 +103,32 @@ def test_the_reader_leaves_out_a_half_written_append(tmp_path: Path) -> None:
     run = _read(store)
     assert [ref.message.id for ref in run.refs] == [1]
     assert run.end == whole
+    store.close()
+
+
+def test_the_reader_reads_no_further_than_the_visible_end_it_is_given(tmp_path: Path) -> None:
+    store = FilePageStore(tmp_path, "a")
+    visible = store.append(1, [encode(1, 0, 0, True, 4, [QUEUE], b"visible")])
+    store.append(1, [encode(2, 0, 0, True, 4, [QUEUE], b"not yet visible")])
+    run = _read(store, 0, visible)
+    assert [ref.message.id for ref in run.refs] == [1]
+    assert run.end == visible
+    assert [ref.message.id for ref in _read(store).refs] == [1, 2]
+    store.close()
+
+
+def test_a_store_without_maps_is_read_the_same_with_page_offsets(tmp_path: Path) -> None:
+    """A page store of another plugin may have neither `read_mapped` nor
+    `read_unchecked`: its `read` is walked, with the references' offsets still the page's."""
+    store = FilePageStore(tmp_path, "a")
+    store.append(
+        1, [encode(i, 0, 0, True, 4, [QUEUE, OTHER] if i % 2 else [QUEUE], b"m") for i in range(4)]
+    )
+    offsets = _offsets(store)
+    plain = SimpleNamespace(read=store.read)
+    run = _read_run(plain, 1, offsets[1], 1 << 40, _reader_for(QUEUE), _kinds)  # type: ignore[arg-type]
+    assert [ref.offset for ref in run.refs] == offsets[1:]
+    assert [ref.message.id for ref in run.refs] == [1, 2, 3]
+    assert run.nexts == [*offsets[2:], len(store.read(1))]
+    assert run.end == len(store.read(1))
     store.close()
