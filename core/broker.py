@@ -1029,17 +1029,14 @@ class Broker:
         ):
             address = self.address_for(address_name, routing_type)
             if whole.get(place) is False:  # a queue takes single messages: the rows go
-                rows = packed[place].unpacked()
-                for row in rows:
-                    result = self._route(row, address, fmt, routing_type, fmt.inspect(row))
-                    if not isinstance(result, RouteStatus):
-                        _place(result, address, kept, paged)
-                        routed += 1
-                continue
-            result = self._route(data, address, fmt, routing_type, header)
-            if not isinstance(result, RouteStatus):
-                _place(result, address, kept, paged)
-                routed += 1
+                messages = [(row, fmt.inspect(row)) for row in packed[place].unpacked()]
+            else:
+                messages = [(data, header)]
+            for message, message_header in messages:
+                result = self._route(message, address, fmt, routing_type, message_header)
+                if not isinstance(result, RouteStatus):
+                    _place(result, address, kept, paged)
+                    routed += 1
         return ids, routed
 
     def _pack_ids(
