@@ -645,8 +645,14 @@ class Broker:
             self.messages_routed -= 1  # refused before anything was enqueued or counted
             raise
         # held in memory only: accepted at once, nothing waits
-        if cache is not None and cache.admit(key):  # the first of this loop pass
-            self._write_ids_soon(address.name, cache)
+        if cache is not None:
+            keys = cache.open
+            young = cache.young
+            if keys is not None and len(young) < cache.size:  # `admit`, inlined: per message
+                young[key] = None
+                keys.append(key)
+            elif cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
         return status
 
     def _duplicate(

@@ -64,11 +64,11 @@ class AmqpMessageFormat:
             # alike up to its id's constructor with the last message whose id was read by
             # layout (`_duplicate_id_at`): the same header, the same layout, the id's
             # length next; one test and one slice
-            length_at, end = shape[1], shape[2]
+            _prefix, length_at, end, string, durable, priority, ttl = shape
             if end <= len(data):
                 stop = length_at + 1 + data[length_at]
-                if stop <= end and (not shape[3] or _is_utf8(data, length_at + 1, stop)):
-                    return shape[4], shape[5], shape[6], data[length_at - 1 : stop]
+                if stop <= end and (not string or _is_utf8(data, length_at + 1, stop)):
+                    return durable, priority, ttl, data[length_at - 1 : stop]
         if first is not None and first != _HEADER:
             # no header section: its defaults, without the call (parse_header's first test)
             durable, priority, ttl = False, 4, 0
