@@ -141,12 +141,14 @@ class IdBlock:
 class DuplicateIdCache:
     """The ids one address admitted last: at least its last `size`, in two generations.
 
-    Ids go into the young generation; when it holds `size` ids, the next id first
-    makes it the old one and drops the old one whole. An id at most `size` admissions old is
+    Ids go into the young generation; when it holds `size` ids, the next id first makes
+    it the old one and drops the old one whole. An id at most `size` admissions old is
     therefore always found (Artemis's guarantee), and the cache holds up to 2 x `size`.
-    Why not exactly the last `size`: pushing out the oldest id at each admission touches
-    an entry `size` admissions old, a cache miss each, and with its block's count that
-    cost about 0.4 us per id; a generation dropped whole frees its ids in one C loop.
+    Why not exactly the last `size`, as Artemis: pushing out the oldest id at each
+    admission, with its block's count of ids still cached, cost more than the rest of
+    the check and the admission together, on an entry `size` admissions old (a cache
+    miss); a generation dropped whole frees its ids in one C loop, and a block's record
+    goes with its generation, so no block counts its ids.
 
     Ids admitted on their own (their message is not journaled) go into the open block,
     which `close` hands over to be written as one record, with the records of the
@@ -261,7 +263,8 @@ class DuplicateIdCache:
                 if key in old:
                     del old[key]
                 young[key] = None
-            self.young_blocks.append(IdBlock(None, record_id))
+            if record_id:
+                self.young_blocks.append(IdBlock(None, record_id))
         dead, self.dead = self.dead, []
         return dead
 

@@ -195,19 +195,30 @@ def test_resending_after_a_sigkill_loses_nothing_and_doubles_nothing(scow_broker
 
 
 def test_export_and_import_carry_the_ids(scow_broker_process, tmp_path):
-    broker = _broker(scow_broker_process)
+    small = {"gens": {"id-cache-size": 3}}
+    broker = _broker(scow_broker_process, address_settings=small)
     send(broker.url, "moved", dupl("a", "e-1"), dupl("b", b"\x00e-2"))
     assert bodies(broker.url, "moved") == ["a", "b"]
+    # two generations: g-0..g-2 the old one, g-3 and g-4 the young one
+    send(broker.url, "gens", *(dupl(f"g{i}", f"g-{i}") for i in range(5)))
+    assert len(bodies(broker.url, "gens")) == 5
     assert broker.stop() == 0
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 7
     data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
     _scow_data("export", "--data-dir", str(data), "--output", str(export))
     imported = _scow_data("import", "--data-dir", str(fresh), "--input", str(export))
-    assert "'duplicate-ids': 2" in imported
+    assert "'duplicate-ids': 7" in imported
     data.rename(tmp_path / "old")
     fresh.rename(data)
-    restarted = _broker(scow_broker_process, broker.port)
+    restarted = _broker(scow_broker_process, broker.port, address_settings=small)
     send(restarted.url, "moved", dupl("a again", "e-1"), dupl("b again", b"\x00e-2"))
     assert bodies(restarted.url, "moved") == []
+    # the same generations: one more id fills the young one and g-0 is still kept; the
+    # next ages it, and g-0..g-2 go
+    send(restarted.url, "gens", dupl("g0 again", "g-0"), dupl("n0", "n-0"))
+    send(restarted.url, "gens", dupl("g0 again", "g-0"), dupl("n1", "n-1"))
+    send(restarted.url, "gens", dupl("g0 again, new", "g-0"), dupl("g3 again", "g-3"))
+    assert bodies(restarted.url, "gens") == ["n0", "n1", "g0 again, new"]
 
 
 def test_ids_journaled_by_an_earlier_version_are_still_detected(scow_broker_process, tmp_path):
