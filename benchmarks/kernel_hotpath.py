@@ -65,6 +65,8 @@ def messages(count: int, mode: str) -> list[bytes]:
         value = "0123456789abcdef"  # as long as --duplicate-ids' id
         template, _ = make_message(100, durable=False, properties={CONTROL: value})
         at = template.index(value.encode())
+        # its value stays a string: 16 hex digits
+        return [template[:at] + b"%016x" % n + template[at + 16 :] for n in range(count)]
     else:
         template, at = make_message(100, durable=False)
     stamp = struct.Struct("<QQ")
