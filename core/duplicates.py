@@ -145,10 +145,10 @@ class DuplicateIdCache:
     it the old one and drops the old one whole. An id at most `size` admissions old is
     therefore always found (Artemis's guarantee), and the cache holds up to 2 x `size`.
     Why not exactly the last `size`, as Artemis: pushing out the oldest id at each
-    admission, with its block's count of ids still cached, cost more than the rest of
-    the check and the admission together, on an entry `size` admissions old (a cache
-    miss); a generation dropped whole frees its ids in one C loop, and a block's record
-    goes with its generation, so no block counts its ids.
+    admission (an entry `size` admissions old: a cache miss) and counting down its
+    block's ids still cached was about half of the admission's cost (benchmarks/
+    RESULTS.md, dup5); a generation dropped whole frees its ids in one C loop, and a
+    block's record goes with its generation, so no block counts its ids.
 
     Ids admitted on their own (their message is not journaled) go into the open block,
     which `close` hands over to be written as one record, with the records of the
