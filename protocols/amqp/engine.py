@@ -82,6 +82,9 @@ delivery_settle = lib.pn_delivery_settle
 transport_pending = lib.pn_transport_pending
 transport_capacity = lib.pn_transport_capacity
 transport_tick = lib.pn_transport_tick
+#: Start a delivery with a tag by value (`new_tag`: proton copies it), add its bytes.
+new_delivery = lib.pn_delivery
+link_send = lib.pn_link_send
 
 # Reused buffers: the loop is single-threaded and each is copied out before the next use.
 _RECV_SIZE = 1 << 16
@@ -141,13 +144,10 @@ delivery_abort = lib.pn_delivery_abort
 
 
 def send(link: CData, tag: bytes, data: bytes) -> CData:
-    """Start a delivery on `link` carrying `data` in full; returns the delivery."""
-    return send_tagged(link, (len(tag), ffi.from_buffer(tag)), data)
+    """Start a delivery on `link` carrying `data` in full; returns the delivery.
 
-
-def send_tagged(link: CData, tag: CData, data: bytes) -> CData:
-    """`send` with a tag made by `new_tag` (proton copies it: rewrite it for the next)."""
-    delivery = lib.pn_delivery(link, tag)
+    (A consumer link makes the three calls itself, with a tag made by `new_tag`.)"""
+    delivery = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
     lib.pn_link_send(link, data, len(data))
     lib.pn_link_advance(link)
     return delivery
@@ -586,8 +586,6 @@ def update_with_fields(delivery: CData, state: int, fields: list[Any]) -> None:
 # place, and endpoint states polled instead of events collected, so that a load generator
 # pays for as few calls and copies per message as the engine allows.
 
-new_delivery = lib.pn_delivery
-link_send = lib.pn_link_send
 link_recv = lib.pn_link_recv
 link_current = lib.pn_link_current
 link_head = lib.pn_link_head
