@@ -853,7 +853,7 @@ class Broker:
         whether the address is full; or why it goes nowhere."""
         durable, priority, ttl, _duplicate_id = header
         settings = address.settings
-        message = Message(0, data, address.name, fmt, durable=durable, priority=priority)
+        message = Message(0, data, address.name, fmt, durable, priority)  # no keywords: a dict
         if ttl > 0 or settings.expiry_delay >= 0:
             message.expiration = _expiration(ttl, settings)
         full = address.full_policy is not None and address.is_full()

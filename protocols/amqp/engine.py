@@ -86,6 +86,10 @@ transport_tick = lib.pn_transport_tick
 new_delivery = lib.pn_delivery
 link_send = lib.pn_link_send
 
+# Per message: module globals, as `lib.name` and `ffi.name` are lookups of their own (80 ns)
+_link_recv = lib.pn_link_recv
+_unpack = ffi.unpack
+
 # Reused buffers: the loop is single-threaded and each is copied out before the next use.
 _RECV_SIZE = 1 << 16
 _recv_buf = ffi.new("char[]", _RECV_SIZE)
@@ -101,12 +105,12 @@ def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
     `size` is its pending byte count when the caller already asked proton for it.
     """
     if size < 0:
-        size = lib.pn_delivery_pending(delivery)
+        size = delivery_pending(delivery)
     buf = _recv_buf if size <= _RECV_SIZE else ffi.new("char[]", size)
-    got = lib.pn_link_recv(link, buf, size)
-    lib.pn_link_advance(link)
+    got = _link_recv(link, buf, size)
+    link_advance(link)
     # unpack copies the bytes out in one call: a third cheaper than a buffer's slice
-    return ffi.unpack(buf, got) if got > 0 else b""
+    return _unpack(buf, got) if got > 0 else b""
 
 
 def receive_chunks(link: CData, size: int) -> Iterator[memoryview]:
