@@ -955,7 +955,10 @@ class Broker:
         limits.messages += 1
         if limits.size > limits.flow_above:
             self.flow_to_disk(message)  # type: ignore[misc]
-        return message.shared(refs or len(queues), len(durable_ids)), bool(durable_ids)
+        refs = refs or len(queues)
+        if refs == 1:  # message.shared's first test, inlined: per message
+            return message, bool(durable_ids)
+        return message.shared(refs, len(durable_ids)), bool(durable_ids)
 
     def _in_journal(self, ref: MessageRef) -> bool:
         """Whether `ref` (not paged) has its place in a journal record of its message."""

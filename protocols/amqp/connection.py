@@ -311,14 +311,15 @@ class AmqpConnection(asyncio.Protocol):
         event_delivery, delivery_link = engine.event_delivery, engine.delivery_link
         handler_of = self.links.get
         DELIVERY, LINK_FLOW = engine.DELIVERY, engine.LINK_FLOW
+        consumer_link = ConsumerLink
         event = peek(collector)
         while event and self.events_held is None:
             kind = etype(event)
             if kind == DELIVERY:
                 delivery = event_delivery(event)
                 handler = handler_of(delivery_link(delivery))
-                if type(handler) is ConsumerLink:
-                    handler.on_disposition(delivery)
+                if handler.__class__ is consumer_link:
+                    handler.on_disposition(delivery)  # type: ignore[union-attr]
                 elif handler is not None:
                     handler.on_delivery(delivery)  # type: ignore[union-attr]
             elif kind == LINK_FLOW:
