@@ -583,9 +583,9 @@ class Broker:
         Returns PENDING when `on_stored` will be called, otherwise the final status
         (DUPLICATE: its duplicate id was seen, so it was dropped) and keeps no hold on
         `on_stored` (which may have run already): a caller may hand the same one to its
-        next send. Within a transaction
-        the message is only checked now and routed at commit. `check_duplicates=False`
-        routes a message whatever its duplicate id (a message moved back, not resent).
+        next send. Within a transaction the message is only checked now and routed at
+        commit. `check_duplicates=False` routes a message whatever its duplicate id (a
+        message moved back, not resent).
         """
         if data.__class__ is not bytes and (body := large_body(data)) is not None:
             if tx is not None:
