@@ -130,9 +130,12 @@ class _Run:
     nothing about them needs a look of its own (`plain`)."""
 
     __slots__ = (
-        "buf",
         "cut",
+        "datas",
         "end",
+        "expirations",
+        "ids",
+        "keys",
         "nexts",
         "offsets",
         "page",
@@ -140,19 +143,26 @@ class _Run:
         "priority",
         "sizes",
         "start",
+        "txs",
     )
 
-    def __init__(self, page: int, start: int, end: int, buf: bytes) -> None:
+    def __init__(self, page: int, start: int, end: int) -> None:
         self.page = page
         self.start = start
         #: The page offset just past the bytes read.
         self.end = end
-        #: The page's bytes from `start` on (the run's records are cut out of it).
-        self.buf = buf
         #: The page offset of each record routed to the queue, in page order.
         self.offsets = array("q")
         #: The page offset just past each of them.
         self.nexts = array("q")
+        #: Their message ids, expirations, `flags << 8 | priority` and bytes (a large
+        #: message's: its record's data, which the loop makes its message of).
+        self.ids = array("q")
+        self.expirations = array("q")
+        self.keys = array("H")
+        self.datas: list[bytes] = []
+        #: index -> transaction id of those sent in a transaction.
+        self.txs: dict[int, int] = {}
         #: Bytes of the messages before each of them (one more entry: all of them).
         self.sizes = array("q", (0,))
         #: No record sent in a transaction or large: the loop may hand over a slice
@@ -171,61 +181,69 @@ class _Run:
         return bisect_left(self.offsets, offset)
 
 
-#: What the reader needs of a record: its frame's length and CRC, then (past the message
-#: id and expiration) the transaction id, flags, priority, queue count and first queue
-#: id, in one unpack. A message's frame is never shorter (it is routed to a queue), so a
-#: shorter frame at a page's end is a summary.
-_FRAME_AND_ROUTE = struct.Struct(">II16xQBBHQ")
-#: Where a record's header starts in its frame, and its queue ids.
-_HEAD_AT = FRAME_HEADER
+#: A frame's length and CRC, a record's header and its first queue id: what the reader
+#: needs of a record, in one unpack. A message's frame is never shorter (it is routed to
+#: a queue), so a shorter frame at a page's end is a summary.
+_FRAME_AND_HEAD = struct.Struct(">II" + HEAD.format.lstrip(">") + "Q")
+#: Where a record's queue ids start in its frame.
 _IDS_AT = FRAME_HEADER + HEAD.size
 
 
 def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int) -> _Run:
-    """Read `page` from `offset` up to `end` (its visible end) and find the records
+    """Read `page` from `offset` up to `end` (its visible end) and cut out the records
     routed to queue `queue_id` (runs in the reader thread: it touches nothing of the
     loop's).
 
     Every paged message passes through here once, so the loop is written out: the
     frames walked inline, each checked as `page_frames.valid_length` would (the
     store's `read_unchecked` leaves that to this one walk), one unpack per record, and
-    nothing made per record but its place: the page is read with one `pread` (which
-    lets go of the GIL while it copies) and the loop cuts each message out of it as
-    it hands it over, when the bytes are needed (and then in cache) anyway. The page
-    is read, not mapped: a page file cut short by something else while mapped would
-    kill the broker with SIGBUS."""
+    nothing made per record but its bytes and a few ints: its `Message` and `PagedRef`
+    are made by the loop as it hands them over (`QueueCursor._refs`). The page is read
+    with one `pread` (which lets go of the GIL while it copies), not mapped: a page
+    file cut short by something else while mapped would kill the broker with SIGBUS."""
     buf = getattr(store, "read_unchecked", store.read)(page, offset)
     view = memoryview(buf)
-    run = _Run(page, offset, offset, buf)
+    run = _Run(page, offset, offset)
     add_offset = run.offsets.append
     add_next = run.nexts.append
     add_size = run.sizes.append
-    unpack = _FRAME_AND_ROUTE.unpack_from
+    add_id = run.ids.append
+    add_expiration = run.expirations.append
+    add_key = run.keys.append
+    add_data = run.datas.append
+    unpack = _FRAME_AND_HEAD.unpack_from
     data_from = _IDS_AT + 8  # where the message starts in a record routed to one queue
     plain = True
     priorities = 0  # bit p set: a message of priority p
     total = 0
     at = 0
     size = min(len(buf), end - offset)  # bytes past the visible end are appends under way
-    last = size - _FRAME_AND_ROUTE.size  # the last place a message's frame can start
+    last = size - _FRAME_AND_HEAD.size  # the last place a message's frame can start
     try:
         while at <= last:
-            length, crc, tx_id, flags, priority, n, first = unpack(buf, at)
+            length, crc, message_id, expiration, tx_id, flags, priority, n, first = unpack(buf, at)
             pend = at + FRAME_HEADER + length
             if length == 0 or pend > size or crc32(view[at + FRAME_HEADER : pend]) != crc:
                 break  # zero fill, a torn append or a corrupt frame: the page ends here
             if first == queue_id and n == 1:
-                total += pend - at - data_from
+                data = buf[at + data_from : pend]
             elif n > 1 and queue_id in _ids(buf, at + _IDS_AT, n):
-                total += pend - at - _IDS_AT - 8 * n
+                data = buf[at + _IDS_AT + 8 * n : pend]
             else:
                 at = pend
                 continue
             if tx_id or flags & LARGE:
                 plain = False
+                if tx_id:
+                    run.txs[len(run.offsets)] = tx_id
             priorities |= 1 << priority
             add_offset(offset + at)
             add_next(offset + pend)
+            add_id(message_id)
+            add_expiration(expiration)
+            add_key(flags << 8 | priority)
+            add_data(data)
+            total += len(data)
             add_size(total)
             at = pend
         # what is too short for a message (a summary) is checked as the store would
@@ -643,8 +661,13 @@ class QueueCursor:
     def _refs(self, run: _Run, i: int, j: int) -> list[PagedRef]:
         """The references of `run`'s records i to j (plain ones), made as their
         `__init__`s would: a drain makes one of each per message."""
-        buf, shift, offsets, nexts = run.buf, run.start, run.offsets, run.nexts
-        unpack = HEAD.unpack_from
+        offsets, ids, expirations, keys, datas = (
+            run.offsets,
+            run.ids,
+            run.expirations,
+            run.keys,
+            run.datas,
+        )
         new, new_ref = _new_message, _new_ref
         queue, page = self.queue, run.page
         seen = -1  # flags << 8 | priority of the last message, whose kind is `kind`
@@ -652,23 +675,21 @@ class QueueCursor:
         refs: list[PagedRef] = []
         add = refs.append
         for k in range(i, j):
-            offset = offsets[k]
-            at = offset - shift
-            message_id, expiration, _tx, flags, priority, n = unpack(buf, at + _HEAD_AT)
-            if flags << 8 | priority != seen:
-                seen = flags << 8 | priority
-                kind = self._kind(flags, priority)
+            key = keys[k]
+            if key != seen:
+                seen = key
+                kind = self._kind(key >> 8, key & 0xFF)
             message = new(Message)
-            message.id = message_id
-            message.data = buf[at + _IDS_AT + 8 * n : nexts[k] - shift]
+            message.id = ids[k]
+            message.data = datas[k]
             message.kind = kind
-            message.expiration = expiration
+            message.expiration = expirations[k]
             ref = new_ref(PagedRef)
             ref.message = message
             ref.queue = queue
             ref.cursor = self
             ref.page = page
-            ref.offset = offset
+            ref.offset = offsets[k]
             ref.delivery_count = 0
             ref.consumer = None
             add(ref)
@@ -685,22 +706,21 @@ class QueueCursor:
         counts = self.counts.get(page)
         recovered = page < self.pager.first_page  # written before this start: durable only
         held = self.held
-        buf, shift, offsets, nexts = run.buf, run.start, run.offsets, run.nexts
+        offsets, nexts, ids, keys, datas = run.offsets, run.nexts, run.ids, run.keys, run.datas
+        expirations, txs = run.expirations, run.txs
         batch: list[PagedRef] = []
         batch_bytes = 0
         messages, size = self._room()  # counted down, asked again only when spent
         if messages <= 0 or size <= 0:
             return i, size > 0 and self.has_room()
         while i < stop:
-            at = offsets[i]
-            head = HEAD.unpack_from(buf, at - shift + _HEAD_AT)
-            data_at = at - shift + _IDS_AT + 8 * head[5]
+            at, message_id, key = offsets[i], ids[i], keys[i]
+            tx_id = txs.get(i, 0)
             self.offset = nexts[i]
             i += 1
-            message_id, tx_id, durable = head[0], head[2], head[3] & DURABLE
             if tx_id and tx_id not in committed:
                 continue
-            if (recovered and not durable) or (acked is not None and at in acked):
+            if (recovered and not key >> 8 & DURABLE) or (acked is not None and at in acked):
                 continue
             if taken and (page, at) in taken:
                 taken.discard((page, at))
@@ -708,8 +728,9 @@ class QueueCursor:
             if held and held[0].message.id < message_id:
                 batch_bytes = self._enqueue_all(batch, batch_bytes)
                 self._release_held(message_id)
-            message = self._message(head, buf[data_at : self.offset - shift])
-            if head[3] & LARGE:
+            head = (message_id, expirations[i - 1], tx_id, key >> 8, key & 0xFF, 0)
+            message = self._message(head, datas[i - 1])
+            if key >> 8 & LARGE:
                 hold_body(message.data)
             ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
             length = len(message.data)
