@@ -294,8 +294,10 @@ class Cursor(Protocol):
     backlog: int
     backlog_bytes: int
 
-    def fill(self) -> None:
-        """The queue has room: read more paged messages into it (asynchronously)."""
+    def fill(self, now: bool = False) -> None:
+        """The queue has room: read more paged messages into it (asynchronously; what is
+        read already is handed over at the end of the loop turn, or at once with `now`:
+        a consumer's new credit, which a drain answers right after)."""
 
     def purge(self, up_to: int) -> None:
         """Drop, as it reads them (asynchronously), the paged messages whose id is at most

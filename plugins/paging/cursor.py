@@ -307,8 +307,9 @@ class QueueCursor:
         self._batch_for: Any = None
         self._batch = (0, 0)
         self._reading = False
-        #: A fill is scheduled for the end of this loop turn (or under way).
+        #: A fill is scheduled for the end of this loop turn; one is under way.
         self._fill_due = False
+        self._filling = False
         self._scan = (self.page, self.offset)
         self._scan_key: tuple[int, ...] = ()
         #: page -> when its next message expires, as far as expire_scan has seen
@@ -391,25 +392,37 @@ class QueueCursor:
 
     # ------------------------------------------------------------------ reading
 
-    def fill(self) -> None:
+    def fill(self, now: bool = False) -> None:
         """Read into the queue what its read limits have room for, at the end of this
         loop turn: the queue asks on every acknowledgement, and the acknowledgements
-        of one read from the socket then cost one pass, not one each."""
-        if self._fill_due or self.closed or not self.backlog:
-            return
-        self._fill_due = True
-        self.pager.manager.loop.call_soon(self._fill_now)
+        of one read from the socket then cost one pass, not one each. `now`: at once,
+        for a consumer's new credit (a drain is answered right after: it must find
+        what the credit may take already handed over)."""
+        if self._filling or self.closed or not self.backlog:
+            return  # what it hands the queue asks to fill again: no need while it fills
+        if now:
+            self._fill_now()
+        elif not self._fill_due:
+            self._fill_due = True
+            self.pager.manager.loop.call_soon(self._fill_due_now)
+
+    def _fill_due_now(self) -> None:
+        self._fill_due = False
+        self._fill_now()
 
     def _fill_now(self) -> None:
-        try:  # what it hands the queue asks to fill again: no need while it fills
-            if not (self._reading or self.closed or not self.backlog):
-                self._fill()
-                if not self.backlog:
-                    # the last of it is handed over: the address may leave page mode now,
-                    # not at the next acknowledgement (the consumer may hold back its last)
-                    self.pager.check()
+        # not skipped while a read is on its way: that may be the next page's, read ahead
+        if self._filling or self.closed or not self.backlog:
+            return
+        self._filling = True
+        try:
+            self._fill()
+            if not self.backlog:
+                # the last of it is handed over: the address may leave page mode now,
+                # not at the next acknowledgement (the consumer may hold back its last)
+                self.pager.check()
         finally:
-            self._fill_due = False
+            self._filling = False
 
     def _fill(self) -> None:
         pager = self.pager

@@ -221,7 +221,7 @@ class StandardQueue:
             self._dispatching = False
         cursor = self.cursor
         if cursor is not None and cursor.backlog and self._consumers:
-            cursor.fill()
+            cursor.fill(now=True)  # credit may have come: a drain is answered next
 
     def _dispatch_fifo(self) -> None:
         messages = self._messages
