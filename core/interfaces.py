@@ -177,9 +177,6 @@ class PageStore(Protocol):
     # Optional: `read_unchecked(page, offset) -> bytes`, the page's bytes from `offset`
     # with no frame checked (a torn or corrupt tail included), for a reader that checks
     # each frame's CRC as it parses it; without it such a reader uses `read`.
-    # Optional: `read_mapped(page, end) -> mmap | bytes`, the page's first `end` bytes
-    # (a visible end) mapped instead of copied, nothing checked; the paging cursor
-    # prefers it to `read_unchecked` and closes the map when it has parsed it.
 
     def delete(self, page: int) -> None:
         """Remove a page; deleting a missing page does nothing."""

@@ -124,10 +124,10 @@ def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Wi
 
 class _Run:
     """The records of one page routed to a cursor's queue, read from byte `start` on to
-    be taken in order: where each is in the page bytes the reader thread read and
-    checked (`_read_run`), so that the loop makes a record's `Message` and `PagedRef`
-    only as it hands it over (`QueueCursor._refs`), a slice of them at a time when
-    nothing about them needs a look of its own (`plain`)."""
+    be taken in order: each message's bytes and the few ints it needs, cut out of the
+    page by the reader thread (`_read_run`), so that the loop makes a record's
+    `Message` and `PagedRef` only as it hands it over (`QueueCursor._refs`), a slice
+    of them at a time when nothing about them needs a look of its own (`plain`)."""
 
     __slots__ = (
         "cut",
@@ -425,6 +425,8 @@ class QueueCursor:
             self._filling = False
 
     def _fill(self) -> None:
+        if self._waits_for_credit():
+            return  # asked on every acknowledgement: the common answer, found first
         pager = self.pager
         if self.queue.ready_count() and not self._room_for_a_batch():
             self._scan_ahead()  # selectors refusing what is ready still look further on
@@ -451,6 +453,16 @@ class QueueCursor:
                 continue
             if not self._take(run, end):
                 return  # its consumer took what its credit allows: more once it has credit
+
+    def _waits_for_credit(self) -> bool:
+        """True when the queue would hand what it is given straight to its consumer,
+        whose credit is spent, and the page at the position is read already: nothing
+        to do until credit comes (the queue's dispatch asks then)."""
+        deliverable = self._deliverable
+        if deliverable is None or self.purging is not None or self.drain_to_queue:
+            return False
+        run = self._windows.get("main")
+        return run is not None and run.covers(self.page, self.offset) and deliverable() == 0
 
     def _past_damage(self, page: int, offset: int, end: int) -> int:
         """Where to read on from a frame damaged on disk after it was written: the frames
@@ -616,7 +628,7 @@ class QueueCursor:
         """(messages, bytes) the queue may be handed now: its read limits' allowance,
         and no more than its one consumer's credit while it would hand them straight on
         (`deliverable`): the `PagedRef`s a drain hands over are then made just before
-        they are sent, not a page ahead of it, and wait as page bytes, not objects."""
+        they are sent, not a page ahead of it, and wait in the run, not as objects."""
         messages, size = self._allowance()
         deliverable = self._deliverable
         if deliverable is not None and self.purging is None and not self.drain_to_queue:
@@ -645,7 +657,8 @@ class QueueCursor:
     def _take_slices(self, run: _Run, i: int, stop: int) -> tuple[int, bool]:
         """`_take` for a plain run: each slice of records `_room` allows is counted from
         the run's running sizes and enqueued whole. Returns the index of the first
-        record not taken, and whether the consumer's credit stopped it."""
+        record not taken, and whether the consumer's credit stopped it (the read
+        limits had room for more)."""
         sizes, nexts = run.sizes, run.nexts
         priority = min(run.priority, 9)
         messages = size = 0  # asked for below
@@ -653,7 +666,7 @@ class QueueCursor:
             if messages <= 0 or size <= 0:
                 messages, size = self._room()
                 if messages <= 0 or size <= 0:
-                    return i, size > 0 and self.has_room()
+                    return i, self.has_room()
             # every record whose bytes before it in the slice are under `size`
             j = bisect_left(sizes, sizes[i] + size, i, min(stop, i + messages, i + self.backlog))
             count, length = j - i, sizes[j] - sizes[i]
@@ -725,7 +738,7 @@ class QueueCursor:
         batch_bytes = 0
         messages, size = self._room()  # counted down, asked again only when spent
         if messages <= 0 or size <= 0:
-            return i, size > 0 and self.has_room()
+            return i, self.has_room()
         while i < stop:
             at, message_id, key = offsets[i], ids[i], keys[i]
             tx_id = txs.get(i, 0)
@@ -767,7 +780,7 @@ class QueueCursor:
                 batch_bytes = self._enqueue_all(batch, batch_bytes)
                 messages, size = self._room()
                 if messages <= 0 or size <= 0:
-                    return i, size > 0 and self.has_room()
+                    return i, self.has_room()
         self._enqueue_all(batch, batch_bytes)
         if held and not self.backlog:
             self._release_held(None)  # nothing in pages precedes them any more

@@ -173,8 +173,9 @@ class StandardQueue:
     def deliverable(self) -> int | None:
         """How many entries `enqueue_all` would hand straight to a consumer now, when that
         is all it would do with them (one consumer, no selector, no browser, arrival
-        order): a cursor draining pages hands over no more, so what it reads waits as
-        page bytes, not as objects. None when entries may wait or be offered around."""
+        order): a cursor draining pages hands over no more, so what it read waits in
+        the cursor, not as objects in the queue. None when entries may wait or be
+        offered around."""
         consumers = self._consumers
         if len(consumers) != 1 or self._filtered or self._browsers or not self._arrival_order:
             return None
