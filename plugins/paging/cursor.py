@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
+from itertools import accumulate
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -151,20 +151,22 @@ class _Run:
         self.start = start
         #: The page offset just past the bytes read.
         self.end = end
+        # lists, not arrays: the reader appends to them for every message, and a list's
+        # append costs less than an array's (they live as long as the run)
         #: The page offset of each record routed to the queue, in page order.
-        self.offsets = array("q")
+        self.offsets: list[int] = []
         #: The page offset just past each of them.
-        self.nexts = array("q")
+        self.nexts: list[int] = []
         #: Their message ids, expirations, `flags << 8 | priority` and bytes (a large
         #: message's: its record's data, which the loop makes its message of).
-        self.ids = array("q")
-        self.expirations = array("q")
-        self.keys = array("H")
+        self.ids: list[int] = []
+        self.expirations: list[int] = []
+        self.keys: list[int] = []
         self.datas: list[bytes] = []
         #: index -> transaction id of those sent in a transaction.
         self.txs: dict[int, int] = {}
         #: Bytes of the messages before each of them (one more entry: all of them).
-        self.sizes = array("q", (0,))
+        self.sizes = [0]
         #: No record sent in a transaction or large: the loop may hand over a slice
         #: without looking at each.
         self.plain = True
@@ -206,7 +208,6 @@ def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int)
     run = _Run(page, offset, offset)
     add_offset = run.offsets.append
     add_next = run.nexts.append
-    add_size = run.sizes.append
     add_id = run.ids.append
     add_expiration = run.expirations.append
     add_key = run.keys.append
@@ -214,8 +215,6 @@ def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int)
     unpack = _FRAME_AND_HEAD.unpack_from
     data_from = _IDS_AT + 8  # where the message starts in a record routed to one queue
     plain = True
-    priorities = 0  # bit p set: a message of priority p
-    total = 0
     at = 0
     size = min(len(buf), end - offset)  # bytes past the visible end are appends under way
     last = size - _FRAME_AND_HEAD.size  # the last place a message's frame can start
@@ -236,23 +235,22 @@ def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int)
                 plain = False
                 if tx_id:
                     run.txs[len(run.offsets)] = tx_id
-            priorities |= 1 << priority
             add_offset(offset + at)
             add_next(offset + pend)
             add_id(message_id)
             add_expiration(expiration)
             add_key(flags << 8 | priority)
             add_data(data)
-            total += len(data)
-            add_size(total)
             at = pend
         # what is too short for a message (a summary) is checked as the store would
         run.end = offset + valid_length(view[:size], at)
     finally:
         view.release()
     run.plain = plain
-    if priorities and not priorities & (priorities - 1):  # one bit: a single priority
-        run.priority = priorities.bit_length() - 1
+    run.sizes = list(accumulate(map(len, run.datas), initial=0))
+    priorities = {key & 0xFF for key in set(run.keys)}
+    if len(priorities) == 1:
+        run.priority = priorities.pop()
     return run
 
 
