@@ -363,7 +363,9 @@ class Queue(Protocol):
     A queue type may also have `enqueue_all(entries)`: `enqueue` of each entry, in
     order, done as a batch. A cursor draining pages hands over what it read that way
     when the queue has it (the standard queue serves its one consumer's credit without
-    asking for it per message), else one `enqueue` at a time.
+    asking for it per message), else one `enqueue` at a time. And `deliverable()`: how
+    many entries it would hand straight to a consumer now, or None when entries may
+    wait or be offered around; a cursor then hands over no more than that.
     """
 
     spec: QueueSpec
