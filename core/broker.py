@@ -581,9 +581,11 @@ class Broker:
         """Route one message. `on_stored` runs once it is durable, if it must be.
 
         Returns PENDING when `on_stored` will be called, otherwise the final status
-        (DUPLICATE: its duplicate id was seen, so it was dropped). Within a transaction
-        the message is only checked now and routed at commit. `check_duplicates=False`
-        routes a message whatever its duplicate id (a message moved back, not resent).
+        (DUPLICATE: its duplicate id was seen, so it was dropped) and keeps no hold on
+        `on_stored` (which may have run already): a caller may hand the same one to its
+        next send. Within a transaction the message is only checked now and routed at
+        commit. `check_duplicates=False` routes a message whatever its duplicate id (a
+        message moved back, not resent).
         """
         if data.__class__ is not bytes and (body := large_body(data)) is not None:
             if tx is not None:
@@ -853,7 +855,7 @@ class Broker:
         whether the address is full; or why it goes nowhere."""
         durable, priority, ttl, _duplicate_id = header
         settings = address.settings
-        message = Message(0, data, address.name, fmt, durable=durable, priority=priority)
+        message = Message(0, data, address.name, fmt, durable, priority)  # no keywords: a dict
         if ttl > 0 or settings.expiry_delay >= 0:
             message.expiration = _expiration(ttl, settings)
         full = address.full_policy is not None and address.is_full()
@@ -955,7 +957,10 @@ class Broker:
         limits.messages += 1
         if limits.size > limits.flow_above:
             self.flow_to_disk(message)  # type: ignore[misc]
-        return message.shared(refs or len(queues), len(durable_ids)), bool(durable_ids)
+        refs = refs or len(queues)
+        if refs == 1:  # message.shared's first test, inlined: per message
+            return message, bool(durable_ids)
+        return message.shared(refs, len(durable_ids)), bool(durable_ids)
 
     def _in_journal(self, ref: MessageRef) -> bool:
         """Whether `ref` (not paged) has its place in a journal record of its message."""
