@@ -12,8 +12,9 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
    "priority": int, "queues": {"<queue name>": <delivery count>, ...},
    "data": "<base64 of the encoded message, exactly as the producer sent it>",
    "paged": true (only for messages that were in their address's pages),
-   "large": true, "head-size": n (only for large messages: the data's first n bytes
-   are the sections before the body; import writes it to a large message file)}
+   "large": true, "head-size": n, "size": n (only for large messages: the data's first
+   head-size bytes are the sections before the body; import writes it to a large message
+   file; size is the message's bytes, which its data must hold)}
   {"type": "duplicate-id", "address": str, "id": "<base64 of the id's key: a tag byte,
    1 string (UTF-8) or 2 binary, then the id>"}
   {"type": "stream", "queue": str, "cursors": {"<name>": [<sequence>, <last used ms>]}}
@@ -38,9 +39,13 @@ store, whichever it is (so export and import move streams between segment files 
 database). A journaled message that a stream's store already holds (a crash came between
 the two) is exported once, as the stream's record.
 A large message's line holds its whole message (its file's body after its head), so
-export and import hold one such message in memory at a time.
+export and import hold one such message in memory at a time. Its size lets an import
+refuse a body cut short (a file written before it was exported is not checked so).
 Ids are not portable: an import gives everything new ids. The trailing "end" line lets an
-import tell a complete file from a truncated one. Prepared (undecided) transactions are
+import tell a complete file from a truncated one. An import reads the file twice: first
+to check every line that can be checked without writing (its counts against the "end"
+line, each large message's size, the ids, the stream records), so that a bad file is
+refused with nothing imported; then to write it. Prepared (undecided) transactions are
 not exported.
 """
 
@@ -129,6 +134,7 @@ def export_lines(
         if message.large is not None:
             line["large"] = True
             line["head-size"] = len(message.data)
+            line["size"] = len(data)
         yield line
     for duplicate in recovered.duplicate_ids:
         yield {
@@ -217,16 +223,103 @@ def import_(
 ) -> dict[str, int]:
     """Load an export into `storage`, which must be empty; returns the counts read.
 
-    Paged messages go to `paged` when given (it writes them into pages), else to the
-    journal like the others. Stream records go to the stores `open_stream` builds; a file
-    that holds some needs it (ExportError otherwise). Large messages get their body in
-    `large_messages`.
+    `source` is read twice (see the module's doc: a bad file is refused before anything
+    is written), so it must be seekable. Paged messages go to `paged` when given (it
+    writes them into pages), else to the journal like the others. Stream records go to
+    the stores `open_stream` builds; a file that holds some needs it (ExportError
+    otherwise). Large messages get their body in `large_messages`.
     """
+    existing = storage.load()
+    if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
+        raise ExportError("the target data dir is not empty: import needs a fresh one")
+    if not source.seekable():
+        raise ExportError("an import reads its file twice: give a file, not a pipe")
+    counts = _check(source)
+    source.seek(0)
     streams = _StreamImporter(open_stream)
     try:
-        return _import(storage, source, paged, streams, large_messages)
+        _import(storage, source, paged, streams, large_messages)
     finally:
         streams.close()
+    return counts
+
+
+#: What each line type counts as in the "end" line.
+_COUNTED = {
+    "address": "addresses",
+    "queue": "queues",
+    "message": "messages",
+    "duplicate-id": "duplicate-ids",
+    "stream": "streams",
+    "stream-record": "stream-records",
+}
+
+
+def _lines(source: IO[str]) -> Iterator[tuple[str, dict[str, Any], int]]:
+    """(type, line without its type, line number) for each line after the header."""
+    header = _parse(source.readline(), 1)
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise ExportError(
+            f"not a {FORMAT} version {VERSION} file (found format={header.get('format')!r}, "
+            f"version={header.get('version')!r})"
+        )
+    for number, text in enumerate(source, start=2):
+        line = _parse(text, number)
+        kind = line.pop("type", None)
+        if kind != "end" and kind not in _COUNTED:
+            raise ExportError(f"line {number}: unknown record type {kind!r}")
+        yield kind, line, number
+
+
+def _check(source: IO[str]) -> dict[str, int]:
+    """Read the whole file, checking what can be checked without writing; returns its
+    counts. Raises ExportError on the first line found wrong."""
+    counts = dict.fromkeys(_COUNTED.values(), 0)
+    queues: dict[str, bool] = {}  # name -> a stream's
+    last_sequence: dict[str, int] = {}
+    complete = False
+    for kind, line, number in _lines(source):
+        if complete:
+            raise ExportError(f"line {number}: a {kind!r} line after the 'end' line")
+        if kind == "end":
+            for added in ("duplicate-ids", "streams", "stream-records"):
+                line.setdefault(added, 0)  # a file from before they were exported
+            if line != counts:
+                raise ExportError(f"line {number}: the file says {line} but holds {counts}")
+            complete = True
+            continue
+        if kind == "queue":
+            if not isinstance(line.get("name"), str):
+                raise ExportError(f"line {number}: a queue needs a name")
+            queues[line["name"]] = line.get("queue-type") == STREAM_TYPE
+        elif kind == "message":
+            missing = [key for key in ("address", "expiration", "queues") if key not in line]
+            if missing or not isinstance(line["queues"], dict):
+                raise ExportError(
+                    f"line {number}: a message needs address, expiration and a queues object"
+                )
+            unknown = [name for name in line["queues"] if name not in queues]
+            if unknown:
+                raise ExportError(f"line {number}: message names unknown queue {unknown[0]!r}")
+            _message_data(line, number)
+        elif kind == "duplicate-id":
+            _duplicate_id(line, number)
+        elif kind == "stream":
+            _stream_name(line, queues, number)
+            _stream_cursors(line, number)
+        elif kind == "stream-record":
+            name = _stream_name(line, queues, number)
+            sequence = _stream_record(line, number)[0]
+            if name in last_sequence and sequence <= last_sequence[name]:
+                raise ExportError(
+                    f"line {number}: stream {name!r}: sequence {sequence} after "
+                    f"{last_sequence[name]}: records must come in ascending order"
+                )
+            last_sequence[name] = sequence
+        counts[_COUNTED[kind]] += 1
+    if not complete:
+        raise ExportError("the file is truncated: its closing 'end' line is missing")
+    return counts
 
 
 def _import(
@@ -235,61 +328,50 @@ def _import(
     paged: Callable[[RecoveredMessage], None] | None,
     streams: _StreamImporter,
     large_messages: LargeMessageStore | None,
-) -> dict[str, int]:
-    existing = storage.load()
-    if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
-        raise ExportError("the target data dir is not empty: import needs a fresh one")
-    header = _parse(source.readline(), 1)
-    if header.get("format") != FORMAT or header.get("version") != VERSION:
-        raise ExportError(
-            f"not a {FORMAT} version {VERSION} file (found format={header.get('format')!r}, "
-            f"version={header.get('version')!r})"
-        )
+) -> None:
+    """Write a file `_check` found whole into `storage`."""
     queue_ids: dict[str, int] = {}
-    counts = {
-        "addresses": 0,
-        "queues": 0,
-        "messages": 0,
-        "duplicate-ids": 0,
-        "streams": 0,
-        "stream-records": 0,
-    }
-    complete = False
-    for number, text in enumerate(source, start=2):
-        line = _parse(text, number)
-        kind = line.pop("type", None)
+    for kind, line, number in _lines(source):
         if kind == "address":
             storage.store_address(storage.next_id(), line)
-            counts["addresses"] += 1
         elif kind == "queue":
             queue_ids[line["name"]] = record_id = storage.next_id()
             storage.store_queue(record_id, line)
             streams.declared(line)
-            counts["queues"] += 1
         elif kind == "message":
             _import_message(storage, line, queue_ids, number, paged, large_messages)
-            counts["messages"] += 1
         elif kind == "duplicate-id":
-            _import_duplicate_id(storage, line, number)
-            counts["duplicate-ids"] += 1
+            storage.store_duplicate_ids(
+                storage.next_id(), line["address"], [_duplicate_id(line, number)]
+            )
         elif kind == "stream":
             streams.cursors(line, number)
-            counts["streams"] += 1
         elif kind == "stream-record":
             streams.record(line, number)
-            counts["stream-records"] += 1
-        elif kind == "end":
-            for added in ("duplicate-ids", "streams", "stream-records"):
-                line.setdefault(added, 0)  # a file from before they were exported
-            complete = line == counts
-            if not complete:
-                raise ExportError(f"line {number}: the file says {line} but holds {counts}")
-        else:
-            raise ExportError(f"line {number}: unknown record type {kind!r}")
-    if not complete:
-        raise ExportError("the file is truncated: its closing 'end' line is missing")
     storage.flush()
-    return counts
+
+
+def _message_data(line: Mapping[str, Any], number: int) -> bytes:
+    """A message line's data; a large message's must hold its size, and its head-size
+    must fall within it."""
+    try:
+        data = base64.b64decode(line["data"], validate=True)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExportError(f"line {number}: message {line.get('id')}: bad data ({exc})") from None
+    if not line.get("large"):
+        return data
+    size, head_size = line.get("size"), line.get("head-size")
+    if size is not None and size != len(data):
+        raise ExportError(
+            f"line {number}: large message {line.get('id')}: its data holds {len(data)} "
+            f"bytes, its size says {size}: the export was cut short or damaged"
+        )
+    if not isinstance(head_size, int) or not 0 <= head_size <= len(data):
+        raise ExportError(
+            f"line {number}: a large message needs a head-size between 0 and its "
+            f"{len(data)} bytes, not {head_size!r}"
+        )
+    return data
 
 
 def _import_message(
@@ -300,14 +382,11 @@ def _import_message(
     paged: Callable[[RecoveredMessage], None] | None,
     large_messages: LargeMessageStore | None,
 ) -> None:
-    try:
-        qids = {queue_ids[name]: count for name, count in line["queues"].items()}
-    except KeyError as exc:
-        raise ExportError(f"line {number}: message names unknown queue {exc}") from None
+    qids = {queue_ids[name]: count for name, count in line["queues"].items()}
     message_id = storage.next_id()
-    data = base64.b64decode(line["data"])
+    data = _message_data(line, number)
     if line.get("large"):
-        data = _import_large(storage, data, line.get("head-size"), number, large_messages)
+        data = _import_large(storage, line, data, number, large_messages)
     if line.get("paged") and paged is not None:
         address, expiration = line["address"], line["expiration"]
         priority = line.get("priority", 4)
@@ -333,23 +412,53 @@ def _import_message(
 
 def _import_large(
     storage: StorageManager,
+    line: Mapping[str, Any],
     data: bytes,
-    head_size: Any,
     number: int,
     store: LargeMessageStore | None,
 ) -> LargeHead:
-    """Store an imported large message's body; its head, referring to it."""
-    if not isinstance(head_size, int) or not 0 <= head_size <= len(data):
-        raise ExportError(
-            f"line {number}: a large message needs a head-size between 0 and its "
-            f"{len(data)} bytes, not {head_size!r}"
-        )
+    """Store an imported large message's body, checked whole by its store; its head,
+    referring to it."""
     if store is None:
         raise ExportError(f"line {number}: a large message, and no store for its body")
+    head_size = line["head-size"]
     view = memoryview(data)
-    return store.write_whole(
-        storage.next_id(), view[:head_size].tobytes(), view[head_size:], sync=True
-    )
+    try:
+        return store.write_whole(
+            storage.next_id(), view[:head_size].tobytes(), view[head_size:], sync=True
+        )
+    except OSError as exc:
+        raise ExportError(
+            f"line {number}: large message {line.get('id')} of {len(data)} bytes not stored: {exc}"
+        ) from None
+
+
+def _stream_name(line: Mapping[str, Any], queues: Mapping[str, bool], number: int) -> str:
+    """The stream queue a stream or stream-record line names (declared before it)."""
+    name = line.get("queue")
+    if not isinstance(name, str) or not queues.get(name):
+        raise ExportError(f"line {number}: stream names unknown stream queue {name!r}")
+    return name
+
+
+def _stream_cursors(line: Mapping[str, Any], number: int) -> dict[str, tuple[int, int]]:
+    try:
+        return {str(n): (int(c[0]), int(c[1])) for n, c in line["cursors"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise ExportError(f"line {number}: bad stream line ({exc!r})") from None
+
+
+def _stream_record(line: Mapping[str, Any], number: int) -> tuple[int, int, int, bytes]:
+    """A stream-record line as the record its store appends."""
+    try:
+        return (
+            int(line["sequence"]),
+            int(line["enqueued"]),
+            0,  # no broker message id: nothing in the journal to match it with
+            base64.b64decode(line["data"], validate=True),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExportError(f"line {number}: bad stream-record line ({exc!r})") from None
 
 
 class _StreamImporter:
@@ -366,12 +475,10 @@ class _StreamImporter:
             self.arguments[queue["name"]] = queue.get("arguments", {})
 
     def _store(self, line: Mapping[str, Any], number: int) -> StreamStore:
-        name = line.get("queue")
-        store = self.stores.get(name)  # type: ignore[arg-type]
+        name = line["queue"]
+        store = self.stores.get(name)
         if store is not None:
             return store
-        if not isinstance(name, str) or name not in self.arguments:
-            raise ExportError(f"line {number}: stream names unknown stream queue {name!r}")
         if self.open_stream is None:
             raise ExportError(
                 f"line {number}: the file holds streams, and no stream store is enabled to "
@@ -382,30 +489,12 @@ class _StreamImporter:
         return store
 
     def cursors(self, line: dict[str, Any], number: int) -> None:
-        try:
-            cursors = {str(n): (int(c[0]), int(c[1])) for n, c in line["cursors"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ExportError(f"line {number}: bad stream line ({exc!r})") from None
-        self._store(line, number).save_cursors(cursors)
+        self._store(line, number).save_cursors(_stream_cursors(line, number))
 
     def record(self, line: dict[str, Any], number: int) -> None:
         name = self._store(line, number).name
-        try:
-            record = (
-                int(line["sequence"]),
-                int(line["enqueued"]),
-                0,  # no broker message id: nothing in the journal to match it with
-                base64.b64decode(line["data"], validate=True),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ExportError(f"line {number}: bad stream-record line ({exc!r})") from None
         batch = self.pending.setdefault(name, [])
-        if batch and record[0] <= batch[-1][0]:
-            raise ExportError(
-                f"line {number}: stream {name!r}: sequence {record[0]} after {batch[-1][0]}: "
-                "records must come in ascending order"
-            )
-        batch.append(record)
+        batch.append(_stream_record(line, number))
         if len(batch) >= STREAM_BATCH:
             self._flush(name)
 
@@ -423,10 +512,11 @@ class _StreamImporter:
                 store.close()
 
 
-def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: int) -> None:
+def _duplicate_id(line: Mapping[str, Any], number: int) -> bytes:
+    """A duplicate-id line's key, in its current encoding."""
     try:
         address, key = line["address"], base64.b64decode(line["id"], validate=True)
-    except (KeyError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ExportError(f"line {number}: bad duplicate-id line ({exc})") from None
     if not isinstance(address, str) or not key:
         raise ExportError(f"line {number}: a duplicate-id needs an address and an id")
@@ -440,7 +530,7 @@ def _import_duplicate_id(storage: StorageManager, line: dict[str, Any], number: 
             f"line {number}: id {line['id']!r} is not a duplicate-id key (an id's AMQP "
             f"encoding as str8, str32, vbin8 or vbin32)"
         )
-    storage.store_duplicate_ids(storage.next_id(), address, [key])
+    return key
 
 
 def _parse(text: str, number: int) -> dict[str, Any]:

@@ -198,17 +198,23 @@ class Arrival(abc.ABC):
     @abc.abstractmethod
     def _finish(self, body: LargeBody, sync: bool) -> None:
         """Store the message's last bytes; mark `body` synced (`_now_synced`, on the
-        event loop) once they are stored for good, and synced with `sync`."""
+        event loop) once they are stored for good, and synced with `sync`. May raise
+        OSError (see `complete`)."""
 
     def complete(self, head_size: int, *, sync: bool) -> LargeBody:
         """The message has arrived whole; `sync` makes it durable before its body counts
-        as synced."""
+        as synced. Raises OSError when the store finds at once that it could not store
+        it whole (an offline tool's, written in place): what it stored of it goes."""
         store = self.store
         store.arriving -= 1
         body = LargeBody(store, self.file_id, head_size, self.written)
         store.files += 1
         store.bytes += self.written
-        self._finish(body, sync)
+        try:
+            self._finish(body, sync)
+        except OSError:
+            store.remove(body)
+            raise
         return body
 
     def abandon(self) -> None:

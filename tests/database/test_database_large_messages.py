@@ -5,6 +5,9 @@ database. Crashes: tests/durability/test_database_large_message_crash.py."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +320,83 @@ def test_a_transactional_message_behind_a_large_one_is_in_the_commit_that_follow
     with connected(broker.url) as conn:
         got = receive(conn.create_receiver("txb", credit=2), 2)
     assert [bytes(m.body) for m in got] == [large, b"in the tx"]
+
+
+def _exported(tmp_path: Path, bodies: list[bytes]) -> Path:
+    """An export of a broker on files holding a small message, then `bodies` as large ones."""
+    files = BrokerThread(_config(tmp_path, "source", None)).start()
+    try:
+        with connected(files.url) as conn:
+            send(conn, "kept", Message(body=b"small", durable=True))
+            send(conn, "kept", *(Message(body=b, durable=True) for b in bodies))
+    finally:
+        files.stop()
+    exported = tmp_path / "export.jsonl"
+    data = ["--data-dir", str(tmp_path / "source")]
+    assert cli.main(["data", "export", *data, "--output", str(exported)]) == 0
+    return exported
+
+
+def _cut_short(exported: Path, cut: int) -> tuple[Path, int, int]:
+    """A copy of the export whose last large message's data lost its last `cut` bytes
+    (its line otherwise whole, the file's end line too); (copy, line number, its id)."""
+    lines = exported.read_text().splitlines()
+    number = max(n for n, text in enumerate(lines) if '"large":true' in text)
+    line = json.loads(lines[number])
+    data = base64.b64decode(line["data"])
+    line["data"] = base64.b64encode(data[:-cut]).decode()
+    lines[number] = json.dumps(line)
+    short = exported.with_name("short.jsonl")
+    short.write_text("\n".join(lines) + "\n")
+    return short, number + 1, line["id"]
+
+
+def _refuses_cut_short(
+    tmp_path: Path, into: list[str], capsys: pytest.CaptureFixture[str], url: str | None = None
+) -> None:
+    """An import into `into` (CLI arguments) of an export whose large message was cut
+    short is refused, naming it and its sizes, and imports nothing (database at `url`)."""
+    bodies = [body_of(2 << 20 | 9, seed=1), body_of(1 << 20 | 3, seed=2)]
+    exported = _exported(tmp_path, bodies)
+    short, number, message_id = _cut_short(exported, 1000)
+    capsys.readouterr()
+    assert cli.main(["data", "import", *into, "--input", str(short)]) == 2
+    error = capsys.readouterr().err
+    assert f"line {number}: large message {message_id}: its data holds" in error, error
+    assert "its size says" in error and "cut short" in error, error
+    found, said = (int(w) for w in re.findall(r"holds (\d+) bytes, its size says (\d+)", error)[0])
+    assert said - found == 1000 and 0 < said - len(bodies[1]) < 1000, error  # its sections
+    # nothing was written: the whole export imports into the same place afterwards
+    assert not large_files(tmp_path / "into")
+    if url is not None:
+        assert not stored_bodies(url)
+    assert cli.main(["data", "import", *into, "--input", str(exported)]) == 0
+    assert "'messages': 3" in capsys.readouterr().out
+
+
+def test_an_import_into_files_refuses_a_large_message_cut_short_and_imports_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _refuses_cut_short(tmp_path, ["--data-dir", str(tmp_path / "into")], capsys)
+
+
+def test_an_import_into_a_database_refuses_a_large_message_cut_short_and_imports_nothing(
+    tmp_path: Path, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    into = ["--config", str(_config(tmp_path, "into", database_url))]
+    _refuses_cut_short(tmp_path, into, capsys, database_url)
+
+
+def test_an_import_whose_large_message_rows_the_database_refuses_imports_nothing_of_it(
+    tmp_path: Path, database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exported = _exported(tmp_path, [body_of(3 << 20 | 5, seed=3)])
+    config = _config(tmp_path, "into", database_url)
+    cli.main(["data", "print", "--config", str(config)])  # creates the tables
+    refuse_rows(database_url)  # its third row is refused, its first two go in
+    capsys.readouterr()
+    assert cli.main(["data", "import", "--config", str(config), "--input", str(exported)]) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"line \d+: large message \d+ of \d+ bytes not stored", error), error
+    assert REFUSED in error, error
+    assert not stored_bodies(database_url)  # the rows it had go with it
