@@ -170,6 +170,8 @@ class BrokerSpec:
     #: (cert-file, key-file): adds a TLS listener.
     tls: tuple[Path, Path] | None = None
     data_dir: Path | None = None
+    #: More config sections (e.g. [database]), each merged over what the fields above give.
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def tables(self, data_dir: Path, port: int, http_port: int, tls_port: int) -> dict:
         queues = dict(self.queues)
@@ -204,6 +206,8 @@ class BrokerSpec:
             sections["tls"] = {"cert-file": str(self.tls[0]), "key-file": str(self.tls[1])}
         if queues:
             sections["queues"] = queues
+        for name, table in self.sections.items():
+            sections.setdefault(name, {}).update(table)
         return broker_config(
             data_dir,
             plugins=self.plugins,
