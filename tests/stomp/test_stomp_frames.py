@@ -181,3 +181,28 @@ def test_a_streamed_body_over_4_gib_is_refused_whatever_max_message_size_says(ma
     with pytest.raises(FrameTooLarge, match=r"4294967296 bytes .* exceeds the 4 GiB") as refused:
         list(over.feed(head % (MAX_BODY_SIZE + 1)))
     assert f"max-message-size ({max_message_size})" in str(refused.value)
+
+
+@pytest.mark.parametrize("max_message_size", [0, 8 << 30])
+def test_a_body_without_content_length_over_4_gib_is_refused_at_its_first_byte_past(
+    max_message_size,
+):
+    """4 GiB less a byte of a body without content-length is taken, the next byte is
+    refused, whatever max-message-size says (fed 1 MiB at a time: about a second).
+    tests/stomp/test_stomp_large_messages.py sends it through a socket (slow)."""
+    parser = Parser(1024, stream_from=4, max_message_size=max_message_size)
+    piece = b"x" * (1 << 20)
+    frame, first = parser.feed(b"SEND\ndestination:q\n\n" + piece)
+    assert isinstance(frame, Frame) and frame.streamed and isinstance(first, BodyPart)
+    taken = len(first.data)
+    feeds = [piece] * ((MAX_BODY_SIZE >> 20) - 1) + [piece[: MAX_BODY_SIZE % len(piece)]]
+    for data in feeds:  # each part counted and dropped: 4 GiB are never held
+        taken += sum(len(part.data) for part in parser.feed(data))  # type: ignore[union-attr]
+    assert taken == MAX_BODY_SIZE
+    with pytest.raises(FrameTooLarge) as refused:
+        list(parser.feed(b"x"))
+    assert str(refused.value) == (
+        "SEND body of more than 4294967295 bytes (it has no content-length) exceeds the "
+        "4 GiB (4294967295 bytes) an AMQP body section can hold, the limit whatever "
+        f"[stomp] max-message-size ({max_message_size}) says"
+    )
