@@ -6,11 +6,13 @@ test_large_message_crash.py."""
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 from pathlib import Path
 
 import pytest
 from proton import Message
+from scow_stomp.frames import MAX_BODY_SIZE
 from stomp_helpers import PLUGINS, RawStomp, client, start
 
 from scow.core.testing import wait_for
@@ -264,6 +266,42 @@ def test_a_send_over_4_gib_is_refused_by_its_content_length_with_no_max_message_
     assert b"4294967296 bytes (its content-length) exceeds the 4 GiB" in text, text
     assert b"max-message-size (0)" in text and "4 GiB" in headers["message"], text
     assert _stats(broker) == {"files": 0, "bytes": 0, "arriving": 0}
+    with client(broker) as (conn, seen):  # the broker serves others
+        conn.send("/queue/huge", b"fits", receipt="ok")
+        seen.wait_receipt("ok")
+
+
+@pytest.mark.slow  # ~1-2 min: 4 GiB through the socket to a file; the parser's test is fast
+def test_a_send_without_content_length_over_4_gib_is_refused_with_no_max_message_size(
+    scow_broker,
+):
+    # tests/stomp/test_stomp_frames.py's ..._refused_at_its_first_byte_past: the same
+    # check, fed to the parser alone
+    stomp = {"min-large-message-size": LARGE, "max-message-size": 0}  # 0: no limit of its own
+    broker = start(scow_broker, sections={"stomp": stomp})
+    raw = RawStomp(broker.port_of("stomp"))
+    raw.sock.settimeout(60)  # the broker writes the body to its file as it comes
+    raw.send(b"SEND\ndestination:/queue/huge\nreceipt:r\n\n")
+    piece = b"x" * (1 << 20)  # written again and again: the body is never held whole
+    for _ in range(MAX_BODY_SIZE >> 20):
+        raw.send(piece)
+    raw.send(piece[: MAX_BODY_SIZE % len(piece)])
+    # all 4 GiB less a byte are in its file (after the message's head), and taken
+    wait_for(
+        lambda: _files(broker) and _files(broker)[0].stat().st_size > MAX_BODY_SIZE,
+        60,
+        what="4 GiB less a byte in the file",
+    )
+    assert select.select([raw.sock], [], [], 0.5)[0] == []  # no ERROR for it
+    raw.send(b"x")  # 4 GiB and a byte: one past what an AMQP body section can say
+    command, headers, text = raw.read_frame()
+    assert command == "ERROR", (command, headers)
+    assert b"more than 4294967295 bytes (it has no content-length) exceeds the 4 GiB" in text
+    assert b"max-message-size (0)" in text and "4 GiB" in headers["message"], text
+    raw.close()
+    wait_for(lambda: _stats(broker)["arriving"] == 0, 30, what="the arrival to go")
+    assert _stats(broker) == {"files": 0, "bytes": 0, "arriving": 0}
+    assert _files(broker) == []
     with client(broker) as (conn, seen):  # the broker serves others
         conn.send("/queue/huge", b"fits", receipt="ok")
         seen.wait_receipt("ok")
