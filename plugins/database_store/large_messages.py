@@ -6,8 +6,9 @@ whole in memory, on SQLite and PostgreSQL alike. All database work runs on the s
 threads, never on the event loop: an arrival hands each full chunk to its *lane* (one
 thread, chosen by the body's id, so a body's writes, its completion and its deletion
 run in order) and every link stops reading its socket while more than BEHIND bytes wait
-for the lanes (`room`); a delivery reads READ_AHEAD chunks ahead on the reader threads
-(`_Prefetch`).
+for the lanes (`room`); a delivery reads READ_AHEAD chunks ahead on the reader
+threads (`_Prefetch`). An offline tool (`scow data import`) writes in place, and
+checks each body whole at its end as the syncer does (`check_whole`).
 
 Chunks commit as they are written, on PostgreSQL without waiting for the WAL's flush.
 Once a durable message's last row is in (with `large-message-sync`), the syncer thread's
@@ -168,11 +169,14 @@ class DatabaseArrival(Arrival):
         body.synced = False  # also when not to be synced: its rows are not all there yet
         piece, self._buffer = bytes(self._buffer), bytearray()
         self._send(piece)
+        if not self.store.on_loop():  # an offline tool's (an import): every row is in
+            self.store.check_whole(body, self._error)
+            return
 
         def written() -> None:
             if self._error is not None:
                 return
-            if sync and self.store.syncs_later():
+            if sync:
                 with self._lock:
                     self._syncing = True
             self.store.written(body, sync, self)
@@ -470,9 +474,22 @@ class DatabaseLargeMessageStore(LargeMessageStore):
             self._waiting.append(wake)
             return False
 
-    def syncs_later(self) -> bool:
-        """Whether `written` with `sync` leaves the sync to the syncer (on an event loop)."""
+    def on_loop(self) -> bool:
+        """Whether bodies are written on the lanes (for a broker), not in place (for an
+        offline tool)."""
         return self._loop is not None
+
+    def check_whole(self, body: LargeBody, error: str | None) -> None:
+        """Sync an offline tool's body, written in place, and check it whole as the
+        syncer does (`_sync`): OSError when a row was refused (`error`) or the rows hold
+        fewer bytes than the body."""
+        if error is None:
+            found = self.sync_rows([body.file_id]).get(body.file_id, 0)
+            if found == body.length:
+                body._now_synced()
+                return
+            error = f"{found} of its {body.length} bytes were in the database at its sync"
+        raise OSError(f"large message {self.describe(body.file_id)}: {error}")
 
     def written(self, body: LargeBody, sync: bool, arrival: DatabaseArrival) -> None:
         """Every row of `body` is committed (on its lane): synced now, or with `sync`
@@ -480,9 +497,6 @@ class DatabaseLargeMessageStore(LargeMessageStore):
         the bodies that wait meanwhile), which `arrival` hears of."""
         if not sync:
             self.call_on_loop(body._now_synced)
-        elif self._loop is None:  # offline: synced here
-            self.sync_rows([body.file_id])
-            body._now_synced()
         else:
             if self._syncer is None:
                 self._syncer = _Batches("scow-db-large-sync", self._sync)
