@@ -123,7 +123,6 @@ def test_a_large_commit_failing_in_a_later_slice_is_reported_and_changes_nothing
     )
 
 
-
 @pytest.mark.parametrize(
     "messages",
     [5 * COMMIT_SLICE, pytest.param(25 * COMMIT_SLICE, marks=pytest.mark.slow, id="50000")],
