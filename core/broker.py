@@ -1274,12 +1274,12 @@ class Broker:
         limits.messages -= 1
 
     def rollback(self, tx: Transaction) -> None:
-        """Forget the transaction's messages; its acknowledged messages go back (+1 count),
-        once their new counts are durable, to each queue at once (`_put_back_all`).
+        """Forget the transaction's messages; its acknowledged messages go back (+1 count).
 
-        In id order, COMMIT_SLICE of them per pass of the event loop, each slice put back
-        once its counts are durable: a rollback of thousands (a Spark sink's failed commit)
-        would otherwise hold the loop, and every other connection, until the last is back.
+        They are taken in id order, COMMIT_SLICE per pass of the event loop, and each
+        slice goes back to its queues at once (`_put_back_all`) when its new counts are
+        durable: a rollback of thousands (a Spark sink's failed commit) would otherwise
+        hold the loop, and every other connection, until the last one is back.
         """
         for body in _large_bodies(tx):
             body.release()
