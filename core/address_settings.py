@@ -238,8 +238,9 @@ _SPECS: tuple[_Spec, ...] = (
           nullable=True),
     # --- duplicate detection
     _Spec("id-cache-size", "int", None,
-          "_AMQ_DUPL_ID values the address remembers for duplicate detection (the oldest is "
-          "forgotten first); unset takes [broker] id-cache-size; 0 turns detection off.",
+          "_AMQ_DUPL_ID values the address remembers for duplicate detection: at least its "
+          "last id-cache-size, at most twice as many (the oldest are forgotten id-cache-size "
+          "at a time); unset takes [broker] id-cache-size; 0 turns detection off.",
           minimum=0, nullable=True),
 )  # fmt: skip
 

@@ -581,9 +581,11 @@ class Broker:
         """Route one message. `on_stored` runs once it is durable, if it must be.
 
         Returns PENDING when `on_stored` will be called, otherwise the final status
-        (DUPLICATE: its duplicate id was seen, so it was dropped). Within a transaction
-        the message is only checked now and routed at commit. `check_duplicates=False`
-        routes a message whatever its duplicate id (a message moved back, not resent).
+        (DUPLICATE: its duplicate id was seen, so it was dropped) and keeps no hold on
+        `on_stored` (which may have run already): a caller may hand the same one to its
+        next send. Within a transaction the message is only checked now and routed at
+        commit. `check_duplicates=False` routes a message whatever its duplicate id (a
+        message moved back, not resent).
         """
         if data.__class__ is not bytes and (body := large_body(data)) is not None:
             if tx is not None:
@@ -627,7 +629,7 @@ class Broker:
             if cache is not None:
                 if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
                     key = id_key(key, address.name)  # raises InvalidField
-                if key in cache.ids:
+                if key in cache.young or key in cache.old:  # `in cache`, inlined: per message
                     return self._duplicate(cache, key, address, on_stored)
         routed = self._route(data, address, fmt, routing_type, header)
         if routed.__class__ is RouteStatus:  # isinstance: 65 ns, EnumType's own check
@@ -645,8 +647,14 @@ class Broker:
             self.messages_routed -= 1  # refused before anything was enqueued or counted
             raise
         # held in memory only: accepted at once, nothing waits
-        if cache is not None and cache.admit(key):  # the first of this loop pass
-            self._write_ids_soon(address.name, cache)
+        if cache is not None:
+            keys = cache.open
+            young = cache.young
+            if keys is not None and len(young) < cache.size:  # `admit`, inlined: per message
+                young[key] = None
+                keys.append(key)
+            elif cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
         return status
 
     def _duplicate(
@@ -746,19 +754,18 @@ class Broker:
             self._write_block(address_name, cache)
 
     def _write_block(self, address_name: str, cache: DuplicateIdCache) -> None:
-        """Journal `cache`'s open block (unsynced) and delete the blocks it pushed out."""
-        block, keys, dead = cache.close()
+        """Journal `cache`'s open block (unsynced) and delete the records it dropped."""
+        blocks, dead = cache.close()
         try:
-            if block is not None and keys:
+            for block, keys in blocks:
                 record_id = self.next_id()
                 self.storage.store_duplicate_ids(record_id, address_name, keys, deleting=dead)
-                block.record_id = record_id
-            else:
-                for record_id in dead:
-                    self.storage.delete_record(record_id)
+                block.record_id, block.keys, dead = record_id, None, []
+            for record_id in dead:
+                self.storage.delete_record(record_id)
         except StorageFull:
             # their messages were accepted: the ids are kept in memory only, and records
-            # not deleted are dropped by the cache's size at the next start
+            # not deleted are dropped with their generation at the next start
             log.warning("duplicate ids not journaled: storage full", address=address_name)
 
     def _id_cache_size(self, address_name: str) -> int:
@@ -853,7 +860,7 @@ class Broker:
         whether the address is full; or why it goes nowhere."""
         durable, priority, ttl, _duplicate_id = header
         settings = address.settings
-        message = Message(0, data, address.name, fmt, durable=durable, priority=priority)
+        message = Message(0, data, address.name, fmt, durable, priority)  # no keywords: a dict
         if ttl > 0 or settings.expiry_delay >= 0:
             message.expiration = _expiration(ttl, settings)
         full = address.full_policy is not None and address.is_full()
@@ -955,7 +962,10 @@ class Broker:
         limits.messages += 1
         if limits.size > limits.flow_above:
             self.flow_to_disk(message)  # type: ignore[misc]
-        return message.shared(refs or len(queues), len(durable_ids)), bool(durable_ids)
+        refs = refs or len(queues)
+        if refs == 1:  # message.shared's first test, inlined: per message
+            return message, bool(durable_ids)
+        return message.shared(refs, len(durable_ids)), bool(durable_ids)
 
     def _in_journal(self, ref: MessageRef) -> bool:
         """Whether `ref` (not paged) has its place in a journal record of its message."""
@@ -1048,11 +1058,7 @@ class Broker:
         if cache is None or not keys:
             return []
         pairs = {(address_name, key) for key in keys}
-        if (
-            len(pairs) < len(keys)
-            or not pairs.isdisjoint(seen)
-            or not cache.ids.keys().isdisjoint(keys)
-        ):
+        if len(pairs) < len(keys) or not pairs.isdisjoint(seen) or cache.holds_any(keys):
             for key in keys:  # the first one seen before, for the error
                 if key in cache or (address_name, key) in seen:
                     raise duplicate_error(key, address_name)
@@ -1221,7 +1227,7 @@ class Broker:
                     address_name,
                     kept,
                     tx_id=tx.id,
-                    deleting=cache.emptied_by(len(kept)),
+                    deleting=cache.emptied_by(kept),
                 )
             admitted.append((cache, kept, record_id))
         return admitted
@@ -1762,9 +1768,9 @@ class Broker:
         return restored
 
     def _recover_ids(self, found: list[RecoveredDuplicateId]) -> None:
-        """Rebuild the duplicate-id caches a block at a time, oldest id first; blocks
-        pushed out whole by an address's id-cache-size (the older ids of a block partly
-        pushed out, or a lowered size), or all with persist-id-cache false, are deleted."""
+        """Rebuild the duplicate-id caches a block at a time, oldest id first, into the
+        generations they were in; blocks of a generation dropped (a lowered
+        id-cache-size), or all with persist-id-cache false, are deleted."""
         stale: list[int] = []
         for (address, record_id), recs in itertools.groupby(
             found, key=lambda rec: (rec.address, rec.record_id)

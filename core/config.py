@@ -289,8 +289,9 @@ BROKER_SECTION = ConfigSection(
             "id-cache-size",
             int,
             DEFAULT_ID_CACHE_SIZE,
-            "Duplicate detection: _AMQ_DUPL_ID values each address remembers (the oldest is "
-            "forgotten first) unless its address settings say; 0 turns detection off.",
+            "Duplicate detection: _AMQ_DUPL_ID values each address remembers unless its address "
+            "settings say: at least its last id-cache-size, at most twice as many (the oldest "
+            "are forgotten id-cache-size at a time); 0 turns detection off.",
             minimum=0,
         ),
         Setting(

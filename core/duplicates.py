@@ -4,8 +4,8 @@ duplicate-id caches).
 A producer that does not know whether a send arrived (its connection dropped before the
 outcome) resends it with the same `_AMQ_DUPL_ID` application property, and the broker
 keeps it once: a resend whose id is in its address's cache is accepted and dropped, or,
-inside a transaction, fails the commit. Each cache keeps the last `id-cache-size` ids;
-admitting one more forgets the oldest.
+inside a transaction, fails the commit. Each cache keeps at least the last
+`id-cache-size` ids, and at most twice as many (`DuplicateIdCache`: two generations).
 
 Ids are keys of bytes here: the id's AMQP encoding in its shortest form (`str8`/`vbin8`
 up to 255 bytes, `str32`/`vbin32` beyond), so "a" and b"a" differ and the AMQP format
@@ -18,9 +18,7 @@ through `StorageManager`.
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable
 
 from scow.core.interfaces import Completion
 from scow.core.model import BrokerError, InvalidField
@@ -127,63 +125,88 @@ def duplicate_error(key: bytes, address: str) -> DuplicateMessage:
 
 class IdBlock:
     """Ids of one address's cache journaled as one record: the ids admitted on their own
-    in one loop pass, or those one transaction admits. Its record goes once every id of
-    it has been pushed out of the cache."""
+    in one loop pass, or those one transaction admits. All its ids are in one generation
+    of the cache; its record goes when that generation is dropped."""
 
-    __slots__ = ("keys", "live", "record_id")
+    __slots__ = ("keys", "record_id")
 
-    def __init__(self, record_id: int, keys: list[bytes] | None) -> None:
+    def __init__(self, keys: list[bytes] | None, record_id: int = 0) -> None:
         #: Its journal record (0: not journaled, or not yet).
         self.record_id = record_id
-        #: Its ids still in the cache.
-        self.live = 0
-        #: The ids admitted into it, while it is open (None once closed, or when the
-        #: cache is not journaled).
+        #: Its ids, until its record is written (None once written, or once its
+        #: generation was dropped before).
         self.keys = keys
 
 
 class DuplicateIdCache:
-    """The last `size` ids one address admitted, oldest first, in blocks of a record each.
+    """The ids one address admitted last: at least its last `size`, in two generations.
+
+    Ids go into the young generation; when it holds `size` ids, the next id first makes
+    it the old one and drops the old one whole. An id at most `size` admissions old is
+    therefore always found (Artemis's guarantee), and the cache holds up to 2 x `size`.
+    Why not exactly the last `size`, as Artemis: pushing out the oldest id at each
+    admission (an entry `size` admissions old: a cache miss) and counting down its
+    block's ids still cached was about half of the admission's cost (benchmarks/
+    RESULTS.md, dup5); a generation dropped whole frees its ids in one C loop, and a
+    block's record goes with its generation, so no block counts its ids.
 
     Ids admitted on their own (their message is not journaled) go into the open block,
-    which `close` hands over to be written as one record, with the records of the blocks
-    pushed out meanwhile to delete; ids admitted by a transaction come as a block of their
-    own (`add_block`), as do the records recovery finds, oldest first.
-
-    Per id admitted, a plain dict (key -> block) and a ring of keys in admission order,
-    not an OrderedDict, whose insert and pop of the oldest cost 1.5x as much (200 against
-    135 ns per id at 20,000 ids, CPU, best of 7).
-    An id admitted again by `add_block` (recovery, an import) moves to the newest; its
-    older place stays in the ring, counted in `moved`, and is skipped when it comes out.
+    which `close` hands over to be written as one record, with the records of the
+    generation dropped meanwhile to delete; ids admitted together (a transaction, the
+    records recovery finds, oldest first) come as a block of their own (`add_block`),
+    which ages the young generation first if they would not fit in it. So a generation
+    never holds more than `size` ids and each block's ids are in one generation: the
+    blocks of a generation are deleted with it, and replaying the records in order
+    rebuilds the same generations.
     """
 
-    __slots__ = ("dead", "ids", "journaled", "moved", "open", "pending", "ring", "size")
+    __slots__ = (
+        "dead",
+        "journaled",
+        "old",
+        "old_blocks",
+        "open",
+        "pending",
+        "size",
+        "unwritten",
+        "young",
+        "young_blocks",
+    )
 
     def __init__(self, size: int, *, journaled: bool = True) -> None:
         self.size = size
         #: Whether the cache's blocks are journaled (persist-id-cache on a journal).
         self.journaled = journaled
-        #: id key -> its block, oldest first.
-        self.ids: dict[bytes, IdBlock] = {}
-        #: The ids' keys, oldest first, with the older places of ids that moved.
-        self.ring: deque[bytes] = deque()
-        #: id key -> how many older places of it the ring holds (ids that moved).
-        self.moved: dict[bytes, int] = {}
-        #: The block that ids admitted on their own go into; a cache that is not
-        #: journaled keeps one for good. Its `live` counts only the ids pushed out of it
-        #: (negatively) until `close` adds those admitted: one count less per id.
-        self.open: IdBlock | None = None if journaled else IdBlock(0, None)
-        #: Records of blocks whose every id was pushed out, to delete at the next `close`.
+        #: The ids admitted since the young generation began (at most `size`), as the
+        #: keys of a dict: a miss reads less memory than in a set (whose table is twice
+        #: the size), and every new id is a miss: about 0.2 against 0.3 us per new id at
+        #: 20,000 ids with other memory traffic between (CPU, best of 5).
+        self.young: dict[bytes, None] = {}
+        #: The generation before it (no id of it is in `young`).
+        self.old: dict[bytes, None] = {}
+        #: The blocks of each generation, oldest first.
+        self.young_blocks: list[IdBlock] = []
+        self.old_blocks: list[IdBlock] = []
+        #: The ids admitted on their own since the last `close` (None: none yet, or
+        #: the cache is not journaled).
+        self.open: list[bytes] | None = None
+        #: Blocks cut from the open one when its generation aged, to write at `close`.
+        self.unwritten: list[IdBlock] = []
+        #: Records of dropped generations, to delete at the next `close`.
         self.dead: list[int] = []
         #: Ids whose admitting commit is not durable yet -> outcomes of resends waiting
         #: for it (a resend is confirmed only once what it duplicates is safe).
         self.pending: dict[bytes, list[Completion]] = {}
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self.ids
+        return key in self.young or key in self.old
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.young) + len(self.old)
+
+    def holds_any(self, keys: Iterable[bytes]) -> bool:
+        """Whether any of `keys` is in the cache."""
+        return not (self.young.keys().isdisjoint(keys) and self.old.keys().isdisjoint(keys))
 
     def kept(self, keys: list[bytes]) -> list[bytes]:
         """Of ids about to be admitted together (oldest first), those the cache keeps."""
@@ -192,107 +215,86 @@ class DuplicateIdCache:
     def admit(self, key: bytes) -> bool:
         """Admit `key` (newest, not in the cache) into the open block; True when this
         opened the block, so that a `close` is due."""
-        block = self.open
-        opened = block is None
-        if block is None:
-            block = self.open = IdBlock(0, [])
-        keys = block.keys
+        young = self.young
+        if len(young) >= self.size:  # full: as `add_block` of one id
+            self._age()
+            young = self.young
+        young[key] = None
+        keys = self.open
         if keys is not None:
             keys.append(key)
-        ids = self.ids
-        ids[key] = block
-        self.ring.append(key)
-        if len(ids) > self.size:  # full: the oldest goes (`_push_out`, inlined: per id)
-            if self.moved:
-                self._push_out()
-            else:
-                oldest = ids.pop(self.ring.popleft())
-                oldest.live -= 1
-                if not oldest.live and oldest.record_id:
-                    self.dead.append(oldest.record_id)
-                if len(ids) > self.size:  # the size was lowered
-                    self._push_out()
-        return opened
+            return False
+        if self.journaled:
+            self.open = [key]
+            return True
+        return False
 
-    def close(self) -> tuple[IdBlock | None, list[bytes], list[int]]:
-        """End the open block: (it, its ids still in the cache, oldest first), to be
-        written as one record (then set its `record_id`), and the records to delete."""
-        block, self.open = self.open, None
+    def close(self) -> tuple[list[tuple[IdBlock, list[bytes]]], list[int]]:
+        """End the open block: (the blocks to write, oldest first, with their ids: each
+        one record, then set its `record_id`; the records to delete)."""
+        blocks = [(block, block.keys) for block in self.unwritten if block.keys is not None]
+        self.unwritten = []
+        if self.open:
+            block = IdBlock(self.open)
+            self.young_blocks.append(block)
+            blocks.append((block, self.open))
+        self.open = None
         dead, self.dead = self.dead, []
-        if block is None or block.keys is None:
-            self.open = block  # a cache that is not journaled keeps its block
-            return None, [], dead
-        keys, block.keys = block.keys, None
-        block.live += len(keys)
-        if block.live < len(keys):  # some were pushed out already
-            ids = self.ids
-            keys = [key for key in keys if ids.get(key) is block]
-        return block, keys, dead
+        return blocks, dead
 
-    def emptied_by(self, adding: int) -> list[int]:
-        """The records of the blocks that `adding` more ids would push out whole, oldest
-        first, without changing anything (`close` first: this ignores `dead`)."""
-        over = len(self.ids) + adding - self.size
-        if over <= 0:
+    def emptied_by(self, keys: list[bytes]) -> list[int]:
+        """The records that admitting `keys` together (`kept`) would drop, without
+        changing anything (`close` first: this ignores `dead`)."""
+        if not self._ages_for(keys):
             return []
-        leaving: dict[IdBlock, int] = {}
-        for block in itertools.islice(self._oldest(), over):
-            leaving[block] = leaving.get(block, 0) + 1
-        return [b.record_id for b, n in leaving.items() if n == b.live and b.record_id]
+        return [block.record_id for block in self.old_blocks if block.record_id]
 
     def add_block(self, keys: list[bytes], record_id: int) -> list[int]:
-        """Admit ids journaled together as record `record_id` (0: none), oldest first; an
-        id already in the cache moves to the newest. Returns the records of the blocks
-        this pushed out whole (`close` first: they are taken from `dead`)."""
-        block = IdBlock(record_id, None)
-        block.live = len(keys)  # first: a key twice in `keys` leaves the block once
-        ids, ring, moved = self.ids, self.ring, self.moved
-        for key in keys:
-            old = ids.pop(key, None)
-            if old is not None:
-                self._leave(old)
-                moved[key] = moved.get(key, 0) + 1
-            ids[key] = block
-            ring.append(key)
-        self._push_out()
+        """Admit ids journaled together as record `record_id` (0: none), oldest first,
+        keeping the newest `size`; an id already in the cache moves to the young
+        generation. Returns the records this dropped (`close` first: they are taken
+        from `dead`)."""
+        keys = self.kept(keys)
+        if keys:
+            if self._ages_for(keys):
+                self._age()
+            old, young = self.old, self.young
+            for key in keys:
+                if key in old:
+                    del old[key]
+                young[key] = None
+            if record_id:
+                self.young_blocks.append(IdBlock(None, record_id))
         dead, self.dead = self.dead, []
         return dead
 
     def clear(self) -> list[int]:
         """Forget every id; returns the records of their blocks, and those to delete."""
-        records = {block.record_id for block in self.ids.values() if block.record_id}
+        records = {block.record_id for block in self.young_blocks if block.record_id}
+        records.update(block.record_id for block in self.old_blocks if block.record_id)
         records.update(self.dead)
-        self.ids.clear()
-        self.ring.clear()
-        self.moved.clear()
-        self.dead = []
-        if self.journaled:
-            self.open = None
+        for generation in (self.young, self.old):
+            generation.clear()
+        self.young_blocks, self.old_blocks, self.unwritten, self.dead = [], [], [], []
+        self.open = None
         return sorted(records)
 
-    def _oldest(self) -> Iterator[IdBlock]:
-        """The blocks of the ids in the cache, oldest id first (one per id)."""
-        ids, skip = self.ids, dict(self.moved)
-        for key in self.ring:
-            if skip.get(key):
-                skip[key] -= 1
-            else:
-                yield ids[key]
+    def _ages_for(self, keys: list[bytes]) -> bool:
+        """Whether `keys` (at most `size`) admitted together would not fit in the young
+        generation, so that it ages first."""
+        young = self.young
+        return len(young) + sum(1 for key in set(keys) if key not in young) > self.size
 
-    def _push_out(self) -> None:
-        ids, ring, moved = self.ids, self.ring, self.moved
-        while len(ids) > self.size:
-            key = ring.popleft()
-            if moved and key in moved:  # an older place of an id that moved
-                if moved[key] == 1:
-                    del moved[key]
-                else:
-                    moved[key] -= 1
-                continue
-            self._leave(ids.pop(key))
-
-    def _leave(self, block: IdBlock) -> None:
-        """One id of `block` left the cache."""
-        block.live -= 1
-        if not block.live and block.record_id:
-            self.dead.append(block.record_id)
+    def _age(self) -> None:
+        """The young generation becomes the old one; the old one is dropped whole."""
+        if self.open:  # its ids are in the generation that ages: a block of their own
+            block = IdBlock(self.open)
+            self.young_blocks.append(block)
+            self.unwritten.append(block)
+            self.open = []  # still open (its `close` is due), for the new generation
+        for block in self.old_blocks:
+            block.keys = None  # not written, if it was not yet
+            if block.record_id:
+                self.dead.append(block.record_id)
+        self.old, self.old_blocks = self.young, self.young_blocks
+        self.young, self.young_blocks = {}, []

@@ -28,8 +28,8 @@ the importer can (the paging plugin's tools), otherwise into the journal.
 The duplicate-id caches come last, each address's oldest id first, so that producers
 resending to the imported broker are still deduplicated (an import keeps them whatever
 its persist-id-cache; a broker with it false drops them at its start). The ids of a
-journal record partly pushed out of its cache come too; the importing broker's cache
-size drops them again at its start, oldest first. A file without
+record an earlier version left partly pushed out of its cache come too; the importing
+broker drops them again at its start, a generation at a time. A file without
 them (written before they were exported) imports as one with empty caches.
 Streams (queues of queue-type "stream", whose records live in their own store) come
 after them, each with its cursors and then its records in sequence order; an import

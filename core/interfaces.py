@@ -177,9 +177,6 @@ class PageStore(Protocol):
     # Optional: `read_unchecked(page, offset) -> bytes`, the page's bytes from `offset`
     # with no frame checked (a torn or corrupt tail included), for a reader that checks
     # each frame's CRC as it parses it; without it such a reader uses `read`.
-    # Optional: `read_mapped(page, end) -> mmap | bytes`, the page's first `end` bytes
-    # (a visible end) mapped instead of copied, nothing checked; the paging cursor
-    # prefers it to `read_unchecked` and closes the map when it has parsed it.
 
     def delete(self, page: int) -> None:
         """Remove a page; deleting a missing page does nothing."""
@@ -294,8 +291,10 @@ class Cursor(Protocol):
     backlog: int
     backlog_bytes: int
 
-    def fill(self) -> None:
-        """The queue has room: read more paged messages into it (asynchronously)."""
+    def fill(self, now: bool = False) -> None:
+        """The queue has room: read more paged messages into it (asynchronously; what is
+        read already is handed over at the end of the loop turn, or at once with `now`:
+        a consumer's new credit, which a drain answers right after)."""
 
     def purge(self, up_to: int) -> None:
         """Drop, as it reads them (asynchronously), the paged messages whose id is at most
@@ -364,7 +363,9 @@ class Queue(Protocol):
     A queue type may also have `enqueue_all(entries)`: `enqueue` of each entry, in
     order, done as a batch. A cursor draining pages hands over what it read that way
     when the queue has it (the standard queue serves its one consumer's credit without
-    asking for it per message), else one `enqueue` at a time.
+    asking for it per message), else one `enqueue` at a time. And `deliverable()`: how
+    many entries it would hand straight to a consumer now, or None when entries may
+    wait or be offered around; a cursor then hands over no more than that.
     """
 
     spec: QueueSpec

@@ -131,7 +131,7 @@ class Message:
         data: bytes,
         address: str,
         fmt: MessageFormat,
-        *,
+        # positional too: the broker makes one per message, and keywords cost a dict
         durable: bool = False,
         priority: int = 4,
         expiration: int = 0,

@@ -23,10 +23,10 @@ Message journal records:
                          the id keys back to back, oldest first: a key is the id's
                          AMQP encoding, which gives its own length); the ids admitted on
                          their own in one loop pass (unsynced), or those of one journal
-                         transaction (the messages they admit are in it); deleted once
-                         all its ids are pushed out of the cache (a block partly pushed
-                         out keeps them all: recovery drops the older ones again by
-                         cache size)
+                         transaction (the messages they admit are in it); all its ids
+                         are in one generation of the cache (`DuplicateIdCache`), and it
+                         is deleted when that generation is dropped; recovery replays
+                         the blocks in order into the same generations
   DUPLICATE_IDS  add     a block as written before 2026-11-25: each key after its length,
                          a key a tag byte and the id (`duplicates.current_key`); still
                          read, deleted as DUPLICATE_KEYS are
@@ -236,8 +236,9 @@ class Recovered:
     messages: list[RecoveredMessage] = field(default_factory=list)
     prepared: list[RecoveredPrepared] = field(default_factory=list)
     pages: PageRecovery = field(default_factory=PageRecovery)
-    #: Every address's duplicate-id cache, oldest id first (record ids grow with time),
-    #: with the older ids of a block partly pushed out (the cache's size drops them).
+    #: Every address's duplicate-id cache, oldest id first (record ids grow with time);
+    #: a record written before the cache had generations (2026-11-25) may hold ids it had
+    #: forgotten, which replaying the records drops again.
     duplicate_ids: list[RecoveredDuplicateId] = field(default_factory=list)
     next_id: int = 1
 
@@ -476,7 +477,7 @@ class StorageManager:
 
     def delete_record(self, record_id: int, *, tx_id: int | None = None) -> None:
         """Drop a cursor-page or page-tx record whose pages are gone, or a block of
-        duplicate ids pushed out of its cache (within `tx_id`: when it commits)."""
+        duplicate ids whose generation left its cache (within `tx_id`: when it commits)."""
         if tx_id is not None:
             self.messages.append_delete_tx(tx_id, record_id)
         else:
@@ -496,7 +497,7 @@ class StorageManager:
         """Journal a block of ids of `address`'s duplicate-id cache (oldest first) as
         record `record_id`: within `tx_id`, the transaction of the messages they admit
         (so both are durable, or neither), else unsynced. The records of `deleting` (of
-        blocks pushed out of the cache) are deleted first."""
+        blocks of a generation dropped from the cache) are deleted first."""
         journal = self.messages
         prefix = self._id_prefixes.get(address)
         if prefix is None:

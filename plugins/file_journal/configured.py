@@ -108,8 +108,9 @@ def cmd_print(args: argparse.Namespace) -> int:
 
 
 def describe_duplicate_ids(recovered: Recovered) -> Iterator[str]:
-    """How many duplicate ids each address's records hold (a record partly pushed out of
-    its cache counts whole: the broker drops the older ids at its start), and the newest."""
+    """How many duplicate ids each address's records hold (a record an earlier version
+    left partly pushed out of its cache counts whole: the broker drops those ids at its
+    start), and the newest."""
     by_address: dict[str, list[bytes]] = {}
     for rec in recovered.duplicate_ids:
         by_address.setdefault(rec.address, []).append(rec.key)

@@ -25,7 +25,8 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from functools import partial
-from operator import attrgetter, itemgetter
+from itertools import accumulate
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -93,10 +94,6 @@ _Record = tuple[int, int, tuple, Any]
 _offset_of = itemgetter(0)
 _new_message = Message.__new__
 _new_ref = PagedRef.__new__
-#: A frame's length and CRC, a record's header and its first queue id: what the reader
-#: needs of a record, in one unpack. A message's frame is never shorter (it is routed to
-#: a queue), so a shorter frame at a page's end is a summary.
-_FRAME_AND_HEAD = struct.Struct(">II" + HEAD.format.lstrip(">") + "Q")
 
 
 def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Window:
@@ -127,21 +124,26 @@ def _read_window(store: PageStore, page: int, offset: int, queue_id: int) -> _Wi
 
 class _Run:
     """The records of one page routed to a cursor's queue, read from byte `start` on to
-    be taken in order: each already the `PagedRef` the queue is handed, made by the
-    reader thread (`_read_run`), so that the loop hands over a run of them as one
-    slice when nothing about them needs a look of its own (`plain`)."""
+    be taken in order: each message's bytes and the few ints it needs, cut out of the
+    page by the reader thread (`_read_run`), so that the loop makes a record's
+    `Message` and `PagedRef` only as it hands it over (`QueueCursor._refs`), a slice
+    of them at a time when nothing about them needs a look of its own (`plain`)."""
 
     __slots__ = (
         "cut",
+        "datas",
         "end",
+        "expirations",
+        "ids",
+        "keys",
         "nexts",
+        "offsets",
         "page",
         "plain",
         "priority",
-        "refs",
         "sizes",
-        "special",
         "start",
+        "txs",
     )
 
     def __init__(self, page: int, start: int, end: int) -> None:
@@ -149,18 +151,24 @@ class _Run:
         self.start = start
         #: The page offset just past the bytes read.
         self.end = end
-        #: A reference per record routed to the queue, in page order (`offset` is the
-        #: record's place); a large message's has no message yet (the loop's store holds
-        #: its body).
-        self.refs: list[PagedRef] = []
+        # lists, not arrays: the reader appends to them for every message, and a list's
+        # append costs less than an array's (they live as long as the run)
+        #: The page offset of each record routed to the queue, in page order.
+        self.offsets: list[int] = []
         #: The page offset just past each of them.
         self.nexts: list[int] = []
+        #: Their message ids, expirations, `flags << 8 | priority` and bytes (a large
+        #: message's: its record's data, which the loop makes its message of).
+        self.ids: list[int] = []
+        self.expirations: list[int] = []
+        self.keys: list[int] = []
+        self.datas: list[bytes] = []
+        #: index -> transaction id of those sent in a transaction.
+        self.txs: dict[int, int] = {}
         #: Bytes of the messages before each of them (one more entry: all of them).
         self.sizes = [0]
-        #: index -> (header, record bytes or None) of the records taken with care: sent
-        #: in a transaction, or large (their bytes: the loop makes their message).
-        self.special: dict[int, tuple[tuple, Any]] = {}
-        #: No special record: the loop may take a slice of `refs` without looking at each.
+        #: No record sent in a transaction or large: the loop may hand over a slice
+        #: without looking at each.
         self.plain = True
         #: The priority of every message in it, -1 if they differ (or there are none).
         self.priority = -1
@@ -171,58 +179,44 @@ class _Run:
         return _covers(self, page, offset)
 
     def index(self, offset: int) -> int:
-        """Index of the first reference at or after page offset `offset`."""
-        return bisect_left(self.refs, offset, key=_ref_offset)
+        """Index of the first record at or after page offset `offset`."""
+        return bisect_left(self.offsets, offset)
 
 
-_ref_offset = attrgetter("offset")
+#: A frame's length and CRC, a record's header and its first queue id: what the reader
+#: needs of a record, in one unpack. A message's frame is never shorter (it is routed to
+#: a queue), so a shorter frame at a page's end is a summary.
+_FRAME_AND_HEAD = struct.Struct(">II" + HEAD.format.lstrip(">") + "Q")
+#: Where a record's queue ids start in its frame.
+_IDS_AT = FRAME_HEADER + HEAD.size
 
 
-def _read_run(
-    store: PageStore,
-    page: int,
-    offset: int,
-    end: int,
-    cursor: QueueCursor,
-    kinds: Callable[[int, int], MessageKind],
-) -> _Run:
-    """Read `page` from `offset` up to `end` (its visible end) and make a `PagedRef` of
-    each record routed to the cursor's queue, `kinds` giving a message's kind by its
-    record's flags and priority (runs in the reader thread: it only reads the loop's
-    objects).
+def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int) -> _Run:
+    """Read `page` from `offset` up to `end` (its visible end) and cut out the records
+    routed to queue `queue_id` (runs in the reader thread: it touches nothing of the
+    loop's).
 
     Every paged message passes through here once, so the loop is written out: the
     frames walked inline, each checked as `page_frames.valid_length` would (the
-    store's `read_mapped` or `read_unchecked` leaves that to this one walk), one unpack
-    per record, the message and its reference built as their `__init__`s would, and a
-    kind looked up only when a record's flags or priority differ from the one before.
-    A store that maps its pages (`read_mapped`) is read in place: only the bytes of the
-    messages kept are copied, and the offsets in the map are the page's own."""
-    mapped = getattr(store, "read_mapped", None)
-    if mapped is not None:
-        buf = mapped(page, end)
-        at, shift = offset, 0  # the map starts at the page's first byte
-    else:
-        buf = getattr(store, "read_unchecked", store.read)(page, offset)
-        at, shift = 0, offset
+    store's `read_unchecked` leaves that to this one walk), one unpack per record, and
+    nothing made per record but its bytes and a few ints: its `Message` and `PagedRef`
+    are made by the loop as it hands them over (`QueueCursor._refs`). The page is read
+    with one `pread` (which lets go of the GIL while it copies), not mapped: a page
+    file cut short by something else while mapped would kill the broker with SIGBUS."""
+    buf = getattr(store, "read_unchecked", store.read)(page, offset)
     view = memoryview(buf)
-    queue = cursor.queue
-    queue_id = queue.id
     run = _Run(page, offset, offset)
-    refs = run.refs
-    add_ref = refs.append
+    add_offset = run.offsets.append
     add_next = run.nexts.append
-    add_size = run.sizes.append
-    special = run.special
+    add_id = run.ids.append
+    add_expiration = run.expirations.append
+    add_key = run.keys.append
+    add_data = run.datas.append
     unpack = _FRAME_AND_HEAD.unpack_from
-    new, new_ref = _new_message, _new_ref
-    ids_from = FRAME_HEADER + HEAD.size
-    data_from = ids_from + 8  # where the message starts in a record routed to one queue
-    seen = -1  # flags << 8 | priority of the last message, whose kind is `kind`
-    kind: MessageKind | None = None
-    priorities = 0  # bit p set: a message of priority p
-    total = 0
-    size = len(buf)
+    data_from = _IDS_AT + 8  # where the message starts in a record routed to one queue
+    plain = True
+    at = 0
+    size = min(len(buf), end - offset)  # bytes past the visible end are appends under way
     last = size - _FRAME_AND_HEAD.size  # the last place a message's frame can start
     try:
         while at <= last:
@@ -232,48 +226,31 @@ def _read_run(
                 break  # zero fill, a torn append or a corrupt frame: the page ends here
             if first == queue_id and n == 1:
                 data = buf[at + data_from : pend]
-            elif n > 1 and queue_id in _ids(buf, at + ids_from, n):
-                data = buf[at + ids_from + 8 * n : pend]
+            elif n > 1 and queue_id in _ids(buf, at + _IDS_AT, n):
+                data = buf[at + _IDS_AT + 8 * n : pend]
             else:
                 at = pend
                 continue
-            ref = new_ref(PagedRef)
             if tx_id or flags & LARGE:
-                special[len(refs)] = (
-                    (message_id, expiration, tx_id, flags, priority, n),
-                    data if flags & LARGE else None,
-                )
-            if flags << 8 | priority != seen:
-                seen = flags << 8 | priority
-                kind = kinds(flags, priority)
-                priorities |= 1 << priority
-            if not flags & LARGE:
-                message = new(Message)
-                message.id = message_id
-                message.data = data
-                message.kind = kind
-                message.expiration = expiration
-                ref.message = message
-            ref.queue = queue
-            ref.cursor = cursor
-            ref.page = page
-            ref.offset = shift + at
-            ref.delivery_count = 0
-            ref.consumer = None
-            add_ref(ref)
-            add_next(shift + pend)
-            total += len(data)
-            add_size(total)
+                plain = False
+                if tx_id:
+                    run.txs[len(run.offsets)] = tx_id
+            add_offset(offset + at)
+            add_next(offset + pend)
+            add_id(message_id)
+            add_expiration(expiration)
+            add_key(flags << 8 | priority)
+            add_data(data)
             at = pend
         # what is too short for a message (a summary) is checked as the store would
-        run.end = shift + valid_length(view, at)
+        run.end = offset + valid_length(view[:size], at)
     finally:
         view.release()
-        if mapped is not None and buf:
-            buf.close()  # type: ignore[union-attr]
-    run.plain = not special
-    if priorities and not priorities & (priorities - 1):  # one bit: a single priority
-        run.priority = priorities.bit_length() - 1
+    run.plain = plain
+    run.sizes = list(accumulate(map(len, run.datas), initial=0))
+    priorities = {key & 0xFF for key in set(run.keys)}
+    if len(priorities) == 1:
+        run.priority = priorities.pop()
     return run
 
 
@@ -286,6 +263,8 @@ class QueueCursor:
         self._queue_enqueue_all: Callable[[list[PagedRef]], None] = getattr(
             queue, "enqueue_all", None
         ) or partial(_enqueue_each, queue)
+        #: How many entries the queue would hand straight to a consumer now (optional).
+        self._deliverable: Callable[[], int | None] | None = getattr(queue, "deliverable", None)
         self.page = pager.write_page
         self.offset = pager.write_offset
         #: Messages for the queue still in pages (not read into memory) and their bytes.
@@ -326,8 +305,9 @@ class QueueCursor:
         self._batch_for: Any = None
         self._batch = (0, 0)
         self._reading = False
-        #: A fill is scheduled for the end of this loop turn (or under way).
+        #: A fill is scheduled for the end of this loop turn; one is under way.
         self._fill_due = False
+        self._filling = False
         self._scan = (self.page, self.offset)
         self._scan_key: tuple[int, ...] = ()
         #: page -> when its next message expires, as far as expire_scan has seen
@@ -410,23 +390,41 @@ class QueueCursor:
 
     # ------------------------------------------------------------------ reading
 
-    def fill(self) -> None:
+    def fill(self, now: bool = False) -> None:
         """Read into the queue what its read limits have room for, at the end of this
         loop turn: the queue asks on every acknowledgement, and the acknowledgements
-        of one read from the socket then cost one pass, not one each."""
-        if self._fill_due or self.closed or not self.backlog:
-            return
-        self._fill_due = True
-        self.pager.manager.loop.call_soon(self._fill_now)
+        of one read from the socket then cost one pass, not one each. `now`: at once,
+        for a consumer's new credit (a drain is answered right after: it must find
+        what the credit may take already handed over)."""
+        if self._filling or self.closed or not self.backlog:
+            return  # what it hands the queue asks to fill again: no need while it fills
+        if now:
+            self._fill_now()
+        elif not self._fill_due:
+            self._fill_due = True
+            self.pager.manager.loop.call_soon(self._fill_due_now)
+
+    def _fill_due_now(self) -> None:
+        self._fill_due = False
+        self._fill_now()
 
     def _fill_now(self) -> None:
-        try:  # what it hands the queue asks to fill again: no need while it fills
-            if not (self._reading or self.closed or not self.backlog):
-                self._fill()
+        # not skipped while a read is on its way: that may be the next page's, read ahead
+        if self._filling or self.closed or not self.backlog:
+            return
+        self._filling = True
+        try:
+            self._fill()
+            if not self.backlog:
+                # the last of it is handed over: the address may leave page mode now,
+                # not at the next acknowledgement (the consumer may hold back its last)
+                self.pager.check()
         finally:
-            self._fill_due = False
+            self._filling = False
 
     def _fill(self) -> None:
+        if self._waits_for_credit():
+            return  # asked on every acknowledgement: the common answer, found first
         pager = self.pager
         if self.queue.ready_count() and not self._room_for_a_batch():
             self._scan_ahead()  # selectors refusing what is ready still look further on
@@ -451,7 +449,18 @@ class QueueCursor:
             if run.end == offset:  # visible bytes, but no valid frame at the position
                 self.offset = self._past_damage(page, offset, end)
                 continue
-            self._take(run, end)
+            if not self._take(run, end):
+                return  # its consumer took what its credit allows: more once it has credit
+
+    def _waits_for_credit(self) -> bool:
+        """True when the queue would hand what it is given straight to its consumer,
+        whose credit is spent, and the page at the position is read already: nothing
+        to do until credit comes (the queue's dispatch asks then)."""
+        deliverable = self._deliverable
+        if deliverable is None or self.purging is not None or self.drain_to_queue:
+            return False
+        run = self._windows.get("main")
+        return run is not None and run.covers(self.page, self.offset) and deliverable() == 0
 
     def _past_damage(self, page: int, offset: int, end: int) -> int:
         """Where to read on from a frame damaged on disk after it was written: the frames
@@ -516,10 +525,22 @@ class QueueCursor:
         return self._read(slot, page, offset, _read_window, self.queue.id)
 
     def _run(self, page: int, offset: int) -> _Run | None:
-        """The references to take in order from `offset` of `page`, or None while they
-        are being read."""
-        end = self.pager.visible_end(page)
-        return self._read("main", page, offset, _read_run, end, self, self._kind)
+        """The records to take in order from `offset` of `page`, or None while they are
+        being read. The next finished page is read meanwhile (`ahead`), so a drain
+        does not wait for the reader at each page's end."""
+        windows = self._windows
+        ahead = windows.get("ahead")
+        if ahead is not None and ahead.covers(page, offset):
+            windows["main"] = windows.pop("ahead")
+        pager = self.pager
+        run = self._read("main", page, offset, _read_run, pager.visible_end(page), self.queue.id)
+        if run is not None and not self._reading:
+            following = self._following(page)
+            info = pager.pages.get(following)
+            # a page written in full: read once, not again each time it grew
+            if following < pager.write_page and info is not None and info.visible >= info.size:
+                self._read("ahead", following, 0, _read_run, info.visible, self.queue.id)
+        return run
 
     def _read(
         self, slot: str, page: int, offset: int, reader: Callable[..., Any], *args: Any
@@ -581,25 +602,41 @@ class QueueCursor:
                 skip = True
             yield (at, _next, head, None) if skip else record
 
-    def _take(self, run: _Run, end: int) -> None:
+    def _take(self, run: _Run, end: int) -> bool:
         """Hand the queue the records of `run` from the position up to page offset `end`,
-        in order, while its read limits allow.
+        in order, while its read limits allow and, for a queue that would hand them
+        straight to its consumer, its consumer's credit (`_room`). Returns False when
+        that credit stopped it short of `end`.
 
         A drain from pages runs every message through here. While nothing about the
-        records needs a look of its own they go as slices of the run's references
-        (`_take_slices`); otherwise one by one (`_take_each`)."""
+        records needs a look of its own they go as slices of the run (`_take_slices`);
+        otherwise one by one (`_take_each`)."""
         first = run.index(self.offset)
         stop = run.index(end)
         if self._plain(run):
-            reached = self._take_slices(run, first, stop)
+            reached, short = self._take_slices(run, first, stop)
         else:
-            reached = self._take_each(run, first, stop)
+            reached, short = self._take_each(run, first, stop)
         if reached == stop and self.backlog:
             # what follows up to `end` is for other queues (or a summary): passed over
             self.offset = max(self.offset, min(end, run.end))
+        return not short
+
+    def _room(self) -> tuple[int, int]:
+        """(messages, bytes) the queue may be handed now: its read limits' allowance,
+        and no more than its one consumer's credit while it would hand them straight on
+        (`deliverable`): the `PagedRef`s a drain hands over are then made just before
+        they are sent, not a page ahead of it, and wait in the run, not as objects."""
+        messages, size = self._allowance()
+        deliverable = self._deliverable
+        if deliverable is not None and self.purging is None and not self.drain_to_queue:
+            direct = deliverable()
+            if direct is not None and direct < messages:
+                return direct, size
+        return messages, size
 
     def _plain(self, run: _Run) -> bool:
-        """True when the queue may take `run`'s references as they are: none in a
+        """True when the queue may take `run`'s records as they are: none in a
         transaction or large, none acknowledged or with a delivery count before a
         restart, none taken ahead, no journal message held back, no purge, and the
         backlog's priorities counted by one priority for all."""
@@ -615,19 +652,20 @@ class QueueCursor:
             and (run.priority >= 0 or not self.priorities_known)
         )
 
-    def _take_slices(self, run: _Run, i: int, stop: int) -> int:
-        """`_take` for a plain run: each slice of references its read limits allow is
-        counted from the run's running sizes and enqueued whole. Returns the index of
-        the first reference not taken."""
-        refs, sizes, nexts = run.refs, run.sizes, run.nexts
+    def _take_slices(self, run: _Run, i: int, stop: int) -> tuple[int, bool]:
+        """`_take` for a plain run: each slice of records `_room` allows is counted from
+        the run's running sizes and enqueued whole. Returns the index of the first
+        record not taken, and whether the consumer's credit stopped it (the read
+        limits had room for more)."""
+        sizes, nexts = run.sizes, run.nexts
         priority = min(run.priority, 9)
-        messages, size = self._allowance()
+        messages = size = 0  # asked for below
         while i < stop and self.backlog:
             if messages <= 0 or size <= 0:
-                messages, size = self._allowance()
+                messages, size = self._room()
                 if messages <= 0 or size <= 0:
-                    break
-            # every reference whose bytes before it in the slice are under `size`
+                    return i, self.has_room()
+            # every record whose bytes before it in the slice are under `size`
             j = bisect_left(sizes, sizes[i] + size, i, min(stop, i + messages, i + self.backlog))
             count, length = j - i, sizes[j] - sizes[i]
             self.offset = nexts[j - 1]
@@ -638,16 +676,53 @@ class QueueCursor:
             elif not self.backlog:
                 self.priorities_known = True  # the recovered backlog is read: counts from now
             self.pager.address.add_memory(length, count)
-            self._queue_enqueue_all(refs[i:j])
+            self._queue_enqueue_all(self._refs(run, i, j))
             messages -= count
             size -= length
             i = j
-        return i
+        return i, False
 
-    def _take_each(self, run: _Run, i: int, stop: int) -> int:
-        """`_take` one reference at a time, those the queue must not take left out;
-        enqueued in batches all the same. Returns the index of the first reference not
-        looked at."""
+    def _refs(self, run: _Run, i: int, j: int) -> list[PagedRef]:
+        """The references of `run`'s records i to j (plain ones), made as their
+        `__init__`s would: a drain makes one of each per message."""
+        offsets, ids, expirations, keys, datas = (
+            run.offsets,
+            run.ids,
+            run.expirations,
+            run.keys,
+            run.datas,
+        )
+        new, new_ref = _new_message, _new_ref
+        queue, page = self.queue, run.page
+        seen = -1  # flags << 8 | priority of the last message, whose kind is `kind`
+        kind: MessageKind | None = None
+        refs: list[PagedRef] = []
+        add = refs.append
+        for k in range(i, j):
+            key = keys[k]
+            if key != seen:
+                seen = key
+                kind = self._kind(key >> 8, key & 0xFF)
+            message = new(Message)
+            message.id = ids[k]
+            message.data = datas[k]
+            message.kind = kind
+            message.expiration = expirations[k]
+            ref = new_ref(PagedRef)
+            ref.message = message
+            ref.queue = queue
+            ref.cursor = self
+            ref.page = page
+            ref.offset = offsets[k]
+            ref.delivery_count = 0
+            ref.consumer = None
+            add(ref)
+        return refs
+
+    def _take_each(self, run: _Run, i: int, stop: int) -> tuple[int, bool]:
+        """`_take` one record at a time, those the queue must not take left out;
+        enqueued in batches all the same. Returns the index of the first record not
+        looked at, and whether the consumer's credit stopped it."""
         page = self.page
         committed = self.pager.committed_txs
         acked = self.acked.get(page)
@@ -655,24 +730,21 @@ class QueueCursor:
         counts = self.counts.get(page)
         recovered = page < self.pager.first_page  # written before this start: durable only
         held = self.held
-        refs, nexts, special = run.refs, run.nexts, run.special
+        offsets, nexts, ids, keys, datas = run.offsets, run.nexts, run.ids, run.keys, run.datas
+        expirations, txs = run.expirations, run.txs
         batch: list[PagedRef] = []
         batch_bytes = 0
-        messages, size = self._allowance()  # counted down, asked again only when spent
+        messages, size = self._room()  # counted down, asked again only when spent
+        if messages <= 0 or size <= 0:
+            return i, self.has_room()
         while i < stop:
-            ref = refs[i]
-            extra = special.get(i)
+            at, message_id, key = offsets[i], ids[i], keys[i]
+            tx_id = txs.get(i, 0)
             self.offset = nexts[i]
             i += 1
-            at = ref.offset
-            if extra is None:
-                message_id, durable = ref.message.id, ref.message.kind.durable
-            else:
-                head, data = extra
-                message_id, tx_id, durable = head[0], head[2], head[3] & DURABLE
-                if tx_id and tx_id not in committed:
-                    continue
-            if (recovered and not durable) or (acked is not None and at in acked):
+            if tx_id and tx_id not in committed:
+                continue
+            if (recovered and not key >> 8 & DURABLE) or (acked is not None and at in acked):
                 continue
             if taken and (page, at) in taken:
                 taken.discard((page, at))
@@ -680,12 +752,11 @@ class QueueCursor:
             if held and held[0].message.id < message_id:
                 batch_bytes = self._enqueue_all(batch, batch_bytes)
                 self._release_held(message_id)
-            if extra is not None and data is not None:  # large: left as bytes by the reader
-                ref.message = self._message(head, data)
-                hold_body(ref.message.data)
-            if counts:
-                ref.delivery_count = counts.get(at, 0)
-            message = ref.message
+            head = (message_id, expirations[i - 1], tx_id, key >> 8, key & 0xFF, 0)
+            message = self._message(head, datas[i - 1])
+            if key >> 8 & LARGE:
+                hold_body(message.data)
+            ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
             length = len(message.data)
             self.backlog -= 1
             self.backlog_bytes -= length
@@ -705,13 +776,13 @@ class QueueCursor:
             size -= length
             if messages <= 0 or size <= 0:
                 batch_bytes = self._enqueue_all(batch, batch_bytes)
-                messages, size = self._allowance()
+                messages, size = self._room()
                 if messages <= 0 or size <= 0:
-                    return i
+                    return i, self.has_room()
         self._enqueue_all(batch, batch_bytes)
         if held and not self.backlog:
             self._release_held(None)  # nothing in pages precedes them any more
-        return i
+        return i, False
 
     def _enqueue_all(self, batch: list[PagedRef], size: int) -> int:
         """Count `batch` (of `size` bytes) in the address's memory and enqueue it; empties

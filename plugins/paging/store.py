@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -298,30 +297,6 @@ class FilePageStore:
         finally:
             os.close(fd)
         return data
-
-    def read_mapped(self, page: int, end: int) -> mmap.mmap | bytes:
-        """The page's first `end` bytes as they are on disk, mapped rather than read: for
-        a reader that copies out only the records it keeps (the paging cursor), which
-        then pays neither a copy of the whole page nor the faults of a fresh buffer for
-        it. Nothing is checked, as with `read_unchecked`.
-
-        Only bytes before `end`, a visible end (appends that completed), are mapped: the
-        undo of a failed append may cut the file after them, and a mapped byte cut off
-        the file would fault when read. A missing page reads as empty, a shorter one as
-        what it holds; the caller closes the map (or drops it)."""
-        path = self._path(page)
-        fd = self._open_to_read(path)
-        if fd is None:
-            return b""
-        try:
-            length = min(end, os.fstat(fd).st_size)
-            if length <= 0:
-                return b""
-            return mmap.mmap(fd, length, access=mmap.ACCESS_READ)
-        except OSError as exc:
-            raise _os_error(exc, path, f"mapping its first {end} bytes") from exc
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _open_to_read(path: Path) -> int | None:

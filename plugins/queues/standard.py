@@ -42,6 +42,8 @@ class StandardQueue:
         #: Waiting entries in delivery order: messages never delivered from this queue,
         #: and refs that came back with per-queue state.
         self._messages: Waiting = Fifo() if waiting is None else waiting
+        #: The standard type's own list: entries go out in the order they came.
+        self._arrival_order = waiting is None
         self._attached: list[Consumer] = []  # consumers in the order they attached
         #: Those that receive: all of them, or only the first of an exclusive queue.
         self._consumers: list[Consumer] = []
@@ -168,6 +170,18 @@ class StandardQueue:
             self.memory_bytes += len(entry.message.data)
             self._messages.append(entry)  # no value to supersede: checked above
 
+    def deliverable(self) -> int | None:
+        """How many entries `enqueue_all` would hand straight to a consumer now, when that
+        is all it would do with them (one consumer, no selector, no browser, arrival
+        order): a cursor draining pages hands over no more, so what it read waits in
+        the cursor, not as objects in the queue. None when entries may wait or be
+        offered around."""
+        consumers = self._consumers
+        if len(consumers) != 1 or self._filtered or self._browsers or not self._arrival_order:
+            return None
+        credit = consumers[0].credit() - len(self._messages)
+        return credit if credit > 0 else 0
+
     def _offer(self, entry: Entry) -> bool:
         """Give `entry` to the next consumer with credit that accepts it."""
         consumers = self._consumers
@@ -208,7 +222,7 @@ class StandardQueue:
             self._dispatching = False
         cursor = self.cursor
         if cursor is not None and cursor.backlog and self._consumers:
-            cursor.fill()
+            cursor.fill(now=True)  # credit may have come: a drain is answered next
 
     def _dispatch_fifo(self) -> None:
         messages = self._messages

@@ -67,7 +67,8 @@ class AmqpConnection(asyncio.Protocol):
         )
         self.closed = False
         self.container_id = ""
-        self._dirty = False
+        #: Output is waiting and a flush is scheduled (`mark_dirty`).
+        self.dirty = False
         self._timer: asyncio.TimerHandle | None = None
         self._opened = False
         self._admitted = False
@@ -209,8 +210,8 @@ class AmqpConnection(asyncio.Protocol):
 
     def mark_dirty(self) -> None:
         """Output is waiting: flush this connection once the current work is done."""
-        if not self._dirty:
-            self._dirty = True
+        if not self.dirty:
+            self.dirty = True
             self.server.schedule_flush(self)
 
     def accepter(self, delivery: Any, link: ProducerLink | CoordinatorLink) -> Any:
@@ -235,7 +236,7 @@ class AmqpConnection(asyncio.Protocol):
         self.flush()
 
     def flush(self) -> None:
-        self._dirty = False
+        self.dirty = False
         if self.closed or not self._write_output():
             return
         if self.streams and self._pump_streams():
@@ -310,14 +311,15 @@ class AmqpConnection(asyncio.Protocol):
         event_delivery, delivery_link = engine.event_delivery, engine.delivery_link
         handler_of = self.links.get
         DELIVERY, LINK_FLOW = engine.DELIVERY, engine.LINK_FLOW
+        consumer_link = ConsumerLink
         event = peek(collector)
         while event and self.events_held is None:
             kind = etype(event)
             if kind == DELIVERY:
                 delivery = event_delivery(event)
                 handler = handler_of(delivery_link(delivery))
-                if type(handler) is ConsumerLink:
-                    handler.on_disposition(delivery)
+                if handler.__class__ is consumer_link:
+                    handler.on_disposition(delivery)  # type: ignore[union-attr]
                 elif handler is not None:
                     handler.on_delivery(delivery)  # type: ignore[union-attr]
             elif kind == LINK_FLOW:

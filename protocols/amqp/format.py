@@ -24,6 +24,12 @@ _BODY_SECTIONS = frozenset((codec.DATA, codec.AMQP_SEQUENCE, codec.AMQP_VALUE))
 _HEADER = codec.HEADER
 #: What `inspect` reads of a message that is only a body: the header's defaults, no id.
 _BODY_ONLY: Header = (False, 4, 0, None)
+#: `AmqpMessageFormat._id_shape`: (a message's bytes up to its id's constructor, where
+#: the id's length byte is, where the application properties end, whether the id is a
+#: string, the header's durable, priority and ttl).
+_IdShape = tuple[bytes, int, int, bool, bool, int, int]
+#: Before any id was read by layout: no message begins with a section of code 0.
+_NO_SHAPE: _IdShape = (b"\x00\x53\x00", 0, 0, False, False, 4, 0)
 
 
 class AmqpMessageFormat:
@@ -37,6 +43,10 @@ class AmqpMessageFormat:
         #: A message's bytes before the duplicate id's name -> where its application
         #: properties end when the name there is one of their keys, else -1.
         self._id_layouts: dict[bytes, int] = {}
+        #: The last id read by its layout: (the message's bytes up to the id's
+        #: constructor, included; where the id's length byte is; where the application
+        #: properties end; whether the id is a string; the header's three fields).
+        self._id_shape: _IdShape = _NO_SHAPE
 
     def inspect(self, data: bytes) -> Header:
         # No duplicate id, nearly always. A message that begins with its body has neither
@@ -47,10 +57,20 @@ class AmqpMessageFormat:
             first = data[2] if data[1] == 0x53 and data[0] == 0 else None
         except IndexError:
             first = None  # too short to be a message: parse_header says why
+        if first in _BODY_SECTIONS:
+            return _BODY_ONLY
+        shape = self._id_shape
+        if data.startswith(shape[0]):
+            # alike up to its id's constructor with the last message whose id was read by
+            # layout (`_duplicate_id_at`): the same header, the same layout, the id's
+            # length next; one test and one slice
+            _prefix, length_at, end, string, durable, priority, ttl = shape
+            if end <= len(data):
+                stop = length_at + 1 + data[length_at]
+                if stop <= end and (not string or _is_utf8(data, length_at + 1, stop)):
+                    return durable, priority, ttl, data[length_at - 1 : stop]
         if first is not None and first != _HEADER:
             # no header section: its defaults, without the call (parse_header's first test)
-            if first in _BODY_SECTIONS:
-                return _BODY_ONLY
             durable, priority, ttl = False, 4, 0
         else:
             durable, priority, ttl, _first, _count = codec.parse_header(data)
@@ -59,7 +79,7 @@ class AmqpMessageFormat:
             at = data.find(_DUPLICATE_ID_NAME)
             if at < 0:
                 return durable, priority, ttl, None
-            return durable, priority, ttl, self._duplicate_id_at(data, at)
+            return durable, priority, ttl, self._duplicate_id_at(data, at, (durable, priority, ttl))
         return durable, priority, ttl, self._duplicate_id(data)
 
     def selector_lookup(self, message: Message) -> Callable[[str], object]:
@@ -80,15 +100,17 @@ class AmqpMessageFormat:
     def target_address(self, data: bytes) -> str | None:
         return codec.MessageInfo(data).to
 
-    def _duplicate_id_at(self, data: bytes, at: int) -> object:
+    def _duplicate_id_at(self, data: bytes, at: int, fields: tuple[bool, int, int]) -> object:
         """The duplicate id (`Header`: its key) of a message holding the property's name
-        at `at`.
+        at `at`, whose header's fields are `fields`.
 
         Whether the name there is a key of the application properties depends only on
         the bytes before it: messages alike up to there (a producer's, mostly) are parsed
         for the first of them (`_id_layouts`), and the others' id (a binary or a string
         of up to 255 bytes) read at once after the name: its encoding is its key, so the
         key is one slice. Any other value, or the name elsewhere, is read the long way.
+        An id read by layout makes its message the shape `inspect` tests the next one
+        against before anything else (`_id_shape`): a producer's next message, mostly.
         """
         prefix = data[:at]
         layouts = self._id_layouts
@@ -105,16 +127,12 @@ class AmqpMessageFormat:
         if value + 2 <= end <= len(data):
             code = data[value]
             stop = value + 2 + data[value + 1]
-            if stop <= end:
-                if code == 0xA0:  # vbin8
-                    return data[value:stop]
-                if code == 0xA1:  # str8
-                    key = data[value:stop]
-                    try:
-                        key[2:].decode()
-                    except UnicodeDecodeError:
-                        return None  # as the long way: unreadable, no id to go by
-                    return key
+            if stop <= end and (code == 0xA0 or code == 0xA1):  # vbin8, str8
+                string = code == 0xA1
+                if string and not _is_utf8(data, value + 2, stop):
+                    return None  # as the long way: unreadable, no id to go by
+                self._id_shape = (data[: value + 1], value + 1, end, string, *fields)
+                return data[value:stop]
         return self._duplicate_id(data)
 
     @staticmethod
@@ -146,6 +164,14 @@ class AmqpMessageFormat:
             "annotations": {str(k): _plain(v) for k, v in (message.annotations or {}).items()},
             "body-preview": text,
         }
+
+
+def _is_utf8(data: bytes, start: int, stop: int) -> bool:
+    try:
+        data[start:stop].decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _plain(value: Any) -> Any:

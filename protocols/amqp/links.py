@@ -159,6 +159,32 @@ def create_on_demand(broker: Any, terminus: engine.TerminusInfo, authorize: Any 
     )
 
 
+class _Accept:
+    """The completion a producer link hands `Broker.send`: accepts `delivery` once its
+    message is durable.
+
+    `send` calls a completion only when it returns PENDING, and never after another
+    status: a message held in memory only (nearly every one) is accepted at once, so the
+    link gives the same object to the next send, and makes a new one only when the
+    broker kept this one. proton frees a delivery with its link: a completion that runs
+    after the link or its connection went away does nothing.
+    """
+
+    __slots__ = ("delivery", "link")
+
+    def __init__(self, link: ProducerLink) -> None:
+        #: None once the link closed (see `ProducerLink.close`).
+        self.link: ProducerLink | None = link
+        self.delivery: Any = None
+
+    def __call__(self) -> None:
+        link = self.link
+        if link is not None and not (link.closed or link.conn.closed):
+            engine.delivery_update(self.delivery, _ACCEPTED)
+            engine.delivery_settle(self.delivery)
+            link.conn.mark_dirty()
+
+
 class ProducerLink:
     """A link the client sends on; routes each complete message into the broker."""
 
@@ -196,6 +222,11 @@ class ProducerLink:
             conn.broker.address_for(self.address, self.routing_type, authorize)
         elif authorize is not None:
             self.checked = {}
+        #: The completion the next message's send is given (see `_Accept`).
+        self.accept = _Accept(self)
+        #: Messages to route before the link's credit is read again (`_replenish`): at
+        #: most down to half of `credit`, so one read per half-window, not per message.
+        self.until_replenish = self.credit - self.credit // 2
         engine.set_max_message_size(link, self.max_size)
         engine.open_link(link, address=self.address)
         engine.link_flow(link, self.credit)
@@ -230,12 +261,14 @@ class ProducerLink:
         if self.partial:
             self._release_partial()
         link = self.link
-        if engine.delivery_aborted(delivery):
+        # proton reports 1 byte pending for an aborted delivery: only then can it be one
+        if size == 1 and engine.delivery_aborted(delivery):
             engine.delivery_settle(delivery)
             engine.link_advance(link)
             return
         self._route(delivery, engine.receive(link, delivery, size))
-        if engine.link_credit(link) <= self.credit // 2:  # _replenish's first test, inlined
+        self.until_replenish -= 1
+        if self.until_replenish <= 0:
             self._replenish()
 
     def _route(self, delivery: Any, data: bytes) -> None:
@@ -257,11 +290,14 @@ class ProducerLink:
                 self.broker.send(data, address, AMQP_FORMAT, self.routing_type)
                 engine.delivery_settle(delivery)
             else:
-                accept = self.conn.accepter(delivery, self)
+                accept = self.accept
+                accept.delivery = delivery
                 status = self.broker.send(data, address, AMQP_FORMAT, self.routing_type, accept)
                 if status is not _PENDING:
                     engine.delivery_update(delivery, _ACCEPTED)
                     engine.delivery_settle(delivery)
+                else:  # the broker keeps it until the message is durable: a new one
+                    self.accept = _Accept(self)
         except BrokerError as exc:
             self._refuse(delivery, presettled, exc.condition, exc.description)
         except ValueError as exc:  # a message our codec cannot read
@@ -486,7 +522,10 @@ class ProducerLink:
 
     def _replenish(self) -> None:
         credit = engine.link_credit(self.link)
-        if credit > self.credit // 2 or self.waiting is not None:
+        half = self.credit // 2
+        # each message the link routes counts down; credit is read again at 0
+        self.until_replenish = credit - half
+        if credit > half or self.waiting is not None:
             return
         broker = self.conn.broker
         if broker.limits.disk_full:  # every producer waits, anonymous ones included
@@ -498,6 +537,7 @@ class ProducerLink:
             self._wait(address.on_space)  # type: ignore[union-attr]
             return
         engine.link_flow(self.link, self.credit - credit)
+        self.until_replenish = self.credit - half
 
     def _wait(self, waiting: list[Any]) -> None:
         self.waiting = waiting
@@ -518,6 +558,9 @@ class ProducerLink:
 
     def close(self, remote_closed: bool) -> None:
         self.closed = True
+        # the spare completion points back at the link: without it the link (and its
+        # connection) is freed at once, not at the next full collection
+        self.accept.link = None
         if self.partial:
             self._release_partial()
         self._abandon_large()
@@ -620,11 +663,20 @@ class ConsumerLink:
         message: Message = ref.message
         self._tag += 1
         _TAG.pack_into(self._tag_view, 0, self._tag)
-        data = message.kind.format.for_delivery(message, ref.delivery_count)
+        fmt = message.kind.format
+        count = ref.delivery_count
+        # an AMQP message delivered for the first time goes as it came: no call to ask
+        if fmt is AMQP_FORMAT and not count:
+            data = message.data
+        else:
+            data = fmt.for_delivery(message, count)
         if message.data.__class__ is LargeHead:
             self._begin_stream(ref, data, message.data.body)  # type: ignore[attr-defined]
             return
-        delivery = engine.send_tagged(self.link, self._tag_struct, data)
+        link = self.link
+        delivery = engine.new_delivery(link, self._tag_struct)
+        engine.link_send(link, data, len(data))
+        engine.link_advance(link)
         if self.browse:
             engine.delivery_settle(delivery)
         elif self.presettled:
@@ -632,7 +684,9 @@ class ConsumerLink:
             self.conn.broker.acknowledge(ref)
         else:
             self.unsettled[delivery] = ref
-        self.conn.mark_dirty()
+        conn = self.conn
+        if not conn.dirty:  # mark_dirty's test, inlined: per message
+            conn.mark_dirty()
 
     def _begin_stream(self, ref: MessageRef, head: bytes, body: LargeBody) -> None:
         """Start the delivery of a large message: its head now, its body from its file
@@ -739,8 +793,7 @@ class ConsumerLink:
 
     def on_disposition(self, delivery: Any) -> None:
         state = engine.delivery_remote_state(delivery)
-        settled = engine.delivery_settled(delivery)
-        if not settled and state not in _OUTCOMES:
+        if state not in _OUTCOMES and not engine.delivery_settled(delivery):
             return  # no outcome yet (or only `received`): the client still has it
         ref = self.unsettled.pop(delivery, None)
         stream = self.stream

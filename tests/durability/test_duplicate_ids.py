@@ -127,7 +127,7 @@ def test_ids_pushed_out_of_the_cache_leave_the_journal(scow_broker_process, tmp_
     broker = _broker(scow_broker_process, address_settings=small)
     send(broker.url, "ids", *(dupl(f"m{i}", f"i-{i}") for i in range(30)))
     assert broker.stop() == 0
-    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 3
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 6  # two generations of 3
     restarted = _broker(scow_broker_process, broker.port, address_settings=small)
     send(restarted.url, "ids", dupl("old", "i-0"), dupl("recent", "i-29"))
     got = bodies(restarted.url, "ids")
@@ -141,11 +141,12 @@ def test_a_lowered_id_cache_size_forgets_the_oldest_ids_at_start(scow_broker_pro
     assert broker.stop() == 0
     lowered = _broker(scow_broker_process, broker.port, broker={"id-cache-size": 2})
     assert lowered.stop() == 0
-    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 2
+    # replayed in generations of 2: r-0 and r-1 dropped, r-2 and r-3 old, r-4 young
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 3
     again = _broker(scow_broker_process, broker.port)
     send(again.url, "shrunk", *(dupl(f"m{i} again", f"r-{i}") for i in range(5)))
     assert bodies(again.url, "shrunk") == [f"m{i}" for i in range(5)] + [
-        f"m{i} again" for i in range(3)
+        f"m{i} again" for i in range(2)
     ]
 
 
@@ -194,19 +195,30 @@ def test_resending_after_a_sigkill_loses_nothing_and_doubles_nothing(scow_broker
 
 
 def test_export_and_import_carry_the_ids(scow_broker_process, tmp_path):
-    broker = _broker(scow_broker_process)
+    small = {"gens": {"id-cache-size": 3}}
+    broker = _broker(scow_broker_process, address_settings=small)
     send(broker.url, "moved", dupl("a", "e-1"), dupl("b", b"\x00e-2"))
     assert bodies(broker.url, "moved") == ["a", "b"]
+    # two generations: g-0..g-2 the old one, g-3 and g-4 the young one
+    send(broker.url, "gens", *(dupl(f"g{i}", f"g-{i}") for i in range(5)))
+    assert len(bodies(broker.url, "gens")) == 5
     assert broker.stop() == 0
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 7
     data, export, fresh = tmp_path / "data", tmp_path / "export.jsonl", tmp_path / "fresh"
     _scow_data("export", "--data-dir", str(data), "--output", str(export))
     imported = _scow_data("import", "--data-dir", str(fresh), "--input", str(export))
-    assert "'duplicate-ids': 2" in imported
+    assert "'duplicate-ids': 7" in imported
     data.rename(tmp_path / "old")
     fresh.rename(data)
-    restarted = _broker(scow_broker_process, broker.port)
+    restarted = _broker(scow_broker_process, broker.port, address_settings=small)
     send(restarted.url, "moved", dupl("a again", "e-1"), dupl("b again", b"\x00e-2"))
     assert bodies(restarted.url, "moved") == []
+    # the same generations: one more id fills the young one and g-0 is still kept; the
+    # next ages it, and g-0..g-2 go
+    send(restarted.url, "gens", dupl("g0 again", "g-0"), dupl("n0", "n-0"))
+    send(restarted.url, "gens", dupl("g0 again", "g-0"), dupl("n1", "n-1"))
+    send(restarted.url, "gens", dupl("g0 again, new", "g-0"), dupl("g3 again", "g-3"))
+    assert bodies(restarted.url, "gens") == ["n0", "n1", "g0 again, new"]
 
 
 def test_ids_journaled_by_an_earlier_version_are_still_detected(scow_broker_process, tmp_path):
@@ -284,34 +296,46 @@ def test_compaction_keeps_the_cached_ids_and_nothing_else(scow_broker_process, t
         text=True,
     )
     assert run.returncode == 0, run.stderr
-    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 3
+    # 200 ids in generations of 3: c-3-45..c-3-47 the old one, c-3-48 and c-3-49 the young
+    assert _duplicate_ids_in_store(tmp_path / "scow.toml") == 5
     restarted = scow_broker_process(plugins=PLUGINS, address_settings=small, port=broker.port)
-    send(restarted.url, "compacted", dupl("old", "c-3-46"), dupl("newest", "c-3-49"))
+    send(
+        restarted.url,
+        "compacted",
+        dupl("old", "c-3-44"),
+        dupl("kept", "c-3-45"),
+        dupl("newest", "c-3-49"),
+    )
     assert bodies(restarted.url, "compacted") == ["old"]
 
 
 # --------------------------------------------------------------------------- id blocks
 
 
-def test_a_transaction_s_block_partly_pushed_out_comes_back_oldest_first(scow_broker_process):
+def test_a_transaction_s_block_comes_back_in_its_generation(scow_broker_process):
     from tests.wire.test_duplicate_detection import commit
 
     small = {"blocks": {"id-cache-size": 5}}
     broker = _broker(scow_broker_process, address_settings=small)
     first = [dupl(f"t{i}", f"t-{i}") for i in range(5)]
-    assert commit(broker.url, "blocks", *first).outcome == "committed"  # one block of 5
-    # a block of 2 pushes t-0 and t-1 out: the first block is left with t-2..t-4
+    assert commit(broker.url, "blocks", *first).outcome == "committed"  # fills the young
+    # a block of 2 does not fit: t-0..t-4 become the old generation
     second = [dupl("t5", "t-5"), dupl("t6", "t-6")]
     assert commit(broker.url, "blocks", *second).outcome == "committed"
     broker.kill()  # both commits were synced before their outcomes
     restarted = _broker(scow_broker_process, broker.port, address_settings=small)
-    # t-1 was pushed out; its admission pushes out the oldest kept, t-2, which is new
-    # again in turn, while t-4 (then the oldest) and t-6 are still kept
-    send(restarted.url, "blocks", dupl("t1 again", "t-1"), dupl("t2 again", "t-2"))
-    send(restarted.url, "blocks", dupl("t4 again", "t-4"), dupl("t6 again", "t-6"))
+    # the same generations: three more ids fill the young one and t-0 is still kept;
+    # one more ages it, and t-0..t-4 go
+    send(restarted.url, "blocks", dupl("t0 again", "t-0"))
+    send(restarted.url, "blocks", *(dupl(f"n{i}", f"n-{i}") for i in range(3)))
+    send(restarted.url, "blocks", dupl("t4 again", "t-4"), dupl("n3", "n-3"))
+    send(restarted.url, "blocks", dupl("t0 again, new", "t-0"), dupl("t5 again", "t-5"))
     assert bodies(restarted.url, "blocks") == [f"t{i}" for i in range(7)] + [
-        "t1 again",
-        "t2 again",
+        "n0",
+        "n1",
+        "n2",
+        "n3",
+        "t0 again, new",
     ]
 
 
@@ -332,12 +356,21 @@ def test_ids_admitted_in_passes_come_back_in_order_after_sigkill(scow_broker_pro
     send(broker.url, "ring", dupl("synced", "s"))
     broker.kill()
     restarted = _broker(scow_broker_process, broker.port, address_settings=small)
-    # the cache came back as r-71..r-119 and s: r-70 is new and pushes r-71 out, which
-    # is then new too and pushes r-72 out; r-73, r-119 and s are still kept
+    # the generations came back as they were: r-50..r-99 the old one, r-100..r-119 and
+    # s the young one (21 ids); r-49 is new again and makes it 22
     send(
         restarted.url,
         "ring",
-        *(dupl(f"r{i} again", f"r-{i}") for i in (70, 71, 73, 119)),
+        *(dupl(f"r{i} again", f"r-{i}") for i in (49, 50, 99, 119)),
         dupl("synced again", "s"),
     )
-    assert bodies(restarted.url, "ring") == ["synced", "r70 again", "r71 again"]
+    # 28 more fill the young generation: r-50 is still kept; the next ages it
+    send(restarted.url, "ring", *(dupl(f"n{i}", f"n-{i}") for i in range(28)))
+    send(restarted.url, "ring", dupl("r50 again", "r-50"), dupl("n28", "n-28"))
+    send(restarted.url, "ring", dupl("r50 again, new", "r-50"), dupl("s again", "s"))
+    assert bodies(restarted.url, "ring") == [
+        "synced",
+        "r49 again",
+        *(f"n{i}" for i in range(29)),
+        "r50 again, new",
+    ]

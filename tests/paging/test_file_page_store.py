@@ -363,31 +363,3 @@ def test_a_store_opened_without_repair_leaves_a_torn_tail_and_reads_past_it(tmp_
     reader = FilePageStore(tmp_path, "t", repair=False)
     assert records_of(reader, 1) == [b"one"]
     assert path.stat().st_size == size
-
-
-def test_a_mapped_read_holds_the_page_up_to_the_end_asked_and_no_further(tmp_path: Path) -> None:
-    store = FilePageStore(tmp_path, "a")
-    first = store.append(1, [b"one", b"two"])
-    whole = store.append(1, [b"three"])  # appended after `first` was visible
-    mapped = store.read_mapped(1, first)
-    assert len(mapped) == first
-    assert bytes(mapped) == store.read(1)[:first]
-    mapped.close()  # type: ignore[union-attr]
-    longer = store.read_mapped(1, whole + 100)  # an end past the file: what it holds
-    assert bytes(longer) == store.read(1)
-    longer.close()  # type: ignore[union-attr]
-    assert store.read_mapped(2, 100) == b""  # no such page
-    assert store.read_mapped(1, 0) == b""
-    store.close()
-
-
-def test_a_page_deleted_while_mapped_stays_readable_through_the_map(tmp_path: Path) -> None:
-    store = FilePageStore(tmp_path, "a")
-    size = store.append(1, [b"kept in the map"])
-    mapped = store.read_mapped(1, size)
-    store.delete(1)
-    assert [bytes(mapped[s:e]) for _f, s, e in iter_frames(memoryview(mapped))] == [
-        b"kept in the map"
-    ]
-    mapped.close()  # type: ignore[union-attr]
-    store.close()

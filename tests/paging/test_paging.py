@@ -16,6 +16,7 @@ from tests.wire.helpers import (
     bulk_send,
     connected,
     detach,
+    drain,
     pump,
     receive,
     send,
@@ -100,6 +101,25 @@ def test_new_messages_after_paging_ends_go_to_memory_in_order(scow_broker):
         send(conn, "q", numbered(50), numbered(51))
         assert ns(receive(receiver, 2)) == [50, 51]
         assert address_stats(broker, "q")["page-count"] == 0
+
+
+def test_a_drain_gets_the_paged_messages_its_credit_asks_for(scow_broker):
+    """A paged queue with one consumer is handed what the consumer's credit takes as
+    the credit comes (not read ahead into memory as objects): a drain, which the broker
+    answers right after the credit, must find them handed over already."""
+    broker = paging_broker(scow_broker)
+    bulk_send(broker.url, "q", 30, numbered)
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("q", credit=0)
+
+        def read() -> int:
+            return address_stats(broker, "q")["cursors"]["q"]["page-reads"]
+
+        wait_for(lambda: read() >= 1, what="the cursor's first page read")
+        got = [ns(drain(conn, receiver, 1)) for _ in range(3)]
+        assert got == [[0], [1], [2]]
+        assert ns(drain(conn, receiver, 4)) == [3, 4, 5, 6]
+        receiver.accept()
 
 
 def test_one_slow_subscription_does_not_make_the_others_read_pages(scow_broker):

@@ -8,58 +8,131 @@ from scow.core.duplicates import DuplicateIdCache, current_key, describe_id, id_
 from scow.core.model import InvalidField
 
 
-def test_ids_are_forgotten_oldest_first_a_block_s_record_when_its_last_id_goes():
-    cache = DuplicateIdCache(3)
-    assert cache.add_block([b"a", b"b"], 10) == []
-    assert cache.add_block([b"c"], 11) == []
-    assert cache.emptied_by(1) == []  # one more pushes out a, b stays: block 10 stays
-    assert cache.emptied_by(2) == [10]  # what adding two more would push out whole
-    assert cache.add_block([b"d"], 12) == [] and b"a" not in cache and b"b" in cache
-    assert cache.add_block([b"e"], 13) == [10]
-    assert list(cache.ids) == [b"c", b"d", b"e"]
-    assert cache.add_block([b"c"], 14) == [11]  # an id admitted again leaves its old block
-    assert cache.clear() == [12, 13, 14] and len(cache) == 0
-    # an import may hold an id twice: its block goes with its last id all the same
-    assert cache.add_block([b"x", b"x", b"y"], 15) == []
-    assert cache.add_block([b"p", b"q", b"r"], 16) == [15]
+def test_an_id_is_found_until_size_more_are_admitted_then_its_generation_goes_whole():
+    cache = DuplicateIdCache(3, journaled=False)
+    for key in (b"a", b"b", b"c"):  # the third fills the young generation
+        cache.admit(key)
+    assert set(cache.young) == {b"a", b"b", b"c"} and not cache.old
+    cache.admit(b"d")  # the young generation ages first
+    cache.admit(b"e")
+    cache.admit(b"f")
+    # a is 5 admissions old: still found, as is every id at most `size` admissions old
+    assert all(key in cache for key in (b"a", b"c", b"f")) and len(cache) == 6
+    cache.admit(b"g")  # d, e, f age: a, b, c go whole
+    assert b"d" in cache and b"c" not in cache and len(cache) == 4
+    assert set(cache.old) == {b"d", b"e", b"f"} and set(cache.young) == {b"g"}
+    assert cache.holds_any([b"x", b"e"]) and not cache.holds_any([b"x", b"a"])
 
 
-def test_ids_admitted_alone_form_one_block_per_close_even_when_partly_pushed_out():
+def test_an_id_exactly_size_admissions_old_is_caught_at_every_phase():
+    size = 5
+    for skew in range(size):  # the generations' boundary anywhere relative to the id
+        cache = DuplicateIdCache(size, journaled=False)
+        for n in range(skew):
+            cache.admit(b"before%d" % n)
+        cache.admit(b"id")
+        for n in range(size - 1):
+            cache.admit(b"after%d" % n)
+            assert b"id" in cache
+        cache.admit(b"last")  # the id is now exactly `size` admissions old
+        assert b"id" in cache, skew
+        assert len(cache) <= 2 * size
+
+
+def test_ids_admitted_alone_form_one_block_per_close_cut_where_the_generation_ages():
     cache = DuplicateIdCache(3)
     assert cache.admit(b"a") is True  # opened the block: a close is due
-    assert cache.admit(b"b") is False and cache.admit(b"c") is False
-    block, keys, dead = cache.close()
-    assert keys == [b"a", b"b", b"c"] and dead == [] and block is not None
-    block.record_id = 20
-    cache.admit(b"d")
-    cache.admit(b"e")  # pushes a and b out: block 20 keeps c
-    block, keys, dead = cache.close()
-    assert keys == [b"d", b"e"] and dead == []
-    block.record_id = 21
-    for key in (b"f", b"g", b"h", b"i"):  # c goes (block 20 with it), then d and e
+    assert cache.admit(b"b") is False
+    blocks, dead = cache.close()
+    assert [keys for _block, keys in blocks] == [[b"a", b"b"]] and dead == []
+    blocks[0][0].record_id = 20
+    cache.admit(b"c")  # fills the young generation
+    cache.admit(b"d")  # ages it first: a, b, c are the old one
+    blocks, dead = cache.close()
+    assert [keys for _block, keys in blocks] == [[b"c"], [b"d"]] and dead == []
+    blocks[0][0].record_id, blocks[1][0].record_id = 21, 22
+    for key in (b"e", b"f", b"g"):  # g ages the young generation: a, b, c go, and 20, 21
         cache.admit(key)
-    block, keys, dead = cache.close()
-    assert keys == [b"g", b"h", b"i"]  # f was pushed out before its block was written
-    assert dead == [20, 21]
-    assert cache.close() == (None, [], [])
+    assert cache.close()[1] == [20, 21]
+    # h and i are in a generation dropped before their block was written: not written
+    for key in (b"h", b"i", b"j", b"k", b"l", b"m"):
+        cache.admit(key)
+    blocks, dead = cache.close()
+    assert [keys for _block, keys in blocks] == [[b"j", b"k", b"l"], [b"m"]] and dead == [22]
+    assert cache.close() == ([], [])
 
 
 def test_a_cache_that_is_not_journaled_writes_nothing():
     cache = DuplicateIdCache(2, journaled=False)
     assert [cache.admit(key) for key in (b"a", b"b", b"c")] == [False] * 3
-    assert list(cache.ids) == [b"b", b"c"]
-    assert cache.close() == (None, [], [])
+    assert set(cache.old) == {b"a", b"b"} and set(cache.young) == {b"c"}
+    assert cache.unwritten == [] and cache.old_blocks == []
+    assert cache.close() == ([], [])
 
 
-def test_ids_admitted_together_keep_the_newest_that_fit():
+def test_ids_admitted_together_keep_the_newest_that_fit_in_one_generation():
     cache = DuplicateIdCache(3)
     assert cache.kept([b"a", b"b"]) == [b"a", b"b"]
     assert cache.kept([b"a", b"b", b"c", b"d"]) == [b"b", b"c", b"d"]
     assert DuplicateIdCache(0).kept([b"a"]) == []
-    cache.add_block([b"x"], 1)
-    cache.add_block([b"y"], 0)
-    cache.add_block([b"z"], 3)
-    assert cache.emptied_by(2) == [1]  # y was never journaled: no record to delete
+    assert cache.add_block([b"x"], 1) == []
+    assert cache.add_block([b"y"], 0) == []
+    assert cache.emptied_by([b"z"]) == []  # fits in the young generation
+    assert cache.add_block([b"z"], 3) == [] and set(cache.young) == {b"x", b"y", b"z"}
+    assert cache.emptied_by([b"p"]) == []  # ages it, but the old one has no records
+    assert cache.add_block([b"p", b"q"], 4) == [] and set(cache.young) == {b"p", b"q"}
+    # two do not fit in the young generation: it ages first, and x, y, z go
+    assert cache.emptied_by([b"r", b"s"]) == [1, 3]  # y was never journaled
+    assert cache.add_block([b"r", b"s"], 5) == [1, 3]
+    assert set(cache.old) == {b"p", b"q"} and set(cache.young) == {b"r", b"s"}
+    assert cache.clear() == [4, 5] and len(cache) == 0
+
+
+def test_an_id_admitted_again_moves_to_the_young_generation():
+    cache = DuplicateIdCache(3)
+    cache.add_block([b"a", b"b"], 10)
+    assert cache.add_block([b"c", b"d"], 11) == []  # ages a, b first
+    cache.add_block([b"a"], 12)  # recovery: a is in a newer block too
+    assert set(cache.old) == {b"b"} and set(cache.young) == {b"c", b"d", b"a"} and len(cache) == 4
+    # a is young already: one more id only, which does not fit: b's generation goes
+    assert cache.add_block([b"a", b"e"], 13) == [10]
+    assert set(cache.old) == {b"c", b"d"} and set(cache.young) == {b"a", b"e"}
+    # an import may hold an id twice: it counts once
+    assert cache.add_block([b"x", b"x"], 14) == [] and set(cache.young) == {b"a", b"e", b"x"}
+
+
+def test_replaying_the_blocks_in_order_rebuilds_the_same_generations():
+    live = DuplicateIdCache(4)
+    records: list[tuple[list[bytes], int]] = []
+    record_id = 0
+
+    def write() -> None:
+        nonlocal record_id
+        for block, keys in live.close()[0]:
+            record_id += 1
+            block.record_id = record_id
+            records.append((keys, record_id))
+
+    n = 0
+    for step in range(9):
+        for _ in range(step % 3 + 1):  # ids on their own, a loop pass's worth
+            live.admit(b"%d" % n)
+            n += 1
+        write()
+        if step % 4 == 3:  # a transaction's block
+            keys = [b"%d" % (n + i) for i in range(3)]
+            n += 3
+            record_id += 1
+            live.add_block(keys, record_id)
+            records.append((keys, record_id))
+    dropped = {r for r in range(1, record_id + 1)} - {
+        b.record_id for b in live.young_blocks + live.old_blocks
+    }
+    replayed = DuplicateIdCache(4)
+    for keys, rid in records:
+        if rid not in dropped:
+            assert replayed.add_block(keys, rid) == []
+    assert (list(replayed.young), list(replayed.old)) == (list(live.young), list(live.old))
 
 
 def test_strings_and_binaries_are_distinct_keys_and_other_types_are_refused():
@@ -83,21 +156,6 @@ def test_keys_of_earlier_data_dirs_become_the_keys_of_the_same_ids():
     assert current_key(b"\x02" + b"x" * 300) == id_key(b"x" * 300, "q")
     assert current_key(id_key("s", "q")) == id_key("s", "q")  # current keys stay
     assert describe_id(b"\x01order-1") == "'order-1'"  # as `scow data` shows a journal's
-
-
-def test_an_id_admitted_again_moves_to_the_newest_and_leaves_once():
-    cache = DuplicateIdCache(3)
-    cache.add_block([b"a", b"b"], 10)
-    cache.add_block([b"a"], 11)  # recovery: a is in a newer block too
-    assert list(cache.ids) == [b"b", b"a"] and list(cache.ring) == [b"a", b"b", b"a"]
-    assert cache.emptied_by(2) == [10]  # one more than fits: b goes, and block 10
-    cache.admit(b"c")
-    cache.admit(b"d")  # a's old place is skipped: b goes, a stays
-    _block, keys, dead = cache.close()
-    assert list(cache.ids) == [b"a", b"c", b"d"] and keys == [b"c", b"d"] and dead == [10]
-    cache.admit(b"e")
-    assert list(cache.ids) == [b"c", b"d", b"e"] and cache.close()[2] == [11]
-    assert not cache.moved and len(cache.ring) == 3
 
 
 def _encoded(message: object) -> bytes:

@@ -87,19 +87,22 @@ def test_each_address_has_its_own_cache(scow_broker):
     assert count(broker, "left") == 1 and count(broker, "right") == 1
 
 
-def test_the_oldest_id_is_forgotten_past_id_cache_size(scow_broker):
+def test_an_id_is_caught_for_id_cache_size_admissions_then_forgotten_with_its_generation(
+    scow_broker,
+):
     broker = scow_broker(address_settings={"small": {"id-cache-size": 3}})
     send_outcomes(broker.url, "small", *(dupl(f"m{i}", f"id{i}") for i in range(1, 4)))
     send_outcomes(broker.url, "small", dupl("dup", "id1"))  # still cached
     assert count(broker, "small") == 3
-    send_outcomes(broker.url, "small", dupl("m4", "id4"))  # pushes id1 out
-    assert address_stats(broker, "small")["duplicate-ids"] == 3
-    send_outcomes(broker.url, "small", dupl("m1 again", "id1"), dupl("dup", "id3"))
+    send_outcomes(broker.url, "small", *(dupl(f"m{i}", f"id{i}") for i in range(4, 7)))
+    # id3 is exactly id-cache-size admissions old: caught; the cache holds up to 2 x 3
+    send_outcomes(broker.url, "small", dupl("dup", "id3"))
+    assert address_stats(broker, "small")["duplicate-ids"] == 6
+    send_outcomes(broker.url, "small", dupl("m7", "id7"))  # id1-id3 go, their generation
+    assert address_stats(broker, "small")["duplicate-ids"] == 4
+    send_outcomes(broker.url, "small", dupl("m1 again", "id1"), dupl("dup", "id4"))
     assert [m.body for m in consume_all(broker.url, "small")] == [
-        "m1",
-        "m2",
-        "m3",
-        "m4",
+        *(f"m{i}" for i in range(1, 8)),
         "m1 again",
     ]
 
@@ -107,9 +110,16 @@ def test_the_oldest_id_is_forgotten_past_id_cache_size(scow_broker):
 def test_the_broker_wide_id_cache_size_applies_where_addresses_do_not_say(scow_broker):
     broker = scow_broker(sections={"broker": {"id-cache-size": 1}})
     send_outcomes(
-        broker.url, "one", dupl("a", "a"), dupl("dup", "a"), dupl("b", "b"), dupl("a again", "a")
+        broker.url,
+        "one",
+        dupl("a", "a"),
+        dupl("dup", "a"),
+        dupl("b", "b"),
+        dupl("dup", "a"),  # one admission old: still caught
+        dupl("c", "c"),
+        dupl("a again", "a"),
     )
-    assert [m.body for m in consume_all(broker.url, "one")] == ["a", "b", "a again"]
+    assert [m.body for m in consume_all(broker.url, "one")] == ["a", "b", "c", "a again"]
 
 
 def test_id_cache_size_zero_turns_detection_off(scow_broker):
@@ -265,15 +275,18 @@ def test_a_resend_is_confirmed_only_once_what_it_repeats_is_durable(scow_broker,
     assert count(broker, "late") == 1
 
 
-def test_a_transaction_s_ids_fill_a_small_cache_oldest_out_first(scow_broker):
+def test_a_transaction_s_ids_that_do_not_fit_age_the_young_generation_first(scow_broker):
     broker = scow_broker(address_settings={"txs": {"id-cache-size": 3}})
     assert commit(broker.url, "txs", dupl("a", "a"), dupl("b", "b")).outcome == "committed"
     assert commit(broker.url, "txs", dupl("a", "a")).outcome == "failed"
     assert commit(broker.url, "txs", dupl("b", "b")).outcome == "failed"
     five = [dupl(f"m{i}", f"m{i}") for i in range(5)]
-    assert commit(broker.url, "txs", *five).outcome == "committed"  # keeps m2, m3, m4
-    send_outcomes(broker.url, "txs", dupl("m4 again", "m4"), dupl("m1 again", "m1"))
-    assert address_stats(broker, "txs")["duplicate-ids"] == 3
+    # keeps m2, m3, m4, which do not fit beside a and b: a and b are the old generation
+    assert commit(broker.url, "txs", *five).outcome == "committed"
+    assert address_stats(broker, "txs")["duplicate-ids"] == 5
+    send_outcomes(broker.url, "txs", dupl("a again", "a"), dupl("m4 again", "m4"))
+    send_outcomes(broker.url, "txs", dupl("m1 again", "m1"))  # ages m2-m4: a and b go
+    assert address_stats(broker, "txs")["duplicate-ids"] == 4
     assert [m.body for m in consume_all(broker.url, "txs")] == [
         "a",
         "b",
@@ -308,7 +321,7 @@ def _id_block_records(data_dir: Any) -> list[tuple[str, int]]:
     return found
 
 
-def test_the_ids_of_one_loop_pass_are_one_record_deleted_once_all_are_pushed_out(
+def test_the_ids_of_one_loop_pass_are_one_record_deleted_with_their_generation(
     scow_broker, tmp_path
 ):
     plugins = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -322,26 +335,27 @@ def test_the_ids_of_one_loop_pass_are_one_record_deleted_once_all_are_pushed_out
         return [broker.broker.send(data, "pass", AMQP_FORMAT) for data in batch]
 
     assert broker.call(lambda: send_all(messages[:3])) == [RouteStatus.ROUTED] * 3  # block a
-    # p-3 and p-4 (block b) push p-0 and p-1 out: block a stays, for p-2
+    # p-3 ages p-0..p-2 (block a): block b holds p-3 and p-4, block c p-5
     assert broker.call(lambda: send_all(messages[3:5])) == [RouteStatus.ROUTED] * 2
-    # p-5 (block c) pushes p-2 out: block a goes
     assert broker.call(lambda: send_all(messages[5:6])) == [RouteStatus.ROUTED]
-    # p-6..p-9 push p-3..p-5 out, and p-9 pushes p-6: block d holds p-7..p-9, and
-    # blocks b and c go
+    # p-6 ages p-3..p-5, dropping block a; p-9 ages p-6..p-8 (block d, cut from the
+    # pass's), dropping blocks b and c; block e holds p-9
     assert broker.call(lambda: send_all(messages[6:10])) == [RouteStatus.ROUTED] * 4
-    assert address_stats(broker, "pass")["duplicate-ids"] == 3
-    resent = broker.call(lambda: send_all([messages[6], messages[9]]))
-    assert resent == [RouteStatus.ROUTED, RouteStatus.DUPLICATE]  # p-6 is new again
+    assert address_stats(broker, "pass")["duplicate-ids"] == 4
+    resent = broker.call(lambda: send_all([messages[3], messages[6], messages[9]]))
+    # p-3 is new again (block f); p-6, 3 admissions old, is not
+    assert resent == [RouteStatus.ROUTED, RouteStatus.DUPLICATE, RouteStatus.DUPLICATE]
     broker.stop()
     records = _id_block_records(tmp_path / "data-0")
-    a, b, c, d, e = sorted({record_id for _kind, record_id in records})
+    a, b, c, d, e, f = sorted({record_id for _kind, record_id in records})
     assert records == [
         ("ADD", a),
         ("ADD", b),
-        ("DELETE", a),
         ("ADD", c),
+        ("DELETE", a),
         ("DELETE", b),
         ("DELETE", c),
         ("ADD", d),
-        ("ADD", e),  # p-6 again, in the last pass (pushing p-7 out: block d stays)
+        ("ADD", e),
+        ("ADD", f),
     ]

@@ -11,12 +11,15 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Copy
 from proton.utils import LinkDetached
 
-from scow.core.testing import wait_for
+from scow.core.testing import DEFAULT_PLUGINS, wait_for
+from scow.protocols.amqp import engine
 
 from .helpers import (
     Capabilities,
+    RawClient,
     bodies,
     connected,
+    consume_all,
     detach,
     pump,
     receive,
@@ -256,3 +259,22 @@ def test_receiver_asking_for_settled_deliveries_gets_them_at_most_once(scow_brok
         assert receiver.link.remote_snd_settle_mode == Link.SND_SETTLED
         assert bodies(receive(receiver, 2, accept=False)) == ["a", "b"]
         pump([conn], lambda: broker.queue_stats("once")["message-count"] == 0, what="no ack due")
+
+
+def test_durable_and_memory_only_messages_on_one_link_each_get_their_own_outcome(scow_broker):
+    """A message held in memory only is accepted at once, a durable one once the journal
+    has it (its completion outlives the send); sent interleaved and unsettled on one
+    link, every delivery is accepted, each message once."""
+    plugins = ["file-journal" if p == "memory-journal" else p for p in DEFAULT_PLUGINS]
+    broker = scow_broker(plugins=plugins)
+    client = RawClient(broker.port)
+    link = engine.new_sender(client.session, "mixed", "mixed")
+    client.until(lambda: engine.link_credit(link) >= 60, "credit")
+    deliveries = [
+        engine.send(link, b"%d" % n, bytes(Message(body=n, durable=n % 3 == 0).encode()))
+        for n in range(60)
+    ]
+    client.until(lambda: all(engine.delivery_settled(d) for d in deliveries), "outcomes")
+    assert [engine.delivery_remote_state(d) for d in deliveries] == [engine.ACCEPTED] * 60
+    client.close()
+    assert bodies(consume_all(broker.url, "mixed", quiet=0.3)) == list(range(60))
