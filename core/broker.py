@@ -1280,14 +1280,27 @@ class Broker:
         limits.messages -= 1
 
     def rollback(self, tx: Transaction) -> None:
-        """Forget the transaction's messages; its acknowledged messages go back (+1 count),
-        once their new counts are durable, to each queue at once (`_put_back_all`)."""
+        """Forget the transaction's messages; its acknowledged messages go back (+1 count).
+
+        They are taken in id order, COMMIT_SLICE per pass of the event loop, and each
+        slice goes back to its queues at once (`_put_back_all`) when its new counts are
+        durable: a rollback of thousands (a Spark sink's failed commit) would otherwise
+        hold the loop, and every other connection, until the last one is back.
+        """
         for body in _large_bodies(tx):
             body.release()
         acks, tx.acks, tx.sends, tx.packed = tx.acks, [], [], {}
+        acks.sort(key=lambda r: r.message.id)
+        if len(acks) > COMMIT_SLICE:
+            _roll_back_in_slices(self, asyncio.get_running_loop(), acks)
+        else:
+            self._roll_back(acks)
+
+    def _roll_back(self, acks: list[MessageRef]) -> None:
+        """Count a failed delivery of each of `acks` and put them back once that is durable."""
         back: dict[int, tuple[Any, list[MessageRef]]] = {}
         counted = _Barrier()
-        for ref in sorted(acks, key=lambda r: r.message.id):
+        for ref in acks:
             done = counted.add()
             outcome = self._count_attempt(ref, done)
             if outcome != _LATER:
@@ -1966,6 +1979,17 @@ def _enqueue_in_slices(
         loop.call_soon(_enqueue_in_slices, loop, visible, then, end)
     else:
         then()
+
+
+def _roll_back_in_slices(
+    broker: Broker, loop: asyncio.AbstractEventLoop, acks: list[MessageRef], start: int = 0
+) -> None:
+    """`Broker.rollback` of `acks` (in id order) COMMIT_SLICE per pass of `loop`. (A
+    function of the module for the reason `_enqueue_in_slices` is.)"""
+    end = start + COMMIT_SLICE
+    broker._roll_back(acks[start:end])
+    if end < len(acks):
+        loop.call_soon(_roll_back_in_slices, broker, loop, acks, end)
 
 
 class _Taken:

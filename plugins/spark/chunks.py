@@ -9,7 +9,9 @@ holds none of the values (or not the name) without reading it.
 A record whose application properties are a duplicate id and nothing else (what the Spark
 sink writes) counts as "any value" of `_AMQ_DUPL_ID`, read without parsing: its values
 are unique by design, so a Bloom filter of them would cost every append a parse and a
-hash for the rare selector that names one id (such a selector reads the chunk).
+hash for the rare selector that names one id (such a selector reads the chunk). A record
+whose body follows the annotations at once (a batch write's row) has no properties, also
+known without a parse.
 
 A summary is only made by whoever sees its chunk from the first record on, so it never
 misses one: the writer thread as it appends (a chunk begun before this start has none),
@@ -91,14 +93,17 @@ class ChunkSummaries:
             start = stop
 
     def _add(self, summary: PageSummary, data: bytes) -> None:
-        if (
-            data.startswith(_ID_ONLY_AT, _PROPERTIES_AT)
-            and data.startswith(_ID_NAME, _PROPERTIES_AT + len(_ID_ONLY_AT) + 1)
-            and data.startswith(DURABLE_HEADER)
-            and data.startswith(STREAM_SECTION_PREFIX, len(DURABLE_HEADER))
+        if data.startswith(DURABLE_HEADER) and data.startswith(
+            STREAM_SECTION_PREFIX, len(DURABLE_HEADER)
         ):
-            summary.add(_ANY_ID)
-            return
+            if data.startswith(_BODY_AT, _PROPERTIES_AT):
+                summary.add(_NONE)
+                return
+            if data.startswith(_ID_ONLY_AT, _PROPERTIES_AT) and data.startswith(
+                _ID_NAME, _PROPERTIES_AT + len(_ID_ONLY_AT) + 1
+            ):
+                summary.add(_ANY_ID)
+                return
         try:
             summary.add(self._properties(data))
         except ValueError:
@@ -131,3 +136,7 @@ _ID_ONLY_AT = b"\x00\x53\x74\xc1"
 _ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY)
 #: The properties such a record counts as: its id, as a value no key stands for ("any").
 _ANY_ID: Mapping[str, object] = {DUPLICATE_ID_PROPERTY: None}
+#: A durable record whose body follows the stream's annotations (a batch write's row) has
+#: no properties: it is summarized without a parse, as this one map.
+_BODY_AT = b"\x00\x53\x75"
+_NONE: Mapping[str, object] = {}

@@ -329,6 +329,8 @@ class Client:
     ) -> Iterator[list[bytes]]:
         """The messages of stream `queue` from sequence `start` to `end` (exclusive), a
         list per round of `credit` deliveries, until the broker has no more of the range.
+        The next round is asked for before a round is handed over, so that the broker
+        reads it while the caller converts this one.
 
         Records come in packs of up to PACK_RECORDS (one at a time from a broker that
         does not pack). Each round grants `credit` in drain mode: a round that brings
@@ -356,8 +358,8 @@ class Client:
         )
         buf, view = self._msg, self._msg_view
         try:
+            engine.link_drain(link, credit)
             while True:
-                engine.link_drain(link, credit)
                 batch: list[bytes] = []
                 append = batch.append
                 deliveries = 0
@@ -380,9 +382,14 @@ class Client:
                         break
                     self._check_link(link, f"reading {queue!r}")
                     self._pump(self.endpoint.timeout)
+                more = deliveries >= credit
+                if more:
+                    # the next round is read by the broker while the caller takes this one
+                    engine.link_drain(link, credit)
+                    self._flush()
                 if batch:
                     yield batch
-                if deliveries < credit:
+                if not more:
                     return
         finally:
             engine.close_link(link)

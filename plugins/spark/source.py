@@ -21,6 +21,7 @@ objects Spark ships hold only the parsed options.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -409,6 +410,13 @@ def _split(
     ]
 
 
+def _interleaved(ranges: list[list[ScowPartition]]) -> list[ScowPartition]:
+    """Each (broker, stream)'s ranges, taken in turn: Spark starts tasks in partition
+    order, so the tasks that run at once read different brokers (one after the other, every
+    executor core would read the first broker while the second waits)."""
+    return [part for turn in itertools.zip_longest(*ranges) for part in turn if part is not None]
+
+
 def _check_loss(options: Options, key: str, expected: int, first: int) -> int:
     """Where to read from, given that the stream keeps messages from `first` on."""
     if first <= expected:
@@ -500,13 +508,14 @@ class ScowBatchReader(DataSourceReader):
         finally:
             for client in clients:
                 client.close()
-        parts: list[ScowPartition] = []
+        ranges: list[list[ScowPartition]] = []
         total = sum(max(ends[k] - starts[k], 0) for k in states)
         size = _partition_size(options, total, streaming=False)
         for key, state in states.items():
             broker, queue = streams[key]
             start = _check_loss(options, key, starts[key], int(state["first-sequence"]))
-            parts += _split(broker, queue, state["address"], start, ends[key], size)
+            ranges.append(_split(broker, queue, state["address"], start, ends[key], size))
+        parts = _interleaved(ranges)
         return parts or [ScowPartition(0, options.queues[0], options.queues[0], 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -593,7 +602,7 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             begins[key] = _check_loss(self.options, key, int(start.get(key, first)), first)
         total = sum(max(int(end.get(k, b)) - b, 0) for k, b in begins.items())
         size = _partition_size(self.options, total, streaming=True)
-        parts: list[ScowPartition] = []
+        ranges: list[list[ScowPartition]] = []
         for key, state in states.items():
             broker, queue = self.streams[key]
             begin = begins[key]
@@ -602,8 +611,8 @@ class ScowStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
             if stream_parts:
                 stream_parts[0].committed = begin
-            parts += stream_parts
-        return parts
+            ranges.append(stream_parts)
+        return _interleaved(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ScowPartition)

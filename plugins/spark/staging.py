@@ -375,6 +375,8 @@ class _StagedRows:
         are the id alone, a string), by the message format's parse in any other."""
         data, keys, head, name = self.data, [], _CONNECTOR_ROW, _ID_NAME
         for start, end in spans(data):
+            if data.startswith(_BODY_ROW, start):
+                continue  # the body straight after the header: no properties, no id
             size = start + len(head) + 1 + len(name)  # where the id's length is
             if data.startswith(head, start) and data.startswith(name, size - len(name)):
                 text = data[size + 1 : size + 1 + data[size]] if size < end else b""
@@ -394,6 +396,8 @@ _CONNECTOR_ROW = DURABLE_HEADER + b"\x00\x53\x74\xc1"
 #: then (past the map's size) a count of 2 (one name, one value), the name
 #: `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes follow).
 _ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
+#: How a row without an id begins when it is a body and nothing else (a batch write's).
+_BODY_ROW = DURABLE_HEADER + b"\x00\x53\x75"
 
 
 def _rows(message: Any) -> list[bytes]:

@@ -2,7 +2,8 @@
 `scow run` killed with SIGKILL while the commit is part way through, or just after it is
 durable, then restarted. Either every row of the batch is in the stream or none is (and
 the driver's retry of the commit then writes each once); the broker answers READ while
-it commits. A slice that fails is reported by READ, and the batch is back in staging.
+it commits. A slice that fails is reported by READ, and the batch is back in staging;
+the rollback that puts it back lets other connections be answered while it runs.
 """
 
 from __future__ import annotations
@@ -120,3 +121,51 @@ def test_a_large_commit_failing_in_a_later_slice_is_reported_and_changes_nothing
         lambda: broker.queue_stats(staging)["message-count"] == held,
         what=f"{held} staged messages back in {staging}",
     )
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [5 * COMMIT_SLICE, pytest.param(25 * COMMIT_SLICE, marks=pytest.mark.slow, id="50000")],
+)
+def test_other_connections_are_answered_while_a_large_rollback_runs(streams, messages):
+    """A commit of staged messages (one row each, no packs: the most messages a rollback
+    can be given for its rows) fails in its last slice and is rolled back: every message
+    goes back to staging with a new delivery count, journaled first. While that runs,
+    another connection's requests are answered: one of them sees the failure already
+    reported and the messages not yet all back. A rollback holding the loop from the
+    failure until the last message is back would never let that answer through."""
+    pa = pytest.importorskip("pyarrow")
+    pytest.importorskip("pyspark")
+    from scow.plugins.spark.schema import messages_of
+
+    broker = streams.start(
+        {"out": stream()}, address_settings={"nowhere": {"auto-create-addresses": False}}
+    )
+    driver = client(broker.url)
+    staging = driver.call(
+        "stream-sink", "undo", "STAGE", {"batch": 0, "partition": 0, "attempt": 0, "to": "out"}
+    )["address"]
+    to = [None] * (messages - 1) + ["nowhere"]  # the last row fails the last slice
+    rows = pa.RecordBatch.from_arrays(
+        [pa.array([b"x"] * messages), pa.array(to, pa.string())], ["body", "to"]
+    )
+    assert driver.send(staging, messages_of(rows)) == messages
+
+    other = client(broker.url)
+    seen: list[tuple[bool, int]] = []  # (failure reported, messages back) per answer
+
+    def look() -> bool:
+        failed = "0" in other.call("stream-sink", "undo", "READ")["failed"]
+        back = int(other.call("queue", staging, "READ")["message-count"])
+        seen.append((failed, back))
+        return failed and back == messages
+
+    try:
+        driver.call("stream-sink", "undo", "COMMIT", {"batch": 0}, [[0, 0]])
+        wait_for(look, 60, 0, "the rolled-back messages all back in staging")
+    finally:
+        other.close()
+        driver.close()
+    during = [back for failed, back in seen if failed and back < messages]
+    assert during, f"no answer between the failure and the last message back: {seen[-3:]}"
+    assert broker.queue_stats("out")["message-count"] == 0

@@ -148,3 +148,29 @@ def test_records_whose_only_property_is_a_duplicate_id_never_let_a_selector_on_i
     assert chunks.skip(0, 2 * CHUNK, one) == 0  # chunk 0 may hold it: read
     assert chunks.skip(CHUNK, 2 * CHUNK, one) == 2 * CHUNK  # chunk 1 proves it does not
     assert chunks.skip(0, 2 * CHUNK, selecting("color = 'blue'")) == CHUNK  # 0 has no color
+
+
+def test_records_that_are_a_body_alone_are_summarized_as_having_no_property():
+    import pyarrow as pa
+
+    from scow.plugins.spark.records import annotate
+    from scow.plugins.spark.schema import messages_of
+
+    fmt = AmqpMessageFormat()
+    parsed: list[bytes] = []
+
+    def properties(data: bytes):
+        parsed.append(data)
+        return fmt.properties(data)
+
+    chunks = ChunkSummaries(properties)
+    rows = pa.RecordBatch.from_arrays([pa.array([b"x"] * CHUNK)], ["body"])
+    # a batch write's rows as stored (durable, no id): summarized without a parse
+    stored = [annotate(m, seq, 0) for seq, m in enumerate(messages_of(rows))]
+    chunks.appended(enumerate(stored))
+    chunks.appended([(CHUNK, _record("red"))])  # closes chunk 0; parsed (a property)
+    assert len(parsed) == 1
+    red = RecordFilter([SelectorFilter(compile_selector("color = 'red'"))], fmt.properties)
+    assert chunks.skip(0, CHUNK + 1, red) == CHUNK  # chunk 0 holds no color: passed over
+    nothing = RecordFilter([SelectorFilter(compile_selector("color IS NULL"))], fmt.properties)
+    assert chunks.skip(0, CHUNK + 1, nothing) == 0  # its records match IS NULL: read
