@@ -1,3 +1,4 @@
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -5,11 +6,45 @@ from pathlib import Path
 
 import pytest
 
+from scow.core.config import core_sections
 from tests.database.postgres import PostgresServer, binaries
 from tests.fresh_venv import make_venv
 from tests.tmpfs import tmpfs
 
 pytest_plugins = ["scow.core.testing"]
+
+#: Room the suite wants on its file systems before the brokers' disk monitor blocks
+#: their producers: what its journals, pages, large messages and Spark checkpoints hold
+#: at once, with room to spare.
+SUITE_DISK_ROOM = 3 << 30
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop before the first test when the temp dir's or the checkout's file system is
+    within SUITE_DISK_ROOM of the default max-disk-usage: the brokers the tests start
+    would block every producer there, and each test that sends would time out with
+    nothing in its error about the disk."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller checked
+        return
+    limit = next(
+        int(setting.default)  # type: ignore[call-overload]
+        for section in core_sections()
+        if (setting := section.setting("max-disk-usage")) is not None
+    )
+    for path in (tempfile.gettempdir(), os.getcwd()):
+        st = os.statvfs(path)
+        total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        room = free - total * (100 - limit) // 100
+        if room < SUITE_DISK_ROOM:
+            used = 100 * (total - free) / total
+            pytest.exit(
+                f"{path}'s file system is {used:.1f}% used ({free >> 20} MiB free): the "
+                f"brokers' disk monitor blocks producers past max-disk-usage {limit}%, "
+                f"{max(room, 0) >> 20} MiB from here, and the suite needs "
+                f"{SUITE_DISK_ROOM >> 20} MiB; free some space first",
+                returncode=4,
+            )
+
 
 #: The databases the database store's tests run on; PostgreSQL ones are marked `postgres`.
 DATABASES = [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
