@@ -141,13 +141,14 @@ class Client:
                 raise ClientError(f"connection to the broker lost: {exc}") from None
             engine.transport_pop(transport, got)
 
-    def _pump(self, timeout: float) -> None:
-        """Send what proton has; then wait up to `timeout` s for input and feed it."""
+    def _pump(self, timeout: float) -> bool:
+        """Send what proton has; then wait up to `timeout` s for input and feed it.
+        Whether any came."""
         self._flush()
         sock = self.sock
         pending = isinstance(sock, ssl.SSLSocket) and sock.pending()
         if not pending and not select.select([sock], [], [], timeout)[0]:
-            return
+            return False
         room = engine.transport_capacity(self.transport)
         if room <= 0:
             raise ClientError("the connection to the broker is closed")
@@ -160,6 +161,7 @@ class Client:
             self._check_connection()
             raise ClientError("the broker closed the connection")
         engine.transport_push(self.transport, self._in, got)
+        return True
 
     def _check_connection(self) -> None:
         if engine.connection_state(self.connection) & engine.REMOTE_CLOSED:
@@ -189,12 +191,15 @@ class Client:
 
         The client sends nothing while idle, so a connection kept across micro-batches
         that stays idle past the broker's `idle-timeout` is closed by the broker; so is
-        every connection to a broker that restarted. Either shows as input waiting.
+        every connection to a broker that restarted. Either shows as input waiting, and
+        all of it is read: frames the broker sent before it went (the detach that ends a
+        read) come before the end of the connection.
         """
         if self.closed:
             return False
         try:
-            self._pump(0)
+            while self._pump(0):
+                pass
             self._check_connection()
         except ClientError:
             self.close()
