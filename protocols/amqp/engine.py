@@ -262,6 +262,10 @@ class Engine:
         """Run idle-timeout bookkeeping; returns the next deadline in ms (0: none)."""
         return int(lib.pn_transport_tick(self.transport, now_ms))
 
+    def remote_idle_timeout(self) -> int:
+        """The peer's idle-timeout in ms (0: none): it wants a frame at least every half."""
+        return int(lib.pn_transport_get_remote_idle_timeout(self.transport))
+
     def transport_condition(self) -> tuple[str | None, str | None]:
         return condition_of(lib.pn_transport_condition(self.transport))
 
