@@ -1,0 +1,112 @@
+"""An import is all or nothing: a target it did not finish is emptied, or marked unusable.
+
+`scow data import` checks its whole file before writing (see `scow.core.export`), but the
+target can still refuse a line while it is written (a full disk, a database constraint,
+a lost server). `all_or_nothing` then empties the target with the `discard` its caller
+gives (what empties that store: journal, page, large message and stream files, or every
+table of a database) so that the next import finds it empty again.
+
+While an import writes, `<data-dir>/import.unfinished` says so. It is synced before the
+first line is written and removed once the import is complete (or undone), so an import
+killed with SIGKILL leaves it behind: a broker refuses such a data dir
+(`check_finished`), and the next import empties it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+MARKER = "import.unfinished"
+
+
+class UnfinishedImport(Exception):
+    """The data dir holds what an import left when it was cut short: not a broker's data."""
+
+
+class ImportUndone(Exception):
+    """A write the import's target refused; the message says what, and what became of it."""
+
+
+def check_finished(data_dir: Path) -> None:
+    """UnfinishedImport when an import into `data_dir` began and never finished."""
+    marker = Path(data_dir) / MARKER
+    try:
+        what = marker.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        return
+    raise UnfinishedImport(
+        f"data dir {Path(data_dir).resolve()} holds an import that did not finish ({what}; "
+        f"{MARKER} says so): run that `scow data import` again (it empties the data dir "
+        "first), or remove the data dir"
+    )
+
+
+@contextlib.contextmanager
+def all_or_nothing(
+    data_dir: Path, source: Path, discard: Callable[[], None]
+) -> Iterator[Callable[[], None]]:
+    """Run an import into the store under `data_dir`, all or nothing.
+
+    Yields `begin`, which the import calls once its checks passed, before its first
+    write (a file refused by its checks touches nothing, so nothing is discarded).
+    Leftovers of an import cut short are discarded first. The body must stop the store
+    before it ends (the discard runs on a stopped store). A failure after `begin` raises
+    ImportUndone saying what failed and that nothing was imported, once `discard()`
+    emptied the target; if that fails too, the marker stays and the error says so.
+    """
+    data_dir = Path(data_dir)
+    marker = data_dir / MARKER
+    if marker.exists():
+        discard()
+        _remove(marker)
+    begun = False
+
+    def begin() -> None:
+        nonlocal begun
+        _write(marker, f"import of {source} by pid {os.getpid()}")
+        begun = True
+
+    try:
+        yield begin
+    except Exception as exc:
+        if not begun:
+            raise
+        try:
+            discard()
+        except Exception as undo:
+            raise ImportUndone(
+                f"{exc}; emptying the target failed too ({undo}): it holds part of the "
+                f"import, and {marker} keeps a broker off it; run the import again once "
+                "the target works: it empties it first"
+            ) from exc
+        _remove(marker)
+        raise ImportUndone(f"{exc}; nothing was imported: the target is empty again") from exc
+    if begun:
+        _remove(marker)
+
+
+def _write(path: Path, text: str) -> None:
+    """`path` holding `text`, on disk (file and directory entry) before it returns."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, f"{text}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _sync_directory(path.parent)
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    _sync_directory(path.parent)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
