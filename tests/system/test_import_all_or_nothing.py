@@ -1,0 +1,209 @@
+"""`scow data import` is all or nothing: a target that refuses a line while it is written
+(a full disk, a database trigger) is left empty, the error names the line and what the
+target said, and a second import goes in; an import killed midway leaves a data dir that
+a broker refuses and that the next import clears."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from proton import Message
+
+from scow.core.testing import (
+    BrokerProcess,
+    broker_config,
+    free_port,
+    scow_command,
+    wait_for,
+    write_config,
+)
+from scow.core.unfinished_import import MARKER
+from tests.database.backends import REFUSED, allow_rows, on_database, refuse_rows
+from tests.wire.helpers import consume_all
+
+PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "paging", "spark"]
+
+
+def _message(number: int, body: str, **extra: Any) -> dict[str, Any]:
+    data = Message(body=body, durable=True).encode()
+    return {
+        "type": "message",
+        "id": number,
+        "address": "orders",
+        "expiration": 0,
+        "priority": 4,
+        "queues": {"orders": 0},
+        "data": base64.b64encode(data).decode(),
+        **extra,
+    }
+
+
+def _large(number: int, body_size: int) -> dict[str, Any]:
+    head = Message(durable=True).encode()
+    data = head + b"L" * body_size
+    line = _message(number, "")
+    line.update(
+        data=base64.b64encode(data).decode(), large=True, **{"head-size": len(head)}, size=len(data)
+    )
+    return line
+
+
+def _export(path: Path, messages: list[dict[str, Any]], *, stream: bool = False) -> Path:
+    """An export file: address and queue 'orders' holding `messages` (and a stream queue
+    'events' with two records, before them, when `stream`)."""
+    queue = {"routing-type": "ANYCAST", "filter": None, "auto-created": False}
+    queue |= {"max-consumers": -1, "exclusive": False, "arguments": {}}
+    lines: list[dict[str, Any]] = [
+        {"type": "address", "name": "orders", "routing-types": ["ANYCAST"], "auto-created": False},
+        {"type": "queue", "name": "orders", "address": "orders", "queue-type": "standard", **queue},
+    ]
+    if stream:
+        lines += [
+            {"type": "address", "name": "events", "routing-types": ["ANYCAST"]},
+            {
+                "type": "queue",
+                "name": "events",
+                "queue-type": "stream",
+                **queue,
+                "address": "events",
+            },
+            {"type": "stream", "queue": "events", "cursors": {"spark": [1, 0]}},
+        ]
+        lines += [
+            {"type": "stream-record", "queue": "events", "sequence": seq, "enqueued": 0, "data": ""}
+            for seq in (0, 1)
+        ]
+    lines += messages
+    counts = {"addresses": 0, "queues": 0, "messages": 0, "streams": 0, "stream-records": 0}
+    kinds = {"address": "addresses", "queue": "queues", "message": "messages"}
+    kinds |= {"stream": "streams", "stream-record": "stream-records"}
+    for line in lines:
+        counts[kinds[line["type"]]] += 1
+    with path.open("w") as out:
+        out.write(json.dumps({"format": "scow-export", "version": 1, "created": 0}) + "\n")
+        for line in [*lines, {"type": "end", **counts}]:
+            out.write(json.dumps(line) + "\n")
+    return path
+
+
+def _scow(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([scow_command(), *args], capture_output=True, text=True, timeout=120)
+
+
+def _files(data_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(data_dir)) for p in data_dir.rglob("*") if p.is_file())
+
+
+def _good(tmp_path: Path) -> Path:
+    return _export(tmp_path / "good.jsonl", [_message(i, f"good {i}") for i in range(3)])
+
+
+def test_import_refused_by_a_full_disk_leaves_the_data_dir_empty(tmp_path, tmpfs):
+    disk = tmpfs("32m")
+    data = disk.path / "data"
+    # a large message, a paged one and a stream go in before the journal runs out of room
+    messages = [_large(1, 300_000), _message(2, "paged", paged=True)]
+    messages += [_message(i, "x" * 500_000) for i in range(3, 60)]
+    big = _export(tmp_path / "big.jsonl", messages, stream=True)
+
+    refused = _scow("data", "import", "--data-dir", str(data), "--input", str(big))
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "not written: journal: not stored" in refused.stderr, refused.stderr
+    assert "no room for a new" in refused.stderr, refused.stderr
+    assert "nothing was imported: the target is empty again" in refused.stderr
+    line = int(refused.stderr.split(": line ")[1].split(":")[0])
+    assert 10 < line < 64, refused.stderr  # a message line, past the ones that fitted
+    assert _files(data) == []  # no journal, page, large message or stream file, no marker
+
+    good = _scow("data", "import", "--data-dir", str(data), "--input", str(_good(tmp_path)))
+    assert good.returncode == 0, good.stderr
+    assert "'messages': 3" in good.stdout
+    exported = _scow("data", "export", "--data-dir", str(data), "--output", str(tmp_path / "e"))
+    assert exported.returncode == 0, exported.stderr
+    assert "'messages': 3" in exported.stdout and "'streams': 0" in exported.stdout
+
+
+def test_import_into_a_data_dir_holding_data_is_refused_and_keeps_it(tmp_path):
+    data = tmp_path / "data"
+    good = _good(tmp_path)
+    assert _scow("data", "import", "--data-dir", str(data), "--input", str(good)).returncode == 0
+    again = _scow("data", "import", "--data-dir", str(data), "--input", str(good))
+    assert again.returncode == 2 and "not empty" in again.stderr, again.stderr
+    exported = _scow("data", "export", "--data-dir", str(data), "--output", str(tmp_path / "e"))
+    assert "'messages': 3" in exported.stdout, exported.stdout + exported.stderr
+
+
+def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, database_url):
+    tables = broker_config(tmp_path / "data", **on_database({"plugins": PLUGINS}, database_url))
+    config = write_config(tmp_path / "db.toml", tables)
+    # the tables exist (a first look creates them) before the trigger goes in
+    assert _scow("data", "print", "--config", str(config)).returncode == 0
+    url = database_url
+    refuse_rows(url)  # a large message's third 1 MiB row is refused
+    messages = [_message(i, f"m{i}") for i in range(10)] + [_large(10, 3 << 20)]
+    messages += [_message(i, f"m{i}") for i in range(11, 20)]
+    export = _export(tmp_path / "large.jsonl", messages, stream=True)
+
+    refused = _scow("data", "import", "--config", str(config), "--input", str(export))
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "line 19: large message 10 of" in refused.stderr, refused.stderr
+    assert REFUSED in refused.stderr
+    assert "nothing was imported: the target is empty again" in refused.stderr
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            names = sa.inspect(conn).get_table_names()
+            rows = {n: conn.execute(sa.text(f'SELECT COUNT(*) FROM "{n}"')).scalar() for n in names}
+    finally:
+        engine.dispose()
+    assert {"BINDINGS", "MESSAGES", "LARGE_MESSAGES", "STREAMS_DATA"} <= set(rows)
+    assert {n: c for n, c in rows.items() if c and n != "NODE_MANAGER_STORE"} == {}
+    assert not (tmp_path / "data" / MARKER).exists()
+
+    allow_rows(url)
+    good = _scow("data", "import", "--config", str(config), "--input", str(export))
+    assert good.returncode == 0, good.stderr
+    assert "'messages': 20" in good.stdout and "'stream-records': 2" in good.stdout
+
+
+def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it(tmp_path):
+    data = tmp_path / "data"
+    big = _export(tmp_path / "big.jsonl", [_message(i, "x" * 300_000) for i in range(150)])
+    importing = subprocess.Popen(
+        [scow_command(), "data", "import", "--data-dir", str(data), "--input", str(big)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: (data / MARKER).exists() or importing.poll() is not None, timeout=60)
+        time.sleep(0.05)  # a few lines in: some records written
+    finally:
+        importing.send_signal(signal.SIGKILL)
+        importing.wait(10)
+    assert (data / MARKER).exists(), "the import finished before it could be killed"
+
+    port = free_port()
+    config = write_config(tmp_path / "scow.toml", broker_config(data, plugins=PLUGINS, port=port))
+    run = _scow("run", "--config", str(config))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "holds an import that did not finish" in run.stderr, run.stderr
+
+    good = _scow("data", "import", "--data-dir", str(data), "--input", str(_good(tmp_path)))
+    assert good.returncode == 0, good.stderr
+    assert not (data / MARKER).exists()
+    broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
+    try:
+        assert [m.body for m in consume_all(broker.url, "orders", quiet=0.5)] == [
+            f"good {i}" for i in range(3)
+        ]
+    finally:
+        assert broker.stop() == 0
