@@ -45,8 +45,9 @@ Ids are not portable: an import gives everything new ids. The trailing "end" lin
 import tell a complete file from a truncated one. An import reads the file twice: first
 to check every line that can be checked without writing (its counts against the "end"
 line, each large message's size, the ids, the stream records), so that a bad file is
-refused with nothing imported; then to write it. Prepared (undecided) transactions are
-not exported.
+refused with nothing imported; then to write it. A write the target refuses stops the
+import with an ExportError naming the line; `scow.core.unfinished_import` then empties
+the target. Prepared (undecided) transactions are not exported.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import base64
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -177,15 +176,19 @@ def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, datab
 
 def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it(tmp_path):
     data = tmp_path / "data"
-    big = _export(tmp_path / "big.jsonl", [_message(i, "x" * 300_000) for i in range(150)])
+    bodies = data / "large-messages"
+    messages = [_large(1, 200_000)] + [_message(i, "x" * 300_000) for i in range(2, 150)]
+    big = _export(tmp_path / "big.jsonl", messages)
     importing = subprocess.Popen(
         [scow_command(), "data", "import", "--data-dir", str(data), "--input", str(big)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        wait_for(lambda: (data / MARKER).exists() or importing.poll() is not None, timeout=60)
-        time.sleep(0.05)  # a few lines in: some records written
+    try:  # killed once its first message (a large one: a file of its own) is written
+        wait_for(
+            lambda: (bodies.is_dir() and any(bodies.iterdir())) or importing.poll() is not None,
+            timeout=60,
+        )
     finally:
         importing.send_signal(signal.SIGKILL)
         importing.wait(10)
@@ -200,6 +203,7 @@ def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it
     good = _scow("data", "import", "--data-dir", str(data), "--input", str(_good(tmp_path)))
     assert good.returncode == 0, good.stderr
     assert not (data / MARKER).exists()
+    assert list(bodies.iterdir()) == []  # the killed import's body went with it
     broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
     try:
         assert [m.body for m in consume_all(broker.url, "orders", quiet=0.5)] == [
