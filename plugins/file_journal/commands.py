@@ -31,7 +31,12 @@ from scow.core.storage import (
     QUEUE,
     StorageManager,
 )
-from scow.core.unfinished_import import ImportUndone, UnfinishedImport, all_or_nothing
+from scow.core.unfinished_import import (
+    ImportUndone,
+    UnfinishedImport,
+    all_or_nothing,
+    check_finished,
+)
 from scow.plugins.file_journal import configured
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import discard as discard_journals
@@ -132,6 +137,7 @@ def _file_streams(data_dir: Path) -> OpenStream:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    check_finished(args.data_dir)  # half an import is no broker's data
     storage = _storage(args.data_dir)
     try:
         with open(args.output, "w", encoding="utf-8") as out:

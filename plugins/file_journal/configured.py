@@ -25,7 +25,7 @@ from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeMessageStore
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.storage import Recovered, StorageManager
-from scow.core.unfinished_import import all_or_nothing
+from scow.core.unfinished_import import all_or_nothing, check_finished
 from scow.plugins.paging import tools as page_tools
 
 
@@ -156,6 +156,7 @@ def _large_messages(plugins: PluginManager, config: Config) -> Iterator[LargeMes
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _opened(args) as (plugins, config, storage):
+        check_finished(_data_dir(config))  # half an import is no broker's data
         stores = _page_stores(plugins, config)
         with (
             _large_messages(plugins, config) as large,

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from proton import Message
 
@@ -104,15 +105,22 @@ def _good(tmp_path: Path) -> Path:
     return _export(tmp_path / "good.jsonl", [_message(i, f"good {i}") for i in range(3)])
 
 
-def test_import_refused_by_a_full_disk_leaves_the_data_dir_empty(tmp_path, tmpfs):
+@pytest.mark.parametrize("target", ["data-dir", "config"])
+def test_import_refused_by_a_full_disk_leaves_the_data_dir_empty(tmp_path, tmpfs, target):
     disk = tmpfs("32m")
     data = disk.path / "data"
+    where = ["--data-dir", str(data)]
+    if target == "config":  # the storage a config selects: files too, paged ones journaled
+        where = [
+            "--config",
+            str(write_config(tmp_path / "s.toml", broker_config(data, plugins=PLUGINS))),
+        ]
     # a large message, a paged one and a stream go in before the journal runs out of room
     messages = [_large(1, 300_000), _message(2, "paged", paged=True)]
     messages += [_message(i, "x" * 500_000) for i in range(3, 60)]
     big = _export(tmp_path / "big.jsonl", messages, stream=True)
 
-    refused = _scow("data", "import", "--data-dir", str(data), "--input", str(big))
+    refused = _scow("data", "import", *where, "--input", str(big))
 
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "not written: journal: not stored" in refused.stderr, refused.stderr
@@ -122,10 +130,10 @@ def test_import_refused_by_a_full_disk_leaves_the_data_dir_empty(tmp_path, tmpfs
     assert 10 < line < 64, refused.stderr  # a message line, past the ones that fitted
     assert _files(data) == []  # no journal, page, large message or stream file, no marker
 
-    good = _scow("data", "import", "--data-dir", str(data), "--input", str(_good(tmp_path)))
+    good = _scow("data", "import", *where, "--input", str(_good(tmp_path)))
     assert good.returncode == 0, good.stderr
     assert "'messages': 3" in good.stdout
-    exported = _scow("data", "export", "--data-dir", str(data), "--output", str(tmp_path / "e"))
+    exported = _scow("data", "export", *where, "--output", str(tmp_path / "e"))
     assert exported.returncode == 0, exported.stderr
     assert "'messages': 3" in exported.stdout and "'streams': 0" in exported.stdout
 
@@ -196,9 +204,13 @@ def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it
 
     port = free_port()
     config = write_config(tmp_path / "scow.toml", broker_config(data, plugins=PLUGINS, port=port))
-    run = _scow("run", "--config", str(config))
-    assert run.returncode == 2, run.stdout + run.stderr
-    assert "holds an import that did not finish" in run.stderr, run.stderr
+    for refused in (
+        ["run", "--config", str(config)],
+        ["data", "export", "--data-dir", str(data), "--output", str(tmp_path / "half.jsonl")],
+    ):
+        run = _scow(*refused)
+        assert run.returncode == 2, (refused, run.stdout, run.stderr)
+        assert "holds an import that did not finish" in run.stderr, (refused, run.stderr)
 
     good = _scow("data", "import", "--data-dir", str(data), "--input", str(_good(tmp_path)))
     assert good.returncode == 0, good.stderr
