@@ -53,9 +53,10 @@ def all_or_nothing(
     Yields `begin`, which the import calls once its checks passed, before its first
     write (a file refused by its checks touches nothing, so nothing is discarded).
     Leftovers of an import cut short are discarded first. The body must stop the store
-    before it ends (the discard runs on a stopped store). A failure after `begin` raises
-    ImportUndone saying what failed and that nothing was imported, once `discard()`
-    emptied the target; if that fails too, the marker stays and the error says so.
+    before it ends (the discard runs on a stopped store; see `stopping`). A failure
+    after `begin` raises ImportUndone saying what failed and that nothing was imported,
+    once `discard()` emptied the target; if that fails too, the marker stays and the
+    error says so.
     """
     data_dir = Path(data_dir)
     marker = data_dir / MARKER
@@ -86,6 +87,28 @@ def all_or_nothing(
         raise ImportUndone(f"{exc}; nothing was imported: the target is empty again") from exc
     if begun:
         _remove(marker)
+
+
+@contextlib.contextmanager
+def stopping(*closes: Callable[[], None]) -> Iterator[None]:
+    """Run every one of `closes` (what stops an import's stores) at the end, in order.
+    After a failure their own errors are dropped (the failure says what went wrong; these
+    follow from it); otherwise the first one is raised once all ran."""
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        errors: list[Exception] = []
+        for close in closes:
+            try:
+                close()
+            except Exception as exc:
+                errors.append(exc)
+        if errors and not failed:
+            raise errors[0]
 
 
 def _write(path: Path, text: str) -> None:

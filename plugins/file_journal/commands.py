@@ -36,6 +36,7 @@ from scow.core.unfinished_import import (
     UnfinishedImport,
     all_or_nothing,
     check_finished,
+    stopping,
 )
 from scow.plugins.file_journal import configured
 from scow.plugins.file_journal.journal import FileJournal
@@ -164,7 +165,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         storage = _storage(data_dir)
         pages = page_tools.PageImporter(data_dir, storage)
         with (
-            configured.closing(pages.close, storage.stop),
+            stopping(pages.close, storage.stop),
             open(args.input, encoding="utf-8") as source,
         ):
             counts = import_(

@@ -25,7 +25,7 @@ from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeMessageStore
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.storage import Recovered, StorageManager
-from scow.core.unfinished_import import all_or_nothing, check_finished
+from scow.core.unfinished_import import all_or_nothing, check_finished, stopping
 from scow.plugins.paging import tools as page_tools
 
 
@@ -184,7 +184,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     ):
         storage = app.open_storage(_journals(plugins), config)
         with (
-            closing(storage.stop),
+            stopping(storage.stop),
             _large_messages(plugins, config) as large,
             open(args.input, encoding="utf-8") as f,
         ):
@@ -212,7 +212,7 @@ def _discard(plugins: PluginManager, config: Config) -> None:
 
         backend, settings = stream_store_backend(streams, config)
         discards.append((backend.discard, settings))
-    done = set()
+    done: set[Callable[[Path, Mapping[str, Any]], None]] = set()
     for discard, settings in discards:
         if discard is not None and discard not in done:
             discard(data_dir, settings)
@@ -224,25 +224,3 @@ def _discard(plugins: PluginManager, config: Config) -> None:
 def _backend_settings(config: Config, section: str | None) -> Mapping[str, Any]:
     """A backend's own config section, or nothing."""
     return config.section(section) if section in config.section_names else {}
-
-
-@contextlib.contextmanager
-def closing(*closes: Callable[[], None]) -> Iterator[None]:
-    """Run every one of `closes` at the end, in order. After a failure their own errors are
-    dropped (the failure says what went wrong; these follow from it); otherwise the first
-    one is raised once all ran."""
-    failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        errors = []
-        for close in closes:
-            try:
-                close()
-            except Exception as exc:
-                errors.append(exc)
-        if errors and not failed:
-            raise errors[0]
