@@ -72,19 +72,20 @@ def all_or_nothing(
 
     try:
         yield begin
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C included: nothing half done
         if not begun:
             raise
+        failure = str(exc) or type(exc).__name__
         try:
             discard()
         except Exception as undo:
             raise ImportUndone(
-                f"{exc}; emptying the target failed too ({undo}): it holds part of the "
+                f"{failure}; emptying the target failed too ({undo}): it holds part of the "
                 f"import, and {marker} keeps a broker off it; run the import again once "
                 "the target works: it empties it first"
             ) from exc
         _remove(marker)
-        raise ImportUndone(f"{exc}; nothing was imported: the target is empty again") from exc
+        raise ImportUndone(f"{failure}; nothing was imported: the target is empty again") from exc
     if begun:
         _remove(marker)
 

@@ -182,25 +182,43 @@ def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, datab
     assert "'messages': 20" in good.stdout and "'stream-records': 2" in good.stdout
 
 
-def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it(tmp_path):
-    data = tmp_path / "data"
+def _interrupted_import(tmp_path: Path, data: Path, sig: int) -> subprocess.CompletedProcess[str]:
+    """`scow data import` of a large file, sent `sig` once its first message (a large
+    one: a file of its own) is written; it has ended."""
     bodies = data / "large-messages"
     messages = [_large(1, 200_000)] + [_message(i, "x" * 300_000) for i in range(2, 150)]
     big = _export(tmp_path / "big.jsonl", messages)
     importing = subprocess.Popen(
         [scow_command(), "data", "import", "--data-dir", str(data), "--input", str(big)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    try:  # killed once its first message (a large one: a file of its own) is written
+    try:
         wait_for(
             lambda: (bodies.is_dir() and any(bodies.iterdir())) or importing.poll() is not None,
             timeout=60,
         )
+        assert importing.poll() is None, "the import finished before it could be stopped"
     finally:
-        importing.send_signal(signal.SIGKILL)
-        importing.wait(10)
-    assert (data / MARKER).exists(), "the import finished before it could be killed"
+        importing.send_signal(sig)
+        out, err = importing.communicate(timeout=60)
+    return subprocess.CompletedProcess(importing.args, importing.returncode, out, err)
+
+
+def test_an_import_interrupted_with_ctrl_c_is_undone(tmp_path):
+    data = tmp_path / "data"
+    importing = _interrupted_import(tmp_path, data, signal.SIGINT)
+    assert importing.returncode == 2
+    assert "KeyboardInterrupt; nothing was imported" in importing.stderr, importing.stderr
+    assert _files(data) == []
+
+
+def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it(tmp_path):
+    data = tmp_path / "data"
+    bodies = data / "large-messages"
+    _interrupted_import(tmp_path, data, signal.SIGKILL)
+    assert (data / MARKER).exists()
 
     port = free_port()
     config = write_config(tmp_path / "scow.toml", broker_config(data, plugins=PLUGINS, port=port))
