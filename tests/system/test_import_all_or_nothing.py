@@ -9,6 +9,7 @@ import base64
 import json
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +242,36 @@ def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it
         ]
     finally:
         assert broker.stop() == 0
+
+
+@pytest.mark.slow
+def test_an_import_waits_out_a_postgresql_restart_and_completes_once(tmp_path, private_postgres):
+    """The server stopped with `pg_ctl -m immediate` mid-import is no refusal: the import
+    retries as a broker does, and goes in whole, each message once, when it is back."""
+    url = private_postgres.url(private_postgres.create_database())
+    tables = broker_config(tmp_path / "data", **on_database({"plugins": PLUGINS}, url))
+    config = write_config(tmp_path / "db.toml", tables)
+    big = _export(tmp_path / "big.jsonl", [_message(i, "x" * 20_000) for i in range(3000)])
+    importing = subprocess.Popen(
+        [scow_command(), "data", "import", "--config", str(config), "--input", str(big)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    printed: list[str] = []  # its log and its result: both on stdout
+    assert importing.stdout is not None
+    reader = threading.Thread(target=lambda: printed.extend(importing.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: (tmp_path / "data" / MARKER).exists(), timeout=60)
+        private_postgres.stop("immediate")
+        wait_for(lambda: any("database lost" in line for line in printed), timeout=60)
+        assert importing.poll() is None, "".join(printed)
+        private_postgres.start()
+        assert importing.wait(120) == 0, "".join(printed) + importing.stderr.read()
+    finally:
+        importing.kill()
+    reader.join(10)
+    assert any("'messages': 3000" in line for line in printed), "".join(printed)
+    exported = _scow("data", "export", "--config", str(config), "--output", str(tmp_path / "e"))
+    assert "'messages': 3000" in exported.stdout, exported.stdout + exported.stderr
