@@ -61,7 +61,13 @@ def all_or_nothing(
     data_dir = Path(data_dir)
     marker = data_dir / MARKER
     if marker.exists():
-        discard()
+        try:
+            discard()
+        except Exception as exc:
+            raise UnfinishedImport(
+                f"data dir {data_dir.resolve()} holds an import that did not finish, and "
+                f"emptying what it left failed: {exc}"
+            ) from exc
         _remove(marker)
     begun = False
 

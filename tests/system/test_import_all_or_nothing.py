@@ -183,6 +183,66 @@ def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, datab
     assert "'messages': 20" in good.stdout and "'stream-records': 2" in good.stdout
 
 
+#: What the database says when `_refuse_deletes` refuses one.
+KEPT = "BINDINGS keeps its rows"
+
+
+def _refuse_deletes(url: str, *, drop: bool = False) -> None:
+    """Make BINDINGS refuse every DELETE (a trigger raising KEPT), or take that back."""
+    engine = sa.create_engine(url)
+    postgres = engine.dialect.name == "postgresql"
+    if drop:
+        statements = [
+            'DROP TRIGGER keep_rows ON "BINDINGS"' if postgres else "DROP TRIGGER keep_rows"
+        ]
+    elif postgres:
+        statements = [
+            "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN RAISE EXCEPTION '{KEPT}'; END $$",
+            'CREATE TRIGGER keep_rows BEFORE DELETE ON "BINDINGS" FOR EACH ROW '
+            "EXECUTE FUNCTION keep_rows()",
+        ]
+    else:
+        statements = [
+            'CREATE TRIGGER keep_rows BEFORE DELETE ON "BINDINGS" '
+            f"BEGIN SELECT RAISE(ABORT, '{KEPT}'); END"
+        ]
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
+
+
+def test_a_target_that_cannot_be_emptied_stays_marked_until_the_next_import(tmp_path, database_url):
+    tables = broker_config(tmp_path / "data", **on_database({"plugins": PLUGINS}, database_url))
+    config = write_config(tmp_path / "db.toml", tables)
+    assert _scow("data", "print", "--config", str(config)).returncode == 0
+    refuse_rows(database_url)
+    _refuse_deletes(database_url)
+    messages = [_message(i, f"m{i}") for i in range(10)] + [_large(10, 3 << 20)]
+    export = _export(tmp_path / "large.jsonl", messages)
+
+    refused = _scow("data", "import", "--config", str(config), "--input", str(export))
+
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert REFUSED in refused.stderr and KEPT in refused.stderr, refused.stderr
+    assert "emptying the target failed too" in refused.stderr, refused.stderr
+    assert (tmp_path / "data" / MARKER).exists()
+    run = _scow("run", "--config", str(config))
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "holds an import that did not finish" in run.stderr, run.stderr
+
+    _refuse_deletes(database_url, drop=True)
+    allow_rows(database_url)
+    good = _scow("data", "import", "--config", str(config), "--input", str(export))
+    assert good.returncode == 0, good.stderr
+    exported = _scow("data", "export", "--config", str(config), "--output", str(tmp_path / "e"))
+    assert "'messages': 11" in exported.stdout, exported.stdout + exported.stderr
+    assert "'queues': 1" in exported.stdout  # the first attempt's queue went
+
+
 def _interrupted_import(tmp_path: Path, data: Path, sig: int) -> subprocess.CompletedProcess[str]:
     """`scow data import` of a large file, sent `sig` once its first message (a large
     one: a file of its own) is written; it has ended."""
