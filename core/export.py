@@ -63,6 +63,7 @@ from scow.core.duplicates import current_key, split_keys
 from scow.core.interfaces import StreamStore
 from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
+from scow.core.unfinished_import import first_line
 
 FORMAT = "scow-export"
 VERSION = 1
@@ -354,13 +355,7 @@ def _import(
     except ExportError:
         raise
     except Exception as exc:
-        raise ExportError(f"line {number}: not written: {_first_line(exc)}") from exc
-
-
-def _first_line(error: BaseException) -> str:
-    """What a store said, without the statement and parameters a database error adds."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+        raise ExportError(f"line {number}: not written: {first_line(exc)}") from exc
 
 
 def _import_line(

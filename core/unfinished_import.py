@@ -66,7 +66,7 @@ def all_or_nothing(
         except Exception as exc:
             raise UnfinishedImport(
                 f"data dir {data_dir.resolve()} holds an import that did not finish, and "
-                f"emptying what it left failed: {exc}"
+                f"emptying what it left failed: {first_line(exc)}"
             ) from exc
         _remove(marker)
     begun = False
@@ -81,19 +81,25 @@ def all_or_nothing(
     except (Exception, KeyboardInterrupt) as exc:  # Ctrl-C included: nothing half done
         if not begun:
             raise
-        failure = str(exc) or type(exc).__name__
+        failure = first_line(exc)
         try:
             discard()
         except Exception as undo:
             raise ImportUndone(
-                f"{failure}; emptying the target failed too ({undo}): it holds part of the "
-                f"import, and {marker} keeps a broker off it; run the import again once "
-                "the target works: it empties it first"
+                f"{failure}; emptying the target failed too ({first_line(undo)}): it holds "
+                f"part of the import, and {marker} keeps a broker off it; run the import "
+                "again once the target works: it empties it first"
             ) from exc
         _remove(marker)
         raise ImportUndone(f"{failure}; nothing was imported: the target is empty again") from exc
     if begun:
         _remove(marker)
+
+
+def first_line(error: BaseException) -> str:
+    """What a store said, without the statement and parameters a database error adds."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 @contextlib.contextmanager
