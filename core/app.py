@@ -228,8 +228,10 @@ class Server:
         except DataDirLocked as exc:
             raise StartupError(f"{exc}, or give this broker its own [broker] data-dir") from None
         try:
-            check_finished(self.data_lock.data_dir)
-        except UnfinishedImport as exc:
+            if self.config.section("broker")["persistence-enabled"]:
+                journal = journal_backend(self.journals, self.config)[0]
+                check_finished(self.data_lock.data_dir, journal)
+        except (UnfinishedImport, StartupError) as exc:
             self._release_locks()
             raise StartupError(str(exc)) from None
         try:

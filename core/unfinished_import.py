@@ -6,10 +6,12 @@ a lost server). `all_or_nothing` then empties the target with the `discard` its 
 gives (what empties that store: journal, page, large message and stream files, or every
 table of a database) so that the next import finds it empty again.
 
-While an import writes, `<data-dir>/import.unfinished` says so. It is synced before the
-first line is written and removed once the import is complete (or undone), so an import
-killed with SIGKILL leaves it behind: a broker refuses such a data dir
-(`check_finished`), and the next import empties it first.
+While an import writes, `<data-dir>/import-<journal>.unfinished` says so (one per journal
+backend: a data dir can hold a broker's files while an import into a database that names
+it as its data dir runs). It is synced before the first line is written and removed once
+the import is complete (or undone), so an import killed with SIGKILL leaves it behind: a
+broker on that journal refuses such a data dir (`check_finished`), and the next import
+into it empties it first.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-MARKER = "import.unfinished"
+
+def marker(data_dir: Path, journal: str) -> Path:
+    """The file saying that an import into the store of `journal` (`[broker] journal`, as
+    resolved) under `data_dir` has not finished."""
+    return Path(data_dir) / f"import-{journal}.unfinished"
 
 
 class UnfinishedImport(Exception):
@@ -30,25 +36,26 @@ class ImportUndone(Exception):
     """A write the import's target refused; the message says what, and what became of it."""
 
 
-def check_finished(data_dir: Path) -> None:
-    """UnfinishedImport when an import into `data_dir` began and never finished."""
-    marker = Path(data_dir) / MARKER
+def check_finished(data_dir: Path, journal: str) -> None:
+    """UnfinishedImport when an import into the store of `journal` under `data_dir`
+    began and never finished."""
+    path = marker(data_dir, journal)
     try:
-        what = marker.read_text(errors="replace").strip()
+        what = path.read_text(errors="replace").strip()
     except FileNotFoundError:
         return
     raise UnfinishedImport(
         f"data dir {Path(data_dir).resolve()} holds an import that did not finish ({what}; "
-        f"{MARKER} says so): run that `scow data import` again (it empties the data dir "
-        "first), or remove the data dir"
+        f"{path.name} says so): run that `scow data import` again (it empties its target "
+        "first), or empty the target and remove that file"
     )
 
 
 @contextlib.contextmanager
 def all_or_nothing(
-    data_dir: Path, source: Path, discard: Callable[[], None]
+    data_dir: Path, journal: str, source: Path, discard: Callable[[], None]
 ) -> Iterator[Callable[[], None]]:
-    """Run an import into the store under `data_dir`, all or nothing.
+    """Run an import into the store of `journal` under `data_dir`, all or nothing.
 
     Yields `begin`, which the import calls once its checks passed, before its first
     write (a file refused by its checks touches nothing, so nothing is discarded).
@@ -59,8 +66,8 @@ def all_or_nothing(
     error says so.
     """
     data_dir = Path(data_dir)
-    marker = data_dir / MARKER
-    if marker.exists():
+    path = marker(data_dir, journal)
+    if path.exists():
         try:
             discard()
         except Exception as exc:
@@ -68,12 +75,12 @@ def all_or_nothing(
                 f"data dir {data_dir.resolve()} holds an import that did not finish, and "
                 f"emptying what it left failed: {first_line(exc)}"
             ) from exc
-        _remove(marker)
+        _remove(path)
     begun = False
 
     def begin() -> None:
         nonlocal begun
-        _write(marker, f"import of {source} by pid {os.getpid()}")
+        _write(path, f"import of {source} by pid {os.getpid()}")
         begun = True
 
     try:
@@ -87,13 +94,13 @@ def all_or_nothing(
         except Exception as undo:
             raise ImportUndone(
                 f"{failure}; emptying the target failed too ({first_line(undo)}): it holds "
-                f"part of the import, and {marker} keeps a broker off it; run the import "
+                f"part of the import, and {path} keeps a broker off it; run the import "
                 "again once the target works: it empties it first"
             ) from exc
-        _remove(marker)
+        _remove(path)
         raise ImportUndone(f"{failure}; nothing was imported: the target is empty again") from exc
     if begun:
-        _remove(marker)
+        _remove(path)
 
 
 def first_line(error: BaseException) -> str:

@@ -46,6 +46,8 @@ from scow.plugins.file_journal.tools import compact_offline, iter_records, measu
 from scow.plugins.paging import tools as page_tools
 
 Handler = Callable[[argparse.Namespace], int]
+#: The journal `--data-dir` works on (the file journal backend's name).
+FILES = "file"
 
 RECORD_TYPES = {
     MESSAGE: "MESSAGE",
@@ -138,7 +140,7 @@ def _file_streams(data_dir: Path) -> OpenStream:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    check_finished(args.data_dir)  # half an import is no broker's data
+    check_finished(args.data_dir, FILES)  # half an import is no broker's data
     storage = _storage(args.data_dir)
     try:
         with open(args.output, "w", encoding="utf-8") as out:
@@ -160,7 +162,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     data_dir = args.data_dir
     with (
         offline(data_dir),
-        all_or_nothing(data_dir, args.input, lambda: _discard(data_dir)) as begin,
+        all_or_nothing(data_dir, FILES, args.input, lambda: _discard(data_dir)) as begin,
     ):
         storage = _storage(data_dir)
         pages = page_tools.PageImporter(data_dir, storage)

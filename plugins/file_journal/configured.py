@@ -156,7 +156,8 @@ def _large_messages(plugins: PluginManager, config: Config) -> Iterator[LargeMes
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _opened(args) as (plugins, config, storage):
-        check_finished(_data_dir(config))  # half an import is no broker's data
+        # half an import is no broker's data
+        check_finished(_data_dir(config), app.journal_backend(_journals(plugins), config)[0])
         stores = _page_stores(plugins, config)
         with (
             _large_messages(plugins, config) as large,
@@ -178,9 +179,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     held meanwhile: a running broker refuses the command)."""
     plugins, config = _load(args)
     data_dir = _data_dir(config)
+    journal = app.journal_backend(_journals(plugins), config)[0]
     with (
         offline(data_dir),
-        all_or_nothing(data_dir, args.input, lambda: _discard(plugins, config)) as begin,
+        all_or_nothing(data_dir, journal, args.input, lambda: _discard(plugins, config)) as begin,
     ):
         storage = app.open_storage(_journals(plugins), config)
         with (

@@ -25,7 +25,7 @@ from scow.core.testing import (
     wait_for,
     write_config,
 )
-from scow.core.unfinished_import import MARKER
+from scow.core.unfinished_import import marker
 from tests.database.backends import REFUSED, allow_rows, on_database, refuse_rows
 from tests.wire.helpers import consume_all
 
@@ -175,7 +175,7 @@ def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, datab
         engine.dispose()
     assert {"BINDINGS", "MESSAGES", "LARGE_MESSAGES", "STREAMS_DATA"} <= set(rows)
     assert {n: c for n, c in rows.items() if c and n != "NODE_MANAGER_STORE"} == {}
-    assert not (tmp_path / "data" / MARKER).exists()
+    assert not marker(tmp_path / "data", "database").exists()
 
     allow_rows(url)
     good = _scow("data", "import", "--config", str(config), "--input", str(export))
@@ -229,10 +229,14 @@ def test_a_target_that_cannot_be_emptied_stays_marked_until_the_next_import(tmp_
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert REFUSED in refused.stderr and KEPT in refused.stderr, refused.stderr
     assert "emptying the target failed too" in refused.stderr, refused.stderr
-    assert (tmp_path / "data" / MARKER).exists()
+    assert marker(tmp_path / "data", "database").exists()
     run = _scow("run", "--config", str(config))
     assert run.returncode == 2, run.stdout + run.stderr
     assert "holds an import that did not finish" in run.stderr, run.stderr
+    # the files under the same data dir are another store: their import is not held up
+    data = ["--data-dir", str(tmp_path / "data")]
+    files = _scow("data", "import", *data, "--input", str(_good(tmp_path)))
+    assert files.returncode == 0, files.stderr
 
     _refuse_deletes(database_url, drop=True)
     allow_rows(database_url)
@@ -279,7 +283,7 @@ def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it
     data = tmp_path / "data"
     bodies = data / "large-messages"
     _interrupted_import(tmp_path, data, signal.SIGKILL)
-    assert (data / MARKER).exists()
+    assert marker(data, "file").exists()
 
     port = free_port()
     config = write_config(tmp_path / "scow.toml", broker_config(data, plugins=PLUGINS, port=port))
@@ -293,7 +297,7 @@ def test_an_import_killed_midway_keeps_brokers_off_and_the_next_import_clears_it
 
     good = _scow("data", "import", "--data-dir", str(data), "--input", str(_good(tmp_path)))
     assert good.returncode == 0, good.stderr
-    assert not (data / MARKER).exists()
+    assert not marker(data, "file").exists()
     assert list(bodies.iterdir()) == []  # the killed import's body went with it
     broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
     try:
@@ -323,7 +327,7 @@ def test_an_import_waits_out_a_postgresql_restart_and_completes_once(tmp_path, p
     reader = threading.Thread(target=lambda: printed.extend(importing.stdout), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: (tmp_path / "data" / MARKER).exists(), timeout=60)
+        wait_for(lambda: marker(tmp_path / "data", "database").exists(), timeout=60)
         private_postgres.stop("immediate")
         wait_for(lambda: any("database lost" in line for line in printed), timeout=60)
         assert importing.poll() is None, "".join(printed)
