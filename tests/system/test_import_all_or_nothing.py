@@ -154,8 +154,7 @@ def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, datab
     config = write_config(tmp_path / "db.toml", tables)
     # the tables exist (a first look creates them) before the trigger goes in
     assert _scow("data", "print", "--config", str(config)).returncode == 0
-    url = database_url
-    refuse_rows(url)  # a large message's third 1 MiB row is refused
+    refuse_rows(database_url)  # a large message's third 1 MiB row is refused
     messages = [_message(i, f"m{i}") for i in range(10)] + [_large(10, 3 << 20)]
     messages += [_message(i, f"m{i}") for i in range(11, 20)]
     export = _export(tmp_path / "large.jsonl", messages, stream=True)
@@ -166,7 +165,7 @@ def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, datab
     assert "line 19: large message 10 of" in refused.stderr, refused.stderr
     assert REFUSED in refused.stderr
     assert "nothing was imported: the target is empty again" in refused.stderr
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(database_url)
     try:
         with engine.begin() as conn:
             names = sa.inspect(conn).get_table_names()
@@ -177,7 +176,7 @@ def test_import_refused_by_the_database_leaves_every_table_empty(tmp_path, datab
     assert {n: c for n, c in rows.items() if c and n != "NODE_MANAGER_STORE"} == {}
     assert not marker(tmp_path / "data", "database").exists()
 
-    allow_rows(url)
+    allow_rows(database_url)
     good = _scow("data", "import", "--config", str(config), "--input", str(export))
     assert good.returncode == 0, good.stderr
     assert "'messages': 20" in good.stdout and "'stream-records': 2" in good.stdout
