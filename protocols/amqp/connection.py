@@ -214,8 +214,10 @@ class AmqpConnection(asyncio.Protocol):
             self.dirty = True
             self.server.schedule_flush(self)
 
-    def accepter(self, delivery: Any, link: ProducerLink | CoordinatorLink) -> Any:
-        """A completion that accepts `delivery` once its message is durable.
+    def accepter(self, delivery: Any, link: CoordinatorLink) -> Any:
+        """A completion that accepts `delivery` (a commit) once it is durable. (A
+        producer link's messages have `_Accept`, one object reused while the broker
+        keeps none.)
 
         proton frees a delivery with its link, so a completion that arrives after the link
         or connection went away does nothing.
