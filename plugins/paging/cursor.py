@@ -337,6 +337,11 @@ class QueueCursor:
             self.counts.clear()
         return True
 
+    @property
+    def reading(self) -> bool:
+        """A read of a page is under way (it hands its records over when it is done)."""
+        return self._reading
+
     def has_room(self) -> bool:
         """The queue has consumers and its memory is under every read limit."""
         messages, size = self._allowance()

@@ -53,6 +53,8 @@ class StandardQueue:
         self._dispatching = False
         #: Set by the paging plugin while the queue's address has pages.
         self.cursor: Cursor | None = None
+        #: Consumers whose drain waits for a page being read (see `holds_drain`).
+        self._held_drains: list[Consumer] = []
         #: Bytes of the messages in memory, waiting or delivering.
         self.memory_bytes = 0
         #: References handed to consumers and not yet settled, and their bytes.
@@ -85,6 +87,8 @@ class StandardQueue:
     def remove_consumer(self, consumer: Consumer) -> None:
         if self.cursor is not None:
             self.cursor.forget(consumer)
+        if consumer in self._held_drains:
+            self._held_drains.remove(consumer)
         if self._browsers.pop(consumer, None) is None and consumer in self._attached:
             self._attached.remove(consumer)
             self._receivers_changed()
@@ -223,6 +227,39 @@ class StandardQueue:
         cursor = self.cursor
         if cursor is not None and cursor.backlog and self._consumers:
             cursor.fill(now=True)  # credit may have come: a drain is answered next
+        if self._held_drains:
+            self._answer_drains()
+
+    def holds_drain(self, consumer: Consumer) -> bool:
+        """Whether `consumer`'s drain waits (see `holds_drain` in the interfaces): while
+        the cursor reads a page its credit may take from, a drain answered at once would
+        find a queue with messages in pages empty (a JMS receiveNoWait drains). It is
+        answered (`drain_ready`) once the credit is spent, the pages are, or no read is
+        under way. A consumer with a selector is answered at once: its scan may read
+        many pages."""
+        if not self._drain_waits(consumer):
+            return False
+        if consumer not in self._held_drains:
+            self._held_drains.append(consumer)
+        return True
+
+    def _drain_waits(self, consumer: Consumer) -> bool:
+        cursor = self.cursor
+        return (
+            cursor is not None
+            and cursor.reading
+            and cursor.backlog > 0
+            and consumer.filter is None
+            and consumer.credit() > 0
+        )
+
+    def _answer_drains(self) -> None:
+        held, self._held_drains = self._held_drains, []
+        for consumer in held:
+            if self._drain_waits(consumer):
+                self._held_drains.append(consumer)
+            else:
+                consumer.drain_ready()
 
     def _dispatch_fifo(self) -> None:
         messages = self._messages
