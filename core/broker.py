@@ -36,6 +36,7 @@ from scow.core.message import (
     Message,
     MessageFormat,
     MessageRef,
+    PackedRows,
     PagedRef,
     SharedMessage,
 )
@@ -1020,8 +1021,9 @@ class Broker:
         paged: list[tuple[Message, list[Any], Any]],
     ) -> tuple[list[tuple[DuplicateIdCache, str, bytes]], int]:
         """Route `tx.sends[start:end]` into `kept` and `paged` (`_place`), their duplicate
-        ids checked first (`_ids_of`: a duplicate refuses before any is routed). Returns
-        those ids and how many messages were routed."""
+        ids checked first (`_ids_of`: a duplicate refuses before any is routed). A packed
+        send goes whole, marked `PackedRows`, where its address takes packs, else as its
+        rows. Returns those ids and how many messages were routed."""
         sends = tx.sends[start:end]
         headers = [fmt.inspect(data) for data, _address, fmt, _routing_type in sends]
         ids = self._ids_of(sends, headers, seen)
@@ -1038,10 +1040,13 @@ class Broker:
             itertools.count(start), sends, headers
         ):
             address = self.address_for(address_name, routing_type)
-            if whole.get(place) is False:  # a queue takes single messages: the rows go
-                messages = [(row, fmt.inspect(row)) for row in packed[place].unpacked()]
-            else:
+            taken_whole = whole.get(place)
+            if taken_whole is None:
                 messages = [(data, header)]
+            elif taken_whole:
+                messages = [(PackedRows(data), header)]
+            else:  # a queue takes single messages: the rows go
+                messages = [(row, fmt.inspect(row)) for row in packed[place].unpacked()]
             for message, message_header in messages:
                 result = self._route(message, address, fmt, routing_type, message_header)
                 if not isinstance(result, RouteStatus):

@@ -56,9 +56,10 @@ from scow.core.model import (
 from scow.plugins.queues.standard import StandardQueue
 from scow.plugins.spark.records import (
     DURABLE_HEADER,
-    committed,
+    PACK_PREFIX,
+    MalformedPack,
     is_pack,
-    pack_rows,
+    rows_in,
     spans,
     unpack,
 )
@@ -267,16 +268,17 @@ class Sinks:
                     data = message.data
                     if default_to and data.__class__ is bytes and _PROPERTIES_SECTION not in data:
                         # no row of it has a properties section, so none names its own `to`
-                        whole = committed(data)
-                        if whole is not None:
-                            tx.packed[len(tx.sends)] = _StagedRows(data, message.format, default_to)
-                            tx.sends.append((whole, default_to, message.format, None))
+                        if data.startswith(_STAGED_PACK):
+                            staged = _StagedRows(data, message.format, default_to, name)
+                            tx.packed[len(tx.sends)] = staged
+                            tx.sends.append((data, default_to, message.format, None))
                         else:
                             tx.sends += [
-                                (row, default_to, message.format, None) for row in _rows(message)
+                                (row, default_to, message.format, None)
+                                for row in _rows(message, name)
                             ]
                         continue
-                    rows = _rows(message)
+                    rows = _rows(message, name)
                     for row in rows:
                         to = _to(row) or default_to
                         if not to:
@@ -352,17 +354,26 @@ class Sinks:
         return len(names)
 
 
+#: How a staged pack the sink commits whole begins: it is journaled like its rows.
+_STAGED_PACK = DURABLE_HEADER + PACK_PREFIX
+
+
 class _StagedRows:
     """A staged pack committed whole (`Transaction.packed`): a stream appends its rows in
     one write, and the journal holds them as one record until it has."""
 
     __slots__ = ("address", "data", "format", "rows")
 
-    def __init__(self, data: bytes, fmt: Any, address: str) -> None:
+    def __init__(self, data: bytes, fmt: Any, address: str, staging: str) -> None:
+        """InvalidField naming `staging` (the queue it was staged in) when its record
+        count or sizes do not fit its bytes."""
         self.data = data
         self.format = fmt
         self.address = address
-        self.rows = pack_rows(data)
+        try:
+            self.rows = rows_in(data)
+        except MalformedPack as exc:
+            raise _malformed(staging, exc) from None
 
     def unpacked(self) -> list[bytes]:
         rows: list[bytes] = []
@@ -400,15 +411,27 @@ _ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
 _BODY_ROW = DURABLE_HEADER + b"\x00\x53\x75"
 
 
-def _rows(message: Any) -> list[bytes]:
-    """The rows a staged message holds: those of a pack, else the message itself."""
+def _rows(message: Any, staging: str) -> list[bytes]:
+    """The rows a staged message holds: those of a pack, else the message itself;
+    InvalidField naming `staging` (its queue) for a pack whose sizes do not fit it."""
     data = message.data
     rows: list[bytes] = []
     # a pack of `min-large-message-size` or more was stored as a large message: its file
     # is read here (on the loop, once, at commit; packs are STAGED_PACK_BYTES at most)
-    if is_pack(data) and unpack(with_body(data, data), rows):
-        return rows
+    try:
+        if is_pack(data) and unpack(with_body(data, data), rows):
+            return rows
+    except MalformedPack as exc:
+        raise _malformed(staging, exc) from None
     return [data]
+
+
+def _malformed(staging: str, exc: MalformedPack) -> InvalidField:
+    """What a COMMIT answers for a staged pack whose sizes do not fit its bytes."""
+    return InvalidField(
+        f"{staging}: a staged message is a malformed pack ({exc}); expected "
+        "`records.pack`'s layout: each record after its length, filling its data section"
+    )
 
 
 _PROPERTIES_SECTION = b"\x00\x53\x73"

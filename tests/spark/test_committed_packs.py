@@ -1,4 +1,4 @@
-"""A sink's staged pack committed whole to a stream (`records.committed`): one journal
+"""A sink's staged pack committed whole to a stream (`PackedRows`): one journal
 record and one store append for its rows, each row still a record of its own with its
 own sequence number; after a crash, recovery appends only the rows the store lacks."""
 
@@ -9,21 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from scow.plugins.spark.records import annotate, committed, pack, row_id, rows_in
+from scow.plugins.spark.records import annotate, pack, row_id
 from scow.plugins.spark.segments import open_store
 from scow.plugins.spark.stream import stored_rows
 from scow.plugins.spark.writer import StreamWriter, Written
 from tests.spark.conftest import client, stream, wait_stream
 
 ROWS = [b"\x00\x53\x75\xa0\x02r%d" % i for i in range(5)]  # data sections: bodies r0..r4
-
-
-def test_a_staged_pack_becomes_a_committed_one_that_only_a_stream_splits() -> None:
-    staged = pack(ROWS, durable=True)
-    whole = committed(staged)
-    assert whole is not None and rows_in(whole) == 5
-    assert rows_in(staged) == 0  # a pack a client sends or reads is one message
-    assert committed(pack(ROWS)) is None  # not durable: not what the sink stages
 
 
 def test_a_committed_pack_is_stored_as_its_rows_from_a_given_one_in_one_append(
@@ -39,9 +31,8 @@ def test_a_committed_pack_is_stored_as_its_rows_from_a_given_one_in_one_append(
         done.set()
 
     writer = StreamWriter(store, tmp_path, on_written, annotate)
-    whole = committed(pack(ROWS, durable=True))
-    assert whole is not None
-    writer.append_rows(7, 42, whole, 2, "token")  # rows 0 and 1 were stored before
+    # rows 0 and 1 were stored before
+    writer.append_rows(7, 42, pack(ROWS, durable=True), 2, "token")
     assert done.wait(10)
     writer.close()
     assert [(w.last_seq, w.tokens) for w in written] == [(9, ["token"])]
@@ -107,7 +98,7 @@ def test_a_packs_duplicate_ids_are_read_as_the_message_format_reads_them() -> No
         encode_message(b"d", durable=True, application_properties={"_AMQ_DUPL_ID": b"\xff"}),
         encode_message(b"e", durable=True, application_properties={"_AMQ_DUPL_ID": "é"}),
     ]
-    staged = _StagedRows(pack(rows, durable=True), AMQP_FORMAT, "out")
+    staged = _StagedRows(pack(rows, durable=True), AMQP_FORMAT, "out", "staging")
     found = [value for row in rows if (value := AMQP_FORMAT.inspect(row)[3]) is not None]
     expected = [v if v.__class__ is bytes else id_key(v, "out") for v in found]
     assert staged.duplicate_keys() == expected

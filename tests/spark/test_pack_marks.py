@@ -12,6 +12,7 @@ import pytest
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 
+from scow.core.message import Message, PackedRows
 from scow.plugins.spark.records import PACK_ANNOTATION, pack
 from scow.protocols.amqp.codec import Symbol, UInt, encode_message
 from tests.spark.conftest import client, stream, wait_stream
@@ -153,3 +154,67 @@ def test_a_commit_of_a_malformed_staged_pack_is_refused_naming_its_staging_queue
         driver.close()
     wait_stream(broker, "out", 1)
     assert broker.queue_stats(staging)["message-count"] == 1  # back in staging
+
+
+def test_a_malformed_pack_marked_for_a_stream_is_dead_lettered_alone(streams) -> None:
+    broker = streams.start(
+        {"out": stream(), "dla": {"routing-type": "ANYCAST"}},
+        address_settings={"out": {"dead-letter-address": "dla"}},
+    )
+
+    def enqueue_marked() -> None:
+        # as recovery would hand over a journal record of type PACKED_ROWS
+        b = broker.broker
+        message = Message(b.next_id(), PackedRows(malformed_pack()), "out", b.message_format)
+        b.queues["out"].enqueue(message)
+
+    broker.call(enqueue_marked)
+    sender = client(broker.url)
+    try:
+        assert sender.send("out", [encode_message(b"after")]) == 1
+    finally:
+        sender.close()
+    wait_stream(broker, "out", 1)
+    assert records_of(broker.url, "out", 1)[0].endswith(b"after")
+    assert broker.queue_stats("dla")["message-count"] == 1
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_recovery_splits_a_pack_only_when_its_journal_record_says_it_was_routed_whole(
+    streams, tmp_path, marked
+) -> None:
+    """A committed pack the journal still held at a crash (its stream had not stored it)
+    is stored as its rows after a restart; the same bytes journaled as a message a
+    client sent are one record."""
+    from scow.core.storage import StorageManager
+    from scow.core.testing import BrokerThread
+    from scow.plugins.file_journal.journal import FileJournal
+    from scow.plugins.file_journal.plugin import journal_settings
+
+    config = streams.config({"out": stream()})
+    BrokerThread(config).start().stop()  # creates the stream queue's record
+    data = tmp_path / "data"
+    storage = StorageManager(
+        FileJournal(journal_settings(data, "bindings", {})),
+        FileJournal(journal_settings(data, "messages", {})),
+    )
+    recovered = storage.load()
+    (queue_id,) = [q["id"] for q in recovered.queues if q["name"] == "out"]
+    rows = [encode_message(b"r%d" % n, durable=True) for n in range(3)]
+    packed = pack(rows, durable=True)
+    storage.store_message(
+        storage.next_id(), "out", 0, 4, [queue_id], PackedRows(packed) if marked else packed, None
+    )
+    storage.flush()
+    storage.stop()
+
+    broker = BrokerThread(config).start()
+    try:
+        wait_stream(broker, "out", 3 if marked else 1)
+        stored = records_of(broker.url, "out", 4)
+        if marked:
+            assert [r[-2:] for r in stored] == [b"r0", b"r1", b"r2"]
+        else:
+            assert len(stored) == 1 and stored[0].endswith(rows[-1])
+    finally:
+        broker.stop()
