@@ -107,6 +107,9 @@ class PackedSend(Protocol):
 
     #: How many messages it holds: what it weighs in a commit's slices.
     rows: int
+    #: Its own header fields, as `MessageFormat.inspect` gives them (its duplicate id
+    #: None: its rows carry theirs, `duplicate_keys`), read once from its header alone.
+    header: Header
 
     def duplicate_keys(self) -> list[bytes]:
         """The duplicate-id cache keys (`id_key`) of the `_AMQ_DUPL_ID`s its rows carry."""
@@ -1022,31 +1025,33 @@ class Broker:
     ) -> tuple[list[tuple[DuplicateIdCache, str, bytes]], int]:
         """Route `tx.sends[start:end]` into `kept` and `paged` (`_place`), their duplicate
         ids checked first (`_ids_of`: a duplicate refuses before any is routed). A packed
-        send goes whole, marked `PackedRows`, where its address takes packs, else as its
-        rows. Returns those ids and how many messages were routed."""
+        send goes whole, marked `PackedRows`, where its address takes packs when it is
+        routed (`_takes_packs`: routing the sends before it may have changed that), else
+        as its rows. Returns those ids and how many messages were routed."""
         sends = tx.sends[start:end]
-        headers = [fmt.inspect(data) for data, _address, fmt, _routing_type in sends]
-        ids = self._ids_of(sends, headers, seen)
         packed = tx.packed
-        whole: dict[int, bool] = {}
-        for place in range(start, end) if packed else ():
-            pack = packed.get(place)
+        packs = (
+            [packed.get(place) for place in range(start, end)] if packed else [None] * len(sends)
+        )
+        headers = [
+            fmt.inspect(data) if pack is None else pack.header
+            for (data, _address, fmt, _routing_type), pack in zip(sends, packs, strict=True)
+        ]
+        ids = self._ids_of(sends, headers, seen)
+        for (_data, address_name, _fmt, _routing_type), pack in zip(sends, packs, strict=True):
             if pack is not None:
-                _data, address_name, _fmt, routing_type = sends[place - start]
                 ids += self._pack_ids(address_name, pack.duplicate_keys(), seen)
-                whole[place] = _takes_packs(self.address_for(address_name, routing_type))
         routed = 0
-        for place, (data, address_name, fmt, routing_type), header in zip(
-            itertools.count(start), sends, headers
+        for (data, address_name, fmt, routing_type), header, pack in zip(
+            sends, headers, packs, strict=True
         ):
             address = self.address_for(address_name, routing_type)
-            taken_whole = whole.get(place)
-            if taken_whole is None:
+            if pack is None:
                 messages = [(data, header)]
-            elif taken_whole:
+            elif _takes_packs(address, routing_type):
                 messages = [(PackedRows(data), header)]
             else:  # a queue takes single messages: the rows go
-                messages = [(row, fmt.inspect(row)) for row in packed[place].unpacked()]
+                messages = [(row, fmt.inspect(row)) for row in pack.unpacked()]
             for message, message_header in messages:
                 result = self._route(message, address, fmt, routing_type, message_header)
                 if not isinstance(result, RouteStatus):
@@ -1065,9 +1070,7 @@ class Broker:
         pairs = {(address_name, key) for key in keys}
         if len(pairs) < len(keys) or not pairs.isdisjoint(seen) or cache.holds_any(keys):
             for key in keys:  # the first one seen before, for the error
-                if key in cache or (address_name, key) in seen:
-                    raise duplicate_error(key, address_name)
-                seen.add((address_name, key))
+                _note_new_id(cache, address_name, key, seen)
         seen |= pairs
         return [(cache, address_name, key) for key in keys]
 
@@ -1201,9 +1204,7 @@ class Broker:
                 continue
             if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
                 key = id_key(key, address_name)
-            if key in cache or (address_name, key) in seen:
-                raise duplicate_error(key, address_name)
-            seen.add((address_name, key))
+            _note_new_id(cache, address_name, key, seen)
             ids.append((cache, address_name, key))
         return ids
 
@@ -1934,13 +1935,32 @@ def _place(
 _GONE, _NOW, _LATER = range(3)
 
 
-def _takes_packs(address: AddressInfo) -> bool:
-    """Whether a pack sent to `address` (`Transaction.packed`) goes whole: it has queues,
-    each takes packs and none filters, and it does not page (its pages take messages)."""
+def _note_new_id(
+    cache: DuplicateIdCache, address_name: str, key: bytes, seen: set[tuple[str, bytes]]
+) -> None:
+    """Note a commit's duplicate id `key` for `address_name` in `seen`; DuplicateMessage
+    when its address's `cache` admitted it before or an earlier send of the commit
+    carries it (`seen`)."""
+    if key in cache or (address_name, key) in seen:
+        raise duplicate_error(key, address_name)
+    seen.add((address_name, key))
+
+
+def _takes_packs(address: AddressInfo, routing_type: RoutingType | None) -> bool:
+    """Whether a pack sent to `address` (`Transaction.packed`) goes whole now: it has
+    queues, each takes packs and none filters, routing it creates none (a queue
+    auto-created for it takes messages), and it does not page (its pages take messages)."""
     queues = [*address.anycast, *address.multicast]
     pager = address.pager
+    creates_queue = (
+        not address.anycast
+        and routing_type is not _MULTICAST
+        and _ANYCAST in address.routing_types
+        and address.settings.auto_create_queues
+    )
     return (
         bool(queues)
+        and not creates_queue
         and len(address.anycast) <= 1  # else its rows would take turns among them
         and all(getattr(q, "takes_packs", False) and q.filter is None for q in queues)
         and not (pager is not None and pager.paging)

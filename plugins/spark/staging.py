@@ -63,7 +63,7 @@ from scow.plugins.spark.records import (
     spans,
     unpack,
 )
-from scow.protocols.amqp.codec import MessageInfo, encode_message, encode_value
+from scow.protocols.amqp.codec import MessageInfo, encode_message, encode_value, parse_header
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettingsRepository
@@ -356,6 +356,8 @@ class Sinks:
 
 #: How a staged pack the sink commits whole begins: it is journaled like its rows.
 _STAGED_PACK = DURABLE_HEADER + PACK_PREFIX
+#: Its header's fields as `MessageFormat.inspect` gives them (`PackedSend.header`).
+_STAGED_PACK_HEADER = (*parse_header(DURABLE_HEADER)[:2], 0, None)
 
 
 class _StagedRows:
@@ -363,6 +365,8 @@ class _StagedRows:
     one write, and the journal holds them as one record until it has."""
 
     __slots__ = ("address", "data", "format", "rows")
+
+    header = _STAGED_PACK_HEADER
 
     def __init__(self, data: bytes, fmt: Any, address: str, staging: str) -> None:
         """InvalidField naming `staging` (the queue it was staged in) when its record

@@ -127,3 +127,59 @@ def test_a_commit_whose_pack_repeats_an_admitted_id_is_refused_and_writes_nothin
     with pytest.raises(ClientError, match="sink:0:0:2500"):
         commit(options, "sink", 0, [staged])
     assert broker.queue_stats("out")["next-sequence"] == 1  # only the one sent before
+
+
+def test_a_pack_goes_as_rows_once_a_send_before_it_in_the_commit_created_a_plain_queue(
+    streams,
+) -> None:
+    """Whether a pack goes whole is decided when it is routed: here the commit's first
+    send (a row staged on its own) auto-creates a standard queue on the address, which
+    then gets the pack's rows one by one, as the stream gets them as records."""
+    from scow.core.model import RoutingType
+    from scow.protocols.amqp.codec import encode_message
+
+    broker = streams.start({})
+
+    def two_routing_types() -> None:
+        b = broker.broker
+        b.create_address("out", {RoutingType.ANYCAST, RoutingType.MULTICAST})
+        b.declare_queue(
+            "copy", address="out", routing_type="MULTICAST", arguments={"x-queue-type": "stream"}
+        )
+
+    broker.call(two_routing_types)
+    driver = client(broker.url)
+    try:
+        staging = driver.call(
+            "stream-sink", "s", "STAGE", {"batch": 0, "partition": 0, "attempt": 0, "to": "out"}
+        )["address"]
+        rows = [encode_message(b"p%d" % n, durable=True) for n in range(3)]
+        sent = driver.send(
+            staging, [encode_message(b"alone", durable=True), pack(rows, durable=True)]
+        )
+        assert sent == 2
+        driver.call("stream-sink", "s", "COMMIT", {"batch": 0}, [[0, 0]])
+    finally:
+        driver.close()
+    wait_stream(broker, "copy", 4)
+    assert broker.queue_stats("out")["message-count"] == 4  # the standard queue: 4 messages
+    assert broker.queue_stats("copy")["next-sequence"] == 4
+
+
+def test_a_committed_pack_is_not_searched_for_a_duplicate_id_of_its_own(streams) -> None:
+    """A commit reads a pack's header from its header alone: the message format's
+    id-layout cache (producers' messages) gets nothing of it."""
+    pa = pytest.importorskip("pyarrow")
+    from scow.plugins.spark.records import DURABLE_HEADER, PACK_PREFIX
+    from scow.plugins.spark.source import Options, commit, stage
+
+    broker = streams.start({"out": stream()})
+    options = Options.parse({"url": broker.url, "address": "out"})
+    batch = pa.RecordBatch.from_arrays([pa.array([b"r%d" % i for i in range(10)])], ["body"])
+    staged = stage(options, "ids", 0, iter([batch]))
+    fmt = broker.call(lambda: broker.broker.message_format)
+    broker.call(fmt._id_layouts.clear)  # what staging's sends put there
+    commit(options, "ids", 0, [staged])
+    wait_stream(broker, "out", 10)
+    layouts = broker.call(lambda: list(fmt._id_layouts))
+    assert not [p for p in layouts if p.startswith(DURABLE_HEADER + PACK_PREFIX)]
