@@ -171,3 +171,74 @@ def test_other_connections_are_answered_while_a_large_rollback_runs(streams, mes
     during = [back for failed, back in seen if failed and back < messages]
     assert during, f"no answer between the failure and the last message back: {seen[-3:]}"
     assert broker.queue_stats("out")["message-count"] == 0
+
+
+def stage_failing_batch(broker, sink: str, messages: int) -> str:
+    """Stage `messages` single rows (no packs: the most messages a rollback can be given
+    for its rows) for `out`, the last one to address `nowhere`, which cannot be created:
+    a commit of them fails in its last slice. Returns the staging queue's name."""
+    pa = pytest.importorskip("pyarrow")
+    from scow.plugins.spark.schema import messages_of
+
+    driver = client(broker.url)
+    try:
+        staging = driver.call(
+            "stream-sink", sink, "STAGE", {"batch": 0, "partition": 0, "attempt": 0, "to": "out"}
+        )["address"]
+        to = [None] * (messages - 1) + ["nowhere"]
+        rows = pa.RecordBatch.from_arrays(
+            [pa.array([b"r%06d" % n for n in range(messages)]), pa.array(to, pa.string())],
+            ["body", "to"],
+        )
+        assert driver.send(staging, messages_of(rows)) == messages
+    finally:
+        driver.close()
+    return str(staging)
+
+
+def test_a_commit_retried_while_its_failed_attempt_rolls_back_commits_every_row(streams):
+    """The retry of a failed commit, sent while the failed attempt's rollback is still
+    putting messages back, is told the batch failed (it changes nothing) instead of
+    committing the part already back; the next retry commits every row once."""
+    pytest.importorskip("pyspark")
+    from scow.core.model import RoutingType
+    from scow.plugins.spark.source import Options, ScowCommit, commit
+
+    messages = 10 * COMMIT_SLICE
+    broker = streams.start(
+        {"out": stream()}, address_settings={"nowhere": {"auto-create-addresses": False}}
+    )
+    staging = stage_failing_batch(broker, "retry", messages)
+    options = Options.parse({"url": broker.url, "address": "out", "timeout": "60"})
+    staged = ScowCommit(0, 0, "retry", brokers=(0,))
+    driver = client(broker.url)
+    try:
+        driver.call("stream-sink", "retry", "COMMIT", {"batch": 0}, [[0, 0]])
+        wait_for(
+            lambda: (
+                (s := driver.call("stream-sink", "retry", "READ"))["rolling-back"] or s["failed"]
+            ),
+            60,
+            0,
+            "the commit to fail",
+        )
+    finally:
+        driver.close()
+
+    def nowhere_exists() -> None:  # what failed the commit is mended: a retry can succeed
+        broker.broker.create_address("nowhere", {RoutingType.ANYCAST})
+        broker.broker.declare_queue("nowhere", routing_type="ANYCAST")
+
+    broker.call(nowhere_exists)
+    retries = 0
+    while True:
+        try:
+            commit(options, "retry", 0, [staged])
+            break
+        except ClientError:  # the failure of the attempt its rollback was undoing
+            retries += 1
+            assert retries < 100
+    wait_for(lambda: stream_length(broker.url) >= messages - 1, 60, 0.1, "every row")
+    assert broker.queue_stats("out")["message-count"] == messages - 1
+    assert broker.queue_stats("nowhere")["message-count"] == 1
+    assert broker.queue_stats(staging) is None  # committed: staging discarded
