@@ -216,6 +216,9 @@ class Broker:
         self.acks_not_stored = 0
         #: Dead-letter/expiry moves storage refused, waiting to be tried again.
         self.moves_waiting = 0
+        #: Rollbacks with slices left to run (`rollback`), and the slices run so far.
+        self.rollbacks: set[_Rollback] = set()
+        self.rollback_slices = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
         #: Where large messages' bodies live (`scow.core.large_messages`; files unless
@@ -1285,25 +1288,31 @@ class Broker:
         limits.size -= size
         limits.messages -= 1
 
-    def rollback(self, tx: Transaction) -> None:
+    def rollback(self, tx: Transaction, on_done: Completion | None = None) -> None:
         """Forget the transaction's messages; its acknowledged messages go back (+1 count).
 
         They are taken in id order, COMMIT_SLICE per pass of the event loop, and each
         slice goes back to its queues at once (`_put_back_all`) when its new counts are
         durable: a rollback of thousands (a Spark sink's failed commit) would otherwise
-        hold the loop, and every other connection, until the last one is back.
+        hold the loop, and every other connection, until the last one is back. `on_done`
+        runs once the last one is back: until then some of them are not in their queues
+        (a caller that lets them be taken again waits for it).
         """
         for body in _large_bodies(tx):
             body.release()
         acks, tx.acks, tx.sends, tx.packed = tx.acks, [], [], {}
         acks.sort(key=lambda r: r.message.id)
-        if len(acks) > COMMIT_SLICE:
-            _roll_back_in_slices(self, asyncio.get_running_loop(), acks)
-        else:
-            self._roll_back(acks)
+        _Rollback(self, acks, on_done).step()
 
-    def _roll_back(self, acks: list[MessageRef]) -> None:
-        """Count a failed delivery of each of `acks` and put them back once that is durable."""
+    def finish_rollbacks(self) -> None:
+        """Roll back at once the slices rollbacks still have to run (shutdown: before
+        storage stops, which must not meet their journal writes)."""
+        for rollback in list(self.rollbacks):
+            rollback.finish()
+
+    def _roll_back(self, acks: list[MessageRef], on_done: Completion) -> None:
+        """Count a failed delivery of each of `acks` and put them back once that is
+        durable, then run `on_done`."""
         back: dict[int, tuple[Any, list[MessageRef]]] = {}
         counted = _Barrier()
         for ref in acks:
@@ -1313,7 +1322,12 @@ class Broker:
                 done()
             if outcome != _GONE:
                 back.setdefault(id(ref.queue), (ref.queue, []))[1].append(ref)
-        counted.arm(lambda: self._put_back_all(list(back.values())))
+
+        def put_back() -> None:
+            self._put_back_all(list(back.values()))
+            on_done()
+
+        counted.arm(put_back)
 
     # ------------------------------------------------------------------ consuming
 
@@ -1878,6 +1892,8 @@ class Broker:
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
             "messages-duplicate": self.messages_duplicate,
+            "rollbacks-running": len(self.rollbacks),
+            "rollback-slices": self.rollback_slices,
             "large-messages": self.large_messages.stats(),
         }
 
@@ -2006,15 +2022,53 @@ def _enqueue_in_slices(
         then()
 
 
-def _roll_back_in_slices(
-    broker: Broker, loop: asyncio.AbstractEventLoop, acks: list[MessageRef], start: int = 0
-) -> None:
-    """`Broker.rollback` of `acks` (in id order) COMMIT_SLICE per pass of `loop`. (A
-    function of the module for the reason `_enqueue_in_slices` is.)"""
-    end = start + COMMIT_SLICE
-    broker._roll_back(acks[start:end])
-    if end < len(acks):
-        loop.call_soon(_roll_back_in_slices, broker, loop, acks, end)
+class _Rollback:
+    """`Broker.rollback` of `acks` (in id order): COMMIT_SLICE per pass of the loop, each
+    slice put back once its delivery counts are durable; `on_done` once all are. Kept in
+    `Broker.rollbacks` while slices are left (`Broker.finish_rollbacks`)."""
+
+    __slots__ = ("acks", "back", "broker", "handle", "on_done", "start")
+
+    def __init__(self, broker: Broker, acks: list[MessageRef], on_done: Completion | None) -> None:
+        self.broker = broker
+        self.acks = acks
+        self.on_done = on_done
+        self.start = 0
+        self.back = _Barrier()
+        #: The next slice, scheduled on the loop (None: it runs now, or none is left).
+        self.handle: asyncio.Handle | None = None
+
+    def step(self) -> None:
+        """Roll back a slice; the next one at the next pass of the loop."""
+        self.handle = None  # the handle holds this method: no cycle is left behind
+        if self._slice():
+            self.handle = asyncio.get_running_loop().call_soon(self.step)
+            self.broker.rollbacks.add(self)
+
+    def finish(self) -> None:
+        """Roll back every slice left now."""
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        while self._slice():
+            pass
+
+    def _slice(self) -> bool:
+        """Roll back the next slice; whether slices are left (else it is done)."""
+        broker = self.broker
+        end = self.start + COMMIT_SLICE
+        broker._roll_back(self.acks[self.start : end], self.back.add())
+        broker.rollback_slices += 1
+        self.start = end
+        if end < len(self.acks):
+            return True
+        broker.rollbacks.discard(self)
+        self.back.arm(self.on_done or _nothing)
+        return False
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Taken:

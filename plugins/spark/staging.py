@@ -15,7 +15,8 @@ commit (for the other attempts of its batch) and `staging-ttl` discard orphans.
 COMMIT answers 202 as soon as the transaction is under way: a batch of more than
 `COMMIT_SLICE` rows is routed a slice per pass of the loop (`Broker.commit`). READ lists
 it under `committing` until it is durable, then as `committed-batch`, or under `failed`
-with the reason when a slice failed (and the batch went back to staging).
+with the reason when a slice failed, once the batch is back in staging (until then it is
+`committing` and `rolling-back`).
 
 A STAGE of a (sink, batch, partition, attempt) staged before starts it afresh: what is
 there came from a task of a driver that died (a restarted query runs its batch again with
@@ -153,6 +154,8 @@ class Sinks:
         #: why a commit failed after COMMIT answered (a large one is done in slices, see
         #: `Broker.commit`), by (sink, batch), for READ to tell the driver
         self.failed: dict[tuple[str, int], str] = {}
+        #: the failed commits (also `committing`) whose messages are not all back yet
+        self.rolling_back: set[tuple[str, int]] = set()
         self._loaded = False
 
     def load(self) -> None:
@@ -222,6 +225,7 @@ class Sinks:
             "committed-batch": self.committed.get(sink, -1),
             "query": self.owners.get(sink),
             "committing": sorted(b for s, b in self.committing if s == sink),
+            "rolling-back": sorted(b for s, b in self.rolling_back if s == sink),
             "failed": {str(b): why for (s, b), why in self.failed.items() if s == sink},
         }
 
@@ -304,9 +308,9 @@ class Sinks:
                 lambda: self._committed(sink, batch, query),
                 lambda exc: self._failed(sink, batch, tx, exc),
             )
-        except BrokerError:
-            self.committing.discard((sink, batch))
-            broker.rollback(tx)  # what was taken (staged messages, the marker) goes back
+        except BrokerError as exc:
+            # what was taken (staged messages, the marker) goes back
+            self._roll_back(sink, batch, tx, exc)
             raise
         return 202, "Accepted", {"batch": batch}
 
@@ -319,12 +323,26 @@ class Sinks:
         self._discard(sink, batch)
 
     def _failed(self, sink: str, batch: int, tx: Transaction, exc: BrokerError) -> None:
-        """A commit failed after COMMIT answered: what it took goes back to staging, and
-        READ says why until the batch is committed."""
-        self.committing.discard((sink, batch))
-        self.broker.rollback(tx)
-        self.failed[(sink, batch)] = exc.description
+        """A commit failed after COMMIT answered (see `_roll_back`)."""
         log.warning("sink commit failed", sink=sink, batch=batch, error=exc.description)
+        self._roll_back(sink, batch, tx, exc)
+
+    def _roll_back(self, sink: str, batch: int, tx: Transaction, exc: BrokerError) -> None:
+        """What the failed commit `tx` took goes back to staging, a slice at a time
+        (`Broker.rollback`). Until all of it is back the batch stays `committing` (READ
+        also lists it `rolling-back`): a COMMIT then answers 202 and changes nothing,
+        since it would take only what is back, and its READs report the failure once all
+        is. From then READ says why, until the batch is committed."""
+        key = (sink, batch)
+        self.committing.add(key)
+        self.rolling_back.add(key)
+
+        def rolled_back() -> None:
+            self.rolling_back.discard(key)
+            self.committing.discard(key)
+            self.failed[key] = exc.description
+
+        self.broker.rollback(tx, rolled_back)
 
     def abort(self, sink: str, properties: Mapping[str, Any]) -> int:
         """Discard everything staged for the batch; how many staging queues went."""
