@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 
+from scow.core.duplicates import DUPLICATE_ID_PROPERTY
 from scow.protocols.amqp import codec
 
 #: Stored in front of each message in a segment: sequence number, enqueue time (ms since
@@ -219,6 +220,38 @@ def rows_in(data: bytes) -> int:
         raise MalformedPack(f"pack of {rows} records: expected 1 to {MAX_PACK_RECORDS}")
     return rows
 
+
+# --------------------------------------------------------------------------- the connector's rows
+
+#: How a row the connector writes (`schema.messages_of`) goes on after its durable header
+#: (and, once a stream stored it, the stream's annotations): at once with its body's data
+#: section when it is a body and nothing else...
+BODY_ROW = b"\x00\x53\x75"
+#: ...or, with a duplicate id and no other property, with an application-properties
+#: section (this descriptor) holding a map8 (its size byte next)...
+APPLICATION_PROPERTIES = b"\x00\x53\x74"
+ID_ROW = APPLICATION_PROPERTIES + b"\xc1"
+#: ...of one name and its value (a count of 2): the id's name, encoded as this key.
+ID_KEY = codec.encode_value(DUPLICATE_ID_PROPERTY)
+ID_NAME = b"\x02" + ID_KEY
+#: `id_value_at`: a row of a body alone, which carries no id.
+NO_ID = -1
+
+
+def id_value_at(data: bytes, at: int) -> int | None:
+    """Where the duplicate id's value (its constructor) is in a row the connector wrote,
+    whose sections start at `at` (past its header, and a stream's annotations); NO_ID for
+    a row that is a body alone; None for a row not laid out so (its properties are to be
+    parsed)."""
+    if data.startswith(BODY_ROW, at):
+        return NO_ID
+    name = at + len(ID_ROW) + 1  # past the map's size
+    if data.startswith(ID_ROW, at) and data.startswith(ID_NAME, name):
+        return name + len(ID_NAME)
+    return None
+
+
+# --------------------------------------------------------------------------- committed packs
 
 #: The bits of a row's id (below) that number it in its pack: MAX_PACK_RECORDS fits.
 _ROW_BITS = 14

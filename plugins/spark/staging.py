@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.duplicates import DUPLICATE_ID_PROPERTY, id_key
+from scow.core.duplicates import id_key
 from scow.core.large_messages import with_body
 from scow.core.message import MessageRef
 from scow.core.model import (
@@ -57,14 +57,16 @@ from scow.core.model import (
 from scow.plugins.queues.standard import StandardQueue
 from scow.plugins.spark.records import (
     DURABLE_HEADER,
+    NO_ID,
     PACK_PREFIX,
     MalformedPack,
+    id_value_at,
     is_pack,
     rows_in,
     spans,
     unpack,
 )
-from scow.protocols.amqp.codec import MessageInfo, encode_message, encode_value, parse_header
+from scow.protocols.amqp.codec import MessageInfo, encode_message, parse_header
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettingsRepository
@@ -404,18 +406,20 @@ class _StagedRows:
 
     def duplicate_keys(self) -> list[bytes]:
         """The cache keys of its rows' ids: read at a fixed place in the rows the
-        connector writes (`schema.messages_of`: a durable header, then properties that
+        connector writes (`records.id_value_at`: a durable header, then properties that
         are the id alone, a string), by the message format's parse in any other."""
-        data, keys, head, name = self.data, [], _CONNECTOR_ROW, _ID_NAME
+        data, keys = self.data, []
         for start, end in spans(data):
-            if data.startswith(_BODY_ROW, start):
-                continue  # the body straight after the header: no properties, no id
-            size = start + len(head) + 1 + len(name)  # where the id's length is
-            if data.startswith(head, start) and data.startswith(name, size - len(name)):
-                text = data[size + 1 : size + 1 + data[size]] if size < end else b""
-                if text and size + 1 + len(text) <= end and text.isascii():
+            at = None
+            if data.startswith(DURABLE_HEADER, start):
+                at = id_value_at(data, start + len(DURABLE_HEADER))
+            if at == NO_ID:
+                continue
+            if at is not None and at + 2 <= end and data[at] == _STR8:
+                stop = at + 2 + data[at + 1]
+                if at + 2 < stop <= end and data[at + 2 : stop].isascii():
                     # a string id's key is its str8 encoding, as it stands in the row
-                    keys.append(data[size - 1 : size + 1 + len(text)])
+                    keys.append(data[at:stop])
                     continue
             found = self.format.inspect(data[start:end])[3]
             if found is not None:  # `inspect` gives the key of a valid id
@@ -423,14 +427,8 @@ class _StagedRows:
         return keys
 
 
-#: How the connector's rows with a duplicate id begin (`schema.messages_of`): a durable
-#: header, an application-properties section holding a map8 (its size byte next),
-_CONNECTOR_ROW = DURABLE_HEADER + b"\x00\x53\x74\xc1"
-#: then (past the map's size) a count of 2 (one name, one value), the name
-#: `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes follow).
-_ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
-#: How a row without an id begins when it is a body and nothing else (a batch write's).
-_BODY_ROW = DURABLE_HEADER + b"\x00\x53\x75"
+#: The constructor of a str8 (a string of up to 255 bytes).
+_STR8 = 0xA1
 
 
 def _rows(message: Any, staging: str) -> list[bytes]:
