@@ -416,11 +416,12 @@ class StorageManager:
     ) -> None:
         record = encode_message_record(address, expiration, priority, queue_ids, data)
         kind = MESSAGE
-        if data.__class__ is PackedRows:
-            kind = PACKED_ROWS
-        elif data.__class__ is not bytes and (body := large_body(data)) is not None:
-            kind = LARGE_MESSAGE
-            record = encode_large_ref(body.file_id, body.head_size, body.length) + record
+        if data.__class__ is not bytes:  # one test on the common path
+            if data.__class__ is PackedRows:
+                kind = PACKED_ROWS
+            elif (body := large_body(data)) is not None:
+                kind = LARGE_MESSAGE
+                record = encode_large_ref(body.file_id, body.head_size, body.length) + record
         if tx_id is not None:
             self.messages.append_add_tx(tx_id, message_id, kind, record)
             return
