@@ -38,6 +38,7 @@ from scow.core.model import BrokerError, ConnectionInfo
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
 from scow.core.storage import StorageManager
+from scow.core.unfinished_import import UnfinishedImport, check_finished
 
 log = structlog.get_logger("scow")
 
@@ -226,6 +227,13 @@ class Server:
                 self.data_lock.acquire()
         except DataDirLocked as exc:
             raise StartupError(f"{exc}, or give this broker its own [broker] data-dir") from None
+        try:
+            if self.config.section("broker")["persistence-enabled"]:
+                journal = journal_backend(self.journals, self.config)[0]
+                check_finished(self.data_lock.data_dir, journal)
+        except (UnfinishedImport, StartupError) as exc:
+            self._release_locks()
+            raise StartupError(str(exc)) from None
         try:
             if ha is not None and not await ha.wait_for_store(stop or asyncio.Event()):
                 self._release_locks()

@@ -66,6 +66,10 @@ class JournalBackend:
     #: `store_lock(data_dir, settings)` builds its `scow.core.ha.StoreLock`. None: the
     #: data dir's lock is the store's (the file journal).
     store_lock: Callable[[Path, Mapping[str, Any]], Any] | None = None
+    #: `discard(data_dir, settings)` empties a stopped broker's journals, and the rest of
+    #: the store they live in (a database's every table): how a `scow data import` that
+    #: failed or was cut short leaves its target as it found it. None: nothing to empty.
+    discard: Callable[[Path, Mapping[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class StreamStoreBackend:
     doc: str = ""
     #: The config section whose validated values the factory receives, if any.
     config_section: str | None = None
+    #: `discard(data_dir, settings)` removes every stream of a stopped broker (see
+    #: `JournalBackend.discard`); None: nothing to empty.
+    discard: Callable[[Path, Mapping[str, Any]], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,9 @@ Ids are not portable: an import gives everything new ids. The trailing "end" lin
 import tell a complete file from a truncated one. An import reads the file twice: first
 to check every line that can be checked without writing (its counts against the "end"
 line, each large message's size, the ids, the stream records), so that a bad file is
-refused with nothing imported; then to write it. Prepared (undecided) transactions are
-not exported.
+refused with nothing imported; then to write it. A write the target refuses stops the
+import with an ExportError naming the line; `scow.core.unfinished_import` then empties
+the target. Prepared (undecided) transactions are not exported.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from scow.core.duplicates import current_key, split_keys
 from scow.core.interfaces import StreamStore
 from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
+from scow.core.unfinished_import import first_line
 
 FORMAT = "scow-export"
 VERSION = 1
@@ -220,6 +222,7 @@ def import_(
     paged: Callable[[RecoveredMessage], None] | None = None,
     open_stream: OpenStream | None = None,
     large_messages: LargeMessageStore | None = None,
+    begin: Callable[[], None] | None = None,
 ) -> dict[str, int]:
     """Load an export into `storage`, which must be empty; returns the counts read.
 
@@ -227,15 +230,25 @@ def import_(
     is written), so it must be seekable. Paged messages go to `paged` when given (it
     writes them into pages), else to the journal like the others. Stream records go to
     the stores `open_stream` builds; a file that holds some needs it (ExportError
-    otherwise). Large messages get their body in `large_messages`.
+    otherwise). Large messages get their body in `large_messages`. `begin()` runs once
+    the file passed its checks, before the first write (`scow.core.unfinished_import`
+    undoes what follows it). A write the target refuses raises ExportError naming the line.
     """
     existing = storage.load()
-    if existing.queues or existing.addresses or existing.messages or existing.duplicate_ids:
+    if (
+        existing.queues
+        or existing.addresses
+        or existing.messages
+        or existing.duplicate_ids
+        or existing.prepared
+    ):
         raise ExportError("the target data dir is not empty: import needs a fresh one")
     if not source.seekable():
         raise ExportError("an import reads its file twice: give a file, not a pipe")
     counts = _check(source)
     source.seek(0)
+    if begin is not None:
+        begin()
     streams = _StreamImporter(open_stream)
     try:
         _import(storage, source, paged, streams, large_messages)
@@ -329,26 +342,48 @@ def _import(
     streams: _StreamImporter,
     large_messages: LargeMessageStore | None,
 ) -> None:
-    """Write a file `_check` found whole into `storage`."""
+    """Write a file `_check` found whole into `storage`; ExportError naming the line at
+    which the target refused a write. Stores that write on threads of their own (the
+    journals) report a refusal with a later line: the one being written when it came."""
     queue_ids: dict[str, int] = {}
-    for kind, line, number in _lines(source):
-        if kind == "address":
-            storage.store_address(storage.next_id(), line)
-        elif kind == "queue":
-            queue_ids[line["name"]] = record_id = storage.next_id()
-            storage.store_queue(record_id, line)
-            streams.declared(line)
-        elif kind == "message":
-            _import_message(storage, line, queue_ids, number, paged, large_messages)
-        elif kind == "duplicate-id":
-            storage.store_duplicate_ids(
-                storage.next_id(), line["address"], [_duplicate_id(line, number)]
-            )
-        elif kind == "stream":
-            streams.cursors(line, number)
-        elif kind == "stream-record":
-            streams.record(line, number)
-    storage.flush()
+    number = 1
+    try:
+        for kind, line, number in _lines(source):
+            _import_line(storage, kind, line, number, queue_ids, paged, streams, large_messages)
+        streams.flush()
+        storage.flush()
+    except ExportError:
+        raise
+    except Exception as exc:
+        raise ExportError(f"line {number}: not written: {first_line(exc)}") from exc
+
+
+def _import_line(
+    storage: StorageManager,
+    kind: str,
+    line: dict[str, Any],
+    number: int,
+    queue_ids: dict[str, int],
+    paged: Callable[[RecoveredMessage], None] | None,
+    streams: _StreamImporter,
+    large_messages: LargeMessageStore | None,
+) -> None:
+    if kind == "address":
+        storage.store_address(storage.next_id(), line)
+    elif kind == "queue":
+        queue_ids[line["name"]] = record_id = storage.next_id()
+        storage.store_queue(record_id, line)
+        streams.declared(line)
+    elif kind == "message":
+        _import_message(storage, line, queue_ids, number, paged, large_messages)
+    elif kind == "duplicate-id":
+        storage.store_duplicate_ids(
+            storage.next_id(), line["address"], [_duplicate_id(line, number)]
+        )
+    elif kind == "stream":
+        streams.cursors(line, number)
+    elif kind == "stream-record":
+        streams.record(line, number)
 
 
 def _message_data(line: Mapping[str, Any], number: int) -> bytes:
@@ -503,13 +538,14 @@ class _StreamImporter:
         if batch:
             self.stores[name].append(batch)
 
+    def flush(self) -> None:
+        """Append the records still held back."""
+        for name in list(self.pending):
+            self._flush(name)
+
     def close(self) -> None:
-        try:
-            for name in list(self.pending):
-                self._flush(name)
-        finally:
-            for store in self.stores.values():
-                store.close()
+        for store in self.stores.values():
+            store.close()
 
 
 def _duplicate_id(line: Mapping[str, Any], number: int) -> bytes:

@@ -353,6 +353,10 @@ class LargeMessageStore(abc.ABC):
             log.info("orphan large message bodies removed", bodies=removed)
         return removed
 
+    def delete_all(self) -> int:
+        """Delete every stored body (a failed import's undo); returns how many went."""
+        return self._delete_all_but(set())
+
     def stats(self) -> dict[str, int]:
         """Bodies of whole large messages, their bytes, and messages still arriving."""
         return {"files": self.files, "bytes": self.bytes, "arriving": self.arriving}

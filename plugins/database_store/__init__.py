@@ -54,6 +54,18 @@ def _journal(data_dir: Path, kind: str, settings: Mapping[str, Any]) -> Database
     return DatabaseJournal(resolved, kind)
 
 
+def _discard(data_dir: Path, settings: Mapping[str, Any]) -> None:
+    """Empty the broker's tables (see `JournalBackend.discard`)."""
+    resolved = resolve(settings, data_dir)
+    from scow.plugins.database_store import database
+
+    db = database.acquire(resolved)
+    try:
+        db.empty()
+    finally:
+        database.release(db)
+
+
 def _store_lock(data_dir: Path, settings: Mapping[str, Any]) -> StoreLock:
     """HA's lock: the lock row; once taken, the journals share its open database."""
     resolved = resolve(settings, data_dir)
@@ -154,6 +166,7 @@ def scow_register_journals() -> list[JournalBackend]:
             "bindings and messages as rows of SQL tables, group commit per transaction",
             config_section=SECTION.name,
             store_lock=_store_lock,
+            discard=_discard,
         )
     ]
 
@@ -180,6 +193,7 @@ def scow_register_stream_stores() -> list[StreamStoreBackend]:
             _open_stream_store,
             "stream records as rows of a SQL table, one per record",
             config_section=SECTION.name,
+            discard=_discard,
         )
     ]
 

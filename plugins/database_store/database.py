@@ -395,6 +395,20 @@ class Database:
                 self._set_outage(what, None)
             return result
 
+    def empty(self) -> None:
+        """Delete every row of this broker's tables but its node manager table's (the
+        lock row and HA's announcements), in one transaction: journals, pages, streams
+        and large message bodies. Not retried: a lost database fails it at once."""
+        nm = self.schema.node_manager
+
+        def delete(conn: sa.Connection) -> None:
+            for table in reversed(self.schema.metadata.sorted_tables):
+                if table is not nm:
+                    conn.execute(sa.delete(table))
+            self.fence(conn)
+
+        self.run("emptying the tables", delete, give_up=lambda: True)
+
     # ------------------------------------------------------------------ outages
 
     def listen(self, listener: OutageListener) -> None:

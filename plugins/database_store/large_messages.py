@@ -329,6 +329,18 @@ class _Batches(Generic[T]):
         self.thread.join()
 
 
+def _short(body: LargeBody, stored: Mapping[int, int]) -> str | None:
+    """Why `body` is not whole in the database by a sync's count of its bytes (`stored`,
+    by body id), or None when it is."""
+    found = stored.get(body.file_id, 0)
+    if found == body.length:
+        return None
+    return (
+        f"{found} of its {body.length} bytes were in the database at its sync "
+        "(rows lost with a connection or a server restart)"
+    )
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -484,11 +496,15 @@ class DatabaseLargeMessageStore(LargeMessageStore):
         syncer does (`_sync`): OSError when a row was refused (`error`) or the rows hold
         fewer bytes than the body."""
         if error is None:
-            found = self.sync_rows([body.file_id]).get(body.file_id, 0)
-            if found == body.length:
-                body._now_synced()
-                return
-            error = f"{found} of its {body.length} bytes were in the database at its sync"
+            try:
+                found = self.sync_rows([body.file_id])
+            except (DatabaseError, sa.exc.SQLAlchemyError) as exc:
+                error = f"its rows could not be synced: {_first_line(exc)}"
+            else:
+                error = _short(body, found)
+                if error is None:
+                    body._now_synced()
+                    return
         raise OSError(f"large message {self.describe(body.file_id)}: {error}")
 
     def written(self, body: LargeBody, sync: bool, arrival: DatabaseArrival) -> None:
@@ -517,17 +533,12 @@ class DatabaseLargeMessageStore(LargeMessageStore):
                 arrival.synced(reason)
             return
         for body, arrival in batch:
-            found = stored.get(body.file_id, 0)
-            if found == body.length:
+            reason = _short(body, stored)
+            if reason is None:
                 self.call_on_loop(body._now_synced)
-                arrival.synced(None)
             else:
-                reason = (
-                    f"{found} of its {body.length} bytes were in the database at its sync "
-                    "(rows lost with a connection or a server restart)"
-                )
                 log.error("large message body short", body=body.file_id, reason=reason)
-                arrival.synced(reason)
+            arrival.synced(reason)
 
     def sync_rows(self, file_ids: list[int]) -> dict[int, int]:
         """A fenced synchronous commit, which returns the bytes stored of each body in

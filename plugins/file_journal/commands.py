@@ -32,13 +32,23 @@ from scow.core.storage import (
     QUEUE,
     StorageManager,
 )
+from scow.core.unfinished_import import (
+    ImportUndone,
+    UnfinishedImport,
+    all_or_nothing,
+    check_finished,
+    stopping,
+)
 from scow.plugins.file_journal import configured
 from scow.plugins.file_journal.journal import FileJournal
+from scow.plugins.file_journal.plugin import discard as discard_journals
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.plugins.file_journal.tools import compact_offline, iter_records, measure_sync_rate
 from scow.plugins.paging import tools as page_tools
 
 Handler = Callable[[argparse.Namespace], int]
+#: The journal `--data-dir` works on (the file journal backend's name).
+FILES = "file"
 
 RECORD_TYPES = {
     MESSAGE: "MESSAGE",
@@ -75,12 +85,13 @@ def _configurable(parser: argparse.ArgumentParser, files: Handler, configured: H
                 return configured(args)
             args.data_dir = args.data_dir or Path("data")
             return files(args)
-        except (app.StartupError, DataDirLocked) as exc:
+        except (app.StartupError, DataDirLocked, UnfinishedImport) as exc:
             print(f"scow: {exc}", file=sys.stderr)
             return 2
         except BrokenPipeError:
             raise  # our reader went away (`scow data print | head`): the CLI ends quietly
-        except (ExportError, ValueError, OSError) as exc:  # a bad or unreadable import file
+        # a bad or unreadable import file, or a write its target refused
+        except (ExportError, ImportUndone, ValueError, OSError) as exc:
             print(f"scow: {getattr(args, 'input', None) or 'data'}: {exc}", file=sys.stderr)
             return 2
 
@@ -131,6 +142,7 @@ def _file_streams(data_dir: Path) -> OpenStream:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    check_finished(args.data_dir, FILES)  # half an import is no broker's data
     storage = _storage(args.data_dir)
     try:
         with open(args.output, "w", encoding="utf-8") as out:
@@ -139,9 +151,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 out,
                 lambda r: page_tools.paged_messages(args.data_dir, r),
                 _file_streams(args.data_dir),
-                large_messages=FileLargeMessageStore(
-                    args.data_dir / LARGE_MESSAGES_DIRECTORY, sync=True
-                ),
+                large_messages=_large_messages(args.data_dir),
             )
     finally:
         storage.stop()
@@ -150,25 +160,43 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    with offline(args.data_dir):
-        storage = _storage(args.data_dir)
-        pages = page_tools.PageImporter(args.data_dir, storage)
-        try:
-            with open(args.input, encoding="utf-8") as source:
-                counts = import_(
-                    storage,
-                    source,
-                    pages.add,
-                    _file_streams(args.data_dir),
-                    large_messages=FileLargeMessageStore(
-                        args.data_dir / LARGE_MESSAGES_DIRECTORY, sync=True
-                    ),
-                )
-        finally:
-            pages.close()
-            storage.stop()
-    print(f"imported {counts} into {args.data_dir}")
+    """Import into the files of a data dir, all or nothing (its lock held meanwhile)."""
+    data_dir = args.data_dir
+    with (
+        offline(data_dir),
+        all_or_nothing(data_dir, FILES, args.input, lambda: _discard(data_dir)) as begin,
+    ):
+        storage = _storage(data_dir)
+        pages = page_tools.PageImporter(data_dir, storage)
+        with (
+            stopping(pages.close, storage.stop),
+            open(args.input, encoding="utf-8") as source,
+        ):
+            counts = import_(
+                storage,
+                source,
+                pages.add,
+                _file_streams(data_dir),
+                large_messages=_large_messages(data_dir),
+                begin=begin,
+            )
+    print(f"imported {counts} into {data_dir}")
     return 0
+
+
+def _large_messages(data_dir: Path) -> FileLargeMessageStore:
+    return FileLargeMessageStore(data_dir / LARGE_MESSAGES_DIRECTORY, sync=True)
+
+
+def _discard(data_dir: Path) -> None:
+    """Remove the journals, pages, large message bodies and streams of a data dir (a
+    failed import's undo)."""
+    from scow.plugins.spark import segments
+
+    discard_journals(data_dir, {})
+    page_tools.discard(data_dir)
+    _large_messages(data_dir).delete_all()
+    segments.discard(data_dir, {})
 
 
 def cmd_compact(args: argparse.Namespace) -> int:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from scow.core import app
 from scow.core.config import Config
 from scow.core.data_lock import offline
+from scow.core.descriptors import JournalBackend
 from scow.core.duplicates import describe_id
 from scow.core.export import OpenStream, export, import_
 from scow.core.interfaces import PageStore
@@ -23,29 +25,34 @@ from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeMessageStore
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.storage import Recovered, StorageManager
+from scow.core.unfinished_import import all_or_nothing, check_finished, stopping
 from scow.plugins.paging import tools as page_tools
 
 
-@contextlib.contextmanager
-def _opened(
-    args: argparse.Namespace, *, writing: bool = False
-) -> Iterator[tuple[PluginManager, Config, StorageManager]]:
-    """The storage the config selects; `writing` holds the data dir's lock meanwhile (a
-    running broker refuses the command)."""
+def _load(args: argparse.Namespace) -> tuple[PluginManager, Config]:
+    """The plugins and config of `--config`, with `--data-dir` over its data-dir."""
     overrides: dict[str, dict[str, object]] = {"broker": {}}
     if args.data_dir is not None:
         overrides["broker"]["data-dir"] = str(args.data_dir)
-    plugins, config = app.load(args.config, overrides)
+    return app.load(args.config, overrides)
+
+
+def _journals(plugins: PluginManager) -> dict[str, JournalBackend]:
     try:
-        journals = plugins.unique("scow_register_journals", "journal backend")
+        return plugins.unique("scow_register_journals", "journal backend")
     except PluginError as exc:
         raise app.StartupError(str(exc)) from exc
-    with offline(_data_dir(config)) if writing else contextlib.nullcontext():
-        storage = app.open_storage(journals, config)
-        try:
-            yield plugins, config, storage
-        finally:
-            storage.stop()
+
+
+@contextlib.contextmanager
+def _opened(args: argparse.Namespace) -> Iterator[tuple[PluginManager, Config, StorageManager]]:
+    """The storage the config selects, for reading."""
+    plugins, config = _load(args)
+    storage = app.open_storage(_journals(plugins), config)
+    try:
+        yield plugins, config, storage
+    finally:
+        storage.stop()
 
 
 def _page_stores(plugins: PluginManager, config: Config) -> Iterator[PageStore] | None:
@@ -149,6 +156,8 @@ def _large_messages(plugins: PluginManager, config: Config) -> Iterator[LargeMes
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _opened(args) as (plugins, config, storage):
+        # half an import is no broker's data
+        check_finished(_data_dir(config), app.journal_backend(_journals(plugins), config)[0])
         stores = _page_stores(plugins, config)
         with (
             _large_messages(plugins, config) as large,
@@ -166,14 +175,54 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """Import into the storage the config selects, all or nothing (the data dir's lock
+    held meanwhile: a running broker refuses the command)."""
+    plugins, config = _load(args)
+    data_dir = _data_dir(config)
+    journal = app.journal_backend(_journals(plugins), config)[0]
     with (
-        _opened(args, writing=True) as (plugins, config, storage),
-        _large_messages(plugins, config) as large,
-        open(args.input, encoding="utf-8") as f,
+        offline(data_dir),
+        all_or_nothing(data_dir, journal, args.input, lambda: _discard(plugins, config)) as begin,
     ):
-        # paged messages go to the journal: the broker pages them again if needed
-        counts = import_(
-            storage, f, open_stream=_stream_opener(plugins, config), large_messages=large
-        )
+        storage = app.open_storage(_journals(plugins), config)
+        with (
+            stopping(storage.stop),
+            _large_messages(plugins, config) as large,
+            open(args.input, encoding="utf-8") as f,
+        ):
+            # paged messages go to the journal: the broker pages them again if needed
+            counts = import_(
+                storage,
+                f,
+                open_stream=_stream_opener(plugins, config),
+                large_messages=large,
+                begin=begin,
+            )
     print(f"imported {counts}")
     return 0
+
+
+def _discard(plugins: PluginManager, config: Config) -> None:
+    """Empty the storage the config selects (a failed import's undo): the journals' store
+    (a database's every table), the streams' store and the large message bodies."""
+    data_dir = _data_dir(config)
+    journal = app.journal_backend(_journals(plugins), config)[1]
+    discards = [(journal.discard, _backend_settings(config, journal.config_section))]
+    streams = plugins.unique("scow_register_stream_stores", "stream store")
+    if streams:
+        from scow.plugins.spark.plugin import stream_store_backend
+
+        backend, settings = stream_store_backend(streams, config)
+        discards.append((backend.discard, settings))
+    done: set[Callable[[Path, Mapping[str, Any]], None]] = set()
+    for discard, settings in discards:
+        if discard is not None and discard not in done:
+            discard(data_dir, settings)
+            done.add(discard)
+    with _large_messages(plugins, config) as large:
+        large.delete_all()
+
+
+def _backend_settings(config: Config, section: str | None) -> Mapping[str, Any]:
+    """A backend's own config section, or nothing."""
+    return config.section(section) if section in config.section_names else {}

@@ -12,6 +12,7 @@ import structlog
 from scow.core import hookimpl
 from scow.core.config import ConfigSection, Setting
 from scow.core.descriptors import JournalBackend
+from scow.plugins.file_journal.files import fsync_dir
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.settings import JournalSettings
 
@@ -146,6 +147,17 @@ def _factory(data_dir: Path, kind: str, config: Mapping[str, Any]) -> FileJourna
     return FileJournal(journal_settings(data_dir, kind, config))
 
 
+def discard(data_dir: Path, config: Mapping[str, Any]) -> None:
+    """Remove both journals' files (their spares and compaction files too), leaving any
+    other file in their directories."""
+    for kind in ("bindings", "messages"):
+        settings = journal_settings(data_dir, kind, config)
+        directory = Path(settings.directory)
+        for path in directory.glob(f"{settings.prefix}-*"):
+            path.unlink()
+        fsync_dir(str(directory))
+
+
 @hookimpl
 def scow_config_sections() -> list[ConfigSection]:
     return [SECTION]
@@ -159,6 +171,7 @@ def scow_register_journals() -> list[JournalBackend]:
             _factory,
             "append-only journal files with CRCs, group commit, reclaim and compaction",
             config_section=SECTION.name,
+            discard=discard,
         )
     ]
 

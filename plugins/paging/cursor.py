@@ -810,7 +810,7 @@ class QueueCursor:
         self._deliver_message(page, at, self._message(head, data))
 
     def _message(self, head: tuple, data: bytes) -> Message:
-        """The message of a record (the reader thread builds those of `_read_run`)."""
+        """The message of a record (on the loop, as `_refs` makes a plain run's)."""
         message_id, expiration, _tx, flags, priority, _n = head
         if flags & LARGE:
             data = message_data(flags, data, self.pager.broker.large_messages)
@@ -822,8 +822,7 @@ class QueueCursor:
         return message
 
     def _kind(self, flags: int, priority: int) -> MessageKind:
-        """(also the reader thread) The kind of the address's messages with a record's
-        flags and priority."""
+        """The kind of the address's messages with a record's flags and priority."""
         key = (flags & DURABLE, priority)
         kind = self._kinds.get(key)
         if kind is None:

@@ -7,6 +7,7 @@ each acknowledged.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -89,6 +90,13 @@ def paged_messages(
                 large=rec.large,
             )
         store.close()
+
+
+def discard(data_dir: Path) -> None:
+    """Remove every page file under `data_dir` (a failed import's undo)."""
+    directory = data_dir / PAGING_DIRECTORY
+    if directory.exists():
+        shutil.rmtree(directory)
 
 
 class PageImporter:

@@ -118,6 +118,8 @@ class Client:
         self._out, self._out_view = engine.new_buffer(_IO_SIZE)
         self._msg, self._msg_view = engine.new_buffer(_IO_SIZE)
         self._tags = 0
+        #: Links closed, freed once the broker has answered (`_close_link`).
+        self._closing: list[Any] = []
         self.closed = False
         engine.client_open(self.connection, f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.session = engine.new_session(self.connection)
@@ -222,9 +224,29 @@ class Client:
 
     # ------------------------------------------------------------------ links
 
+    def _close_link(self, link: Any) -> None:
+        """Close `link`; it is freed once the broker's detach has come (`_free_closed`).
+        A link only closed stays in the connection for good, and so does one freed
+        before the broker's answer (proton keeps it): a kept connection would hold
+        every read's link (about 3 KB each)."""
+        engine.close_link(link)
+        self._closing.append(link)
+
+    def _free_closed(self) -> None:
+        """Free the closed links the broker has answered (with the deliveries that were
+        still coming for them: a read left early)."""
+        open_links = []
+        for link in self._closing:
+            if engine.link_state(link) & engine.REMOTE_CLOSED:
+                engine.free_link(link)
+            else:
+                open_links.append(link)
+        self._closing = open_links
+
     def _receiver(
         self, address: str, filters: Mapping[str, Any] | None, *, presettled: bool
     ) -> Any:
+        self._free_closed()
         self._tags += 1
         link = engine.new_receiver(self.session, f"scow-spark-{self._tags}", address, 0)
         if presettled:
@@ -239,6 +261,7 @@ class Client:
         return link
 
     def _sender(self, address: str) -> Any:
+        self._free_closed()
         self._tags += 1
         link = engine.new_sender(self.session, f"scow-spark-{self._tags}", address)
         self.wait(lambda: bool(engine.link_state(link) & engine.REMOTE_ACTIVE), f"attach {address}")
@@ -397,7 +420,7 @@ class Client:
                 if not more:
                     return
         finally:
-            engine.close_link(link)
+            self._close_link(link)
             self._flush()
 
     # ------------------------------------------------------------------ sending
@@ -488,7 +511,7 @@ class Sender:
     def detach(self) -> None:
         if not self._closed:
             self._closed = True
-            engine.close_link(self.link)
+            self.client._close_link(self.link)
             self.client._flush()
 
 

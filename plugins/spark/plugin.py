@@ -72,6 +72,15 @@ def stream_store_opener(
     """What builds the store of a stream queue (name, arguments) on the stream store
     `[spark] stream-store` names, by default the one named like `[broker] journal` (else
     file); ConfigError naming the setting and the stores available."""
+    backend, settings = stream_store_backend(stores, config)
+    return opener(backend, Path(str(config.section("broker")["data-dir"])), settings)
+
+
+def stream_store_backend(
+    stores: Mapping[str, StreamStoreBackend], config: Config
+) -> tuple[StreamStoreBackend, Mapping[str, Any]]:
+    """The stream store backend the config selects (see `stream_store_opener`) and its
+    settings."""
     name = config.section("spark")["stream-store"] if "spark" in config.section_names else ""
     if not name:
         journal = str(config.section("broker")["journal"])
@@ -88,7 +97,7 @@ def stream_store_opener(
         )
     section = backend.config_section
     settings = config.section(section) if section in config.section_names else {}
-    return opener(backend, Path(str(config.section("broker")["data-dir"])), settings)
+    return backend, settings
 
 
 def opener(

@@ -376,6 +376,10 @@ def _sync_directory(directory: Path) -> None:
         os.close(dir_fd)
 
 
+#: Where the streams' folders are, under the data dir.
+DIRECTORY = "streams"
+
+
 def directory_name(queue_name: str) -> str:
     """A file name for the queue: safe characters kept, a hash keeps names distinct."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in queue_name)[:100]
@@ -386,9 +390,19 @@ def open_store(
     data_dir: Path, name: str, segment_bytes: int, settings: Mapping[str, object]
 ) -> FileStreamStore:
     """The file backend's factory: `<data-dir>/streams/<name, made safe>`."""
-    return FileStreamStore(data_dir / "streams" / directory_name(name), name, segment_bytes)
+    return FileStreamStore(data_dir / DIRECTORY / directory_name(name), name, segment_bytes)
+
+
+def discard(data_dir: Path, settings: Mapping[str, object]) -> None:
+    """Remove every stream's segment files (`<data-dir>/streams`)."""
+    directory = data_dir / DIRECTORY
+    if directory.exists():
+        shutil.rmtree(directory)
 
 
 BACKEND = StreamStoreBackend(
-    "file", open_store, "segment files, one folder per stream, under <data-dir>/streams"
+    "file",
+    open_store,
+    "segment files, one folder per stream, under <data-dir>/streams",
+    discard=discard,
 )

@@ -37,6 +37,10 @@ def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+#: An empty AMQP frame (size 8, data offset 2, type AMQP, channel 0): a heartbeat.
+_HEARTBEAT = b"\x00\x00\x00\x08\x02\x00\x00\x00"
+
+
 class AmqpConnection(asyncio.Protocol):
     """asyncio protocol driving a proton Transport/Connection pair for one socket."""
 
@@ -79,6 +83,10 @@ class AmqpConnection(asyncio.Protocol):
         self._writing_paused = False
         #: What holds the socket's input back (see `hold_input`).
         self._input_holders: set[object] = set()
+        #: Milliseconds the input was held before now, and since when it is held now,
+        #: if it is: proton's clock leaves them out (see `_clock`).
+        self._held_ms = 0
+        self._held_since: int | None = None
         #: What holds the engine's events back (see `hold_events`), if anything.
         self.events_held: object | None = None
 
@@ -161,6 +169,7 @@ class AmqpConnection(asyncio.Protocol):
         the network, not in memory."""
         if not self._input_holders and self.socket is not None:
             self.socket.pause_reading()
+            self._held_since = _monotonic_ms()
         self._input_holders.add(holder)
 
     def hold_events(self, holder: object) -> None:
@@ -181,8 +190,13 @@ class AmqpConnection(asyncio.Protocol):
         """`holder` no longer holds the input (see `hold_input`)."""
         if holder in self._input_holders:
             self._input_holders.discard(holder)
+            if self._input_holders:
+                return
+            if self._held_since is not None:
+                self._held_ms += _monotonic_ms() - self._held_since
+                self._held_since = None
             socket = self.socket
-            if not self._input_holders and socket is not None and not socket.is_closing():
+            if socket is not None and not socket.is_closing():
                 socket.resume_reading()
 
     def pause_writing(self) -> None:
@@ -214,8 +228,10 @@ class AmqpConnection(asyncio.Protocol):
             self.dirty = True
             self.server.schedule_flush(self)
 
-    def accepter(self, delivery: Any, link: ProducerLink | CoordinatorLink) -> Any:
-        """A completion that accepts `delivery` once its message is durable.
+    def accepter(self, delivery: Any, link: CoordinatorLink) -> Any:
+        """A completion that accepts `delivery` (a commit) once it is durable. (A
+        producer link's messages have `_Accept`, one object reused while the broker
+        keeps none.)
 
         proton frees a delivery with its link, so a completion that arrives after the link
         or connection went away does nothing.
@@ -275,19 +291,37 @@ class AmqpConnection(asyncio.Protocol):
             sent += link.pump(STREAM_BUDGET // len(self.streams) + 1)
         return sent
 
+    def _clock(self) -> int:
+        """The time proton's idle-timeout bookkeeping is given: it stands still while the
+        input is held. The peer's frames then wait unread in the network, and a silence
+        the broker chose must not close the peer's connection as idle (proton would,
+        once idle-timeout passed: a database outage holding a large message did it)."""
+        held_since = self._held_since
+        now = held_since if held_since is not None else _monotonic_ms()
+        return now - self._held_ms
+
     def _schedule_tick(self) -> None:
         if not self.server.idle_timeout or self._timer is not None:
             return
-        deadline = self.engine.tick(_monotonic_ms())
-        if deadline:
-            delay = max(0.0, (deadline - _monotonic_ms()) / 1000)
-            self._timer = asyncio.get_running_loop().call_later(delay, self._on_tick)
+        now = self._clock()
+        deadline = self.engine.tick(now)
+        if not deadline:
+            return
+        delay = max(0, deadline - now)
+        if self._held_since is not None and (remote := self.engine.remote_idle_timeout()):
+            delay = min(delay, remote // 2)  # proton's clock stands: heartbeats are ours
+        self._timer = asyncio.get_running_loop().call_later(delay / 1000, self._on_tick)
 
     def _on_tick(self) -> None:
         self._timer = None
-        if not self.closed:
-            self.engine.tick(_monotonic_ms())
-            self.process()
+        if self.closed:
+            return
+        self.engine.tick(self._clock())
+        self.process()  # writes all proton has: what follows starts a frame
+        socket = self.socket
+        if self._held_since is not None and socket is not None and not socket.is_closing():
+            # proton's clock stands while the input is held, and so do its heartbeats
+            socket.write(_HEARTBEAT)
 
     def _process_events(self) -> None:
         try:

@@ -87,7 +87,7 @@ new_delivery = lib.pn_delivery
 link_send = lib.pn_link_send
 
 # Per message: module globals, as `lib.name` and `ffi.name` are lookups of their own (80 ns)
-_link_recv = lib.pn_link_recv
+link_recv = lib.pn_link_recv
 _unpack = ffi.unpack
 
 # Reused buffers: the loop is single-threaded and each is copied out before the next use.
@@ -107,7 +107,7 @@ def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
     if size < 0:
         size = delivery_pending(delivery)
     buf = _recv_buf if size <= _RECV_SIZE else ffi.new("char[]", size)
-    got = _link_recv(link, buf, size)
+    got = link_recv(link, buf, size)
     link_advance(link)
     # unpack copies the bytes out in one call: a third cheaper than a buffer's slice
     return _unpack(buf, got) if got > 0 else b""
@@ -261,6 +261,10 @@ class Engine:
     def tick(self, now_ms: int) -> int:
         """Run idle-timeout bookkeeping; returns the next deadline in ms (0: none)."""
         return int(lib.pn_transport_tick(self.transport, now_ms))
+
+    def remote_idle_timeout(self) -> int:
+        """The peer's idle-timeout in ms (0: none): it wants a frame at least every half."""
+        return int(lib.pn_transport_get_remote_idle_timeout(self.transport))
 
     def transport_condition(self) -> tuple[str | None, str | None]:
         return condition_of(lib.pn_transport_condition(self.transport))
@@ -590,7 +594,6 @@ def update_with_fields(delivery: CData, state: int, fields: list[Any]) -> None:
 # place, and endpoint states polled instead of events collected, so that a load generator
 # pays for as few calls and copies per message as the engine allows.
 
-link_recv = lib.pn_link_recv
 link_current = lib.pn_link_current
 link_head = lib.pn_link_head
 link_next = lib.pn_link_next

@@ -263,8 +263,7 @@ class ProducerLink:
         link = self.link
         # proton reports 1 byte pending for an aborted delivery: only then can it be one
         if size == 1 and engine.delivery_aborted(delivery):
-            engine.delivery_settle(delivery)
-            engine.link_advance(link)
+            self._aborted(delivery)
             return
         self._route(delivery, engine.receive(link, delivery, size))
         self.until_replenish -= 1
@@ -303,14 +302,24 @@ class ProducerLink:
         except ValueError as exc:  # a message our codec cannot read
             self._refuse(delivery, presettled, "amqp:decode-error", str(exc))
 
+    def _aborted(self, delivery: Any) -> None:
+        """The producer aborted `delivery`: it goes, and the credit it spent comes back
+        (the countdown to the next grant counts routed messages only).
+
+        Advanced before it is settled: proton's settle of the link's current delivery
+        advances the link itself, so an advance after it skipped the next delivery (a
+        message sent after an aborted one then never had an answer)."""
+        engine.link_advance(self.link)
+        engine.delivery_settle(delivery)
+        self._replenish()
+
     def _receive_large(self, delivery: Any, size: int) -> None:
         """Write what arrived of a large message to its file; route it once complete."""
         arrival = self.arrival
         link = self.link
         if engine.delivery_aborted(delivery):
             self._abandon_large()
-            engine.delivery_settle(delivery)
-            engine.link_advance(link)
+            self._aborted(delivery)
             return
         if arrival is None:
             if self.partial:

@@ -61,3 +61,14 @@ def refuse_rows(url: str, *, from_chunk: int = 2) -> None:
                 conn.exec_driver_sql(statement)
     finally:
         engine.dispose()
+
+
+def allow_rows(url: str) -> None:
+    """Undo `refuse_rows`: LARGE_MESSAGES takes every row again."""
+    engine = sa.create_engine(url)
+    on = ' ON "LARGE_MESSAGES"' if engine.dialect.name == "postgresql" else ""
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TRIGGER refuse_rows{on}")
+    finally:
+        engine.dispose()

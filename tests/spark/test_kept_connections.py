@@ -83,3 +83,39 @@ def test_a_kept_connection_to_a_broker_killed_and_restarted_is_replaced(tmp_path
         second.close()
     finally:
         broker.kill()
+
+
+def _links(client) -> int:
+    """The links proton holds for the client's connection (closed ones included)."""
+    from cproton_ffi import lib
+
+    count, link = 0, lib.pn_link_head(client.connection, 0)
+    while link:
+        count, link = count + 1, lib.pn_link_next(link, 0)
+    return count
+
+
+def test_a_kept_connection_holds_no_link_of_the_reads_it_served(tmp_path: Path):
+    """Every read opens a link: a connection kept for a worker's life must let each go
+    (a link closed and never freed stayed in proton, ~3 KB a read), including a read
+    left early with its next round already asked for."""
+    from scow.plugins.spark.client import READ_CREDIT, Client, Endpoint
+
+    tables = broker_config(tmp_path / "data", plugins=PLUGINS, sections={"queues": {"s": stream()}})
+    broker = BrokerThread(write_config(tmp_path / "scow.toml", tables)).start()
+    try:
+        client = Client(Endpoint.parse(broker.url))
+        count = 3 * READ_CREDIT  # a round's packs (~128 KiB) hold two each at most
+        client.send("s", [encode_message(b"%d" % n + b"x" * (70 << 10)) for n in range(count)])
+        wait_for(lambda: client.call("stream", "s", "READ")["next-sequence"] == count)
+        before = _links(client)
+        for _ in range(5):
+            assert len([m for batch in client.read("s", 0, count) for m in batch]) == count
+            left = client.read("s", 0, count)
+            assert len(next(left)) < count  # the next round is on its way
+            left.close()
+        assert len([m for batch in client.read("s", 0, count) for m in batch]) == count
+        assert _links(client) <= before + 2  # the last reads' links, until answered
+        client.close()
+    finally:
+        broker.stop()

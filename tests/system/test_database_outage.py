@@ -48,6 +48,21 @@ def _events(logs: Path, kind: str) -> Iterator[dict[str, Any]]:
         yield from (event for event in read_events(path) if event["kind"] == kind)
 
 
+def _once_still(count: Callable[[], int], still: float, timeout: float = 30) -> int:
+    """`count()` once it has not changed for `still` seconds."""
+    last, since = count(), time.monotonic()
+
+    def settled() -> bool:
+        nonlocal last, since
+        now = count()
+        if now != last:
+            last, since = now, time.monotonic()
+        return time.monotonic() - since >= still
+
+    wait_for(settled, timeout, 0.05, f"the count to stay still for {still} s")
+    return last
+
+
 def _counter(logs: Path, kind: str, lane: str) -> Callable[[], int]:
     return lambda: sum(1 for e in _events(logs, kind) if e.get("lane") == lane)
 
@@ -104,10 +119,10 @@ def test_postgresql_stopped_mid_traffic_refuses_clearly_then_loses_no_accepted_m
             c and c.startswith("amqp:resource-limit-exceeded") and "LARGE_MESSAGES" in c
             for c in conditions
         ), conditions
-        # small ones wait: nothing is accepted while the server is down
-        time.sleep(GIVE_UP / 1000)  # answers of writes committed before the stop
-        during = sent()
-        time.sleep(3)
+        # small ones wait: nothing is accepted while the server is down, once the
+        # answers of writes committed before the stop are in
+        during = _once_still(sent, GIVE_UP / 1000)
+        time.sleep(3)  # a window with the server down: nothing may be accepted in it
         assert sent() == during, "messages were accepted while PostgreSQL was down"
         assert broker.died() is None, broker.death_report()
         server.start()

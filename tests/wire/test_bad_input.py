@@ -24,6 +24,7 @@ from .helpers import (
     frame,
     round_trip,
     run_container,
+    send,
 )
 
 
@@ -249,3 +250,24 @@ def test_oversize_message_closes_its_link_and_the_connection_serves_on(scow_brok
         assert "max-message-size 10000" in str(refused.value)
         conn.create_sender("big", name="again").send(Message(body="small"), timeout=10)
     assert broker.queue_stats("big")["message-count"] == 1
+
+
+def test_a_peer_whose_input_the_broker_holds_is_not_closed_as_idle(scow_broker):
+    """While a large message's store is behind, the broker stops reading the producer's
+    socket (`hold_input`), and the peer's heartbeats wait unread in the network. That
+    silence is the broker's own doing: found in a database outage, where a producer's
+    connection was closed with "local-idle-timeout expired" while its input was held.
+    Meanwhile the peer must hear the broker's heartbeats, or it gives up on the broker."""
+    from proton import Timeout
+
+    broker = scow_broker(sections={"amqp": {"idle-timeout": 400}})
+    with connected(broker.url, heartbeat=0.4) as conn:
+        send(conn, "held", Message(body="before"))
+        holder = object()
+        (amqp,) = [c for c in broker.server.protocols["amqp"].connections]
+        broker.call(lambda: amqp.hold_input(holder))
+        with pytest.raises(Timeout):  # 5 idle-timeouts, both ways: the connection lives
+            conn.wait(lambda: False, timeout=2.0)
+        broker.call(lambda: amqp.release_input(holder))
+        send(conn, "held", Message(body="after"))
+    assert broker.queue_stats("held")["message-count"] == 2
