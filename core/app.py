@@ -383,6 +383,9 @@ class Server:
         for service in reversed(self.services):
             await service.stop()
         if self.broker is not None:
+            # closed connections rolled their transactions back: slices of those left to
+            # run would journal while storage stops
+            self.broker.finish_rollbacks()
             self.broker.write_duplicate_ids()  # those of the last loop pass, if it has not
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self.broker.large_messages.close)

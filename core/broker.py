@@ -36,6 +36,7 @@ from scow.core.message import (
     Message,
     MessageFormat,
     MessageRef,
+    PackedRows,
     PagedRef,
     SharedMessage,
 )
@@ -106,6 +107,9 @@ class PackedSend(Protocol):
 
     #: How many messages it holds: what it weighs in a commit's slices.
     rows: int
+    #: Its own header fields, as `MessageFormat.inspect` gives them (its duplicate id
+    #: None: its rows carry theirs, `duplicate_keys`), read once from its header alone.
+    header: Header
 
     def duplicate_keys(self) -> list[bytes]:
         """The duplicate-id cache keys (`id_key`) of the `_AMQ_DUPL_ID`s its rows carry."""
@@ -212,6 +216,9 @@ class Broker:
         self.acks_not_stored = 0
         #: Dead-letter/expiry moves storage refused, waiting to be tried again.
         self.moves_waiting = 0
+        #: Rollbacks with slices left to run (`rollback`), and the slices run so far.
+        self.rollbacks: set[_Rollback] = set()
+        self.rollback_slices = 0
         #: Logins, permissions and connection limits (`scow.core.security`).
         self.security = Security.from_config(config)
         #: Where large messages' bodies live (`scow.core.large_messages`; files unless
@@ -1020,28 +1027,34 @@ class Broker:
         paged: list[tuple[Message, list[Any], Any]],
     ) -> tuple[list[tuple[DuplicateIdCache, str, bytes]], int]:
         """Route `tx.sends[start:end]` into `kept` and `paged` (`_place`), their duplicate
-        ids checked first (`_ids_of`: a duplicate refuses before any is routed). Returns
-        those ids and how many messages were routed."""
+        ids checked first (`_ids_of`: a duplicate refuses before any is routed). A packed
+        send goes whole, marked `PackedRows`, where its address takes packs when it is
+        routed (`_takes_packs`: routing the sends before it may have changed that), else
+        as its rows. Returns those ids and how many messages were routed."""
         sends = tx.sends[start:end]
-        headers = [fmt.inspect(data) for data, _address, fmt, _routing_type in sends]
-        ids = self._ids_of(sends, headers, seen)
         packed = tx.packed
-        whole: dict[int, bool] = {}
-        for place in range(start, end) if packed else ():
-            pack = packed.get(place)
+        packs = (
+            [packed.get(place) for place in range(start, end)] if packed else [None] * len(sends)
+        )
+        headers = [
+            fmt.inspect(data) if pack is None else pack.header
+            for (data, _address, fmt, _routing_type), pack in zip(sends, packs, strict=True)
+        ]
+        ids = self._ids_of(sends, headers, seen)
+        for (_data, address_name, _fmt, _routing_type), pack in zip(sends, packs, strict=True):
             if pack is not None:
-                _data, address_name, _fmt, routing_type = sends[place - start]
                 ids += self._pack_ids(address_name, pack.duplicate_keys(), seen)
-                whole[place] = _takes_packs(self.address_for(address_name, routing_type))
         routed = 0
-        for place, (data, address_name, fmt, routing_type), header in zip(
-            itertools.count(start), sends, headers
+        for (data, address_name, fmt, routing_type), header, pack in zip(
+            sends, headers, packs, strict=True
         ):
             address = self.address_for(address_name, routing_type)
-            if whole.get(place) is False:  # a queue takes single messages: the rows go
-                messages = [(row, fmt.inspect(row)) for row in packed[place].unpacked()]
-            else:
+            if pack is None:
                 messages = [(data, header)]
+            elif _takes_packs(address, routing_type):
+                messages = [(PackedRows(data), header)]
+            else:  # a queue takes single messages: the rows go
+                messages = [(row, fmt.inspect(row)) for row in pack.unpacked()]
             for message, message_header in messages:
                 result = self._route(message, address, fmt, routing_type, message_header)
                 if not isinstance(result, RouteStatus):
@@ -1060,9 +1073,7 @@ class Broker:
         pairs = {(address_name, key) for key in keys}
         if len(pairs) < len(keys) or not pairs.isdisjoint(seen) or cache.holds_any(keys):
             for key in keys:  # the first one seen before, for the error
-                if key in cache or (address_name, key) in seen:
-                    raise duplicate_error(key, address_name)
-                seen.add((address_name, key))
+                _note_new_id(cache, address_name, key, seen)
         seen |= pairs
         return [(cache, address_name, key) for key in keys]
 
@@ -1196,9 +1207,7 @@ class Broker:
                 continue
             if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
                 key = id_key(key, address_name)
-            if key in cache or (address_name, key) in seen:
-                raise duplicate_error(key, address_name)
-            seen.add((address_name, key))
+            _note_new_id(cache, address_name, key, seen)
             ids.append((cache, address_name, key))
         return ids
 
@@ -1279,25 +1288,31 @@ class Broker:
         limits.size -= size
         limits.messages -= 1
 
-    def rollback(self, tx: Transaction) -> None:
+    def rollback(self, tx: Transaction, on_done: Completion | None = None) -> None:
         """Forget the transaction's messages; its acknowledged messages go back (+1 count).
 
         They are taken in id order, COMMIT_SLICE per pass of the event loop, and each
         slice goes back to its queues at once (`_put_back_all`) when its new counts are
         durable: a rollback of thousands (a Spark sink's failed commit) would otherwise
-        hold the loop, and every other connection, until the last one is back.
+        hold the loop, and every other connection, until the last one is back. `on_done`
+        runs once the last one is back: until then some of them are not in their queues
+        (a caller that lets them be taken again waits for it).
         """
         for body in _large_bodies(tx):
             body.release()
         acks, tx.acks, tx.sends, tx.packed = tx.acks, [], [], {}
         acks.sort(key=lambda r: r.message.id)
-        if len(acks) > COMMIT_SLICE:
-            _roll_back_in_slices(self, asyncio.get_running_loop(), acks)
-        else:
-            self._roll_back(acks)
+        _Rollback(self, acks, on_done).step()
 
-    def _roll_back(self, acks: list[MessageRef]) -> None:
-        """Count a failed delivery of each of `acks` and put them back once that is durable."""
+    def finish_rollbacks(self) -> None:
+        """Roll back at once the slices rollbacks still have to run (shutdown: before
+        storage stops, which must not meet their journal writes)."""
+        for rollback in list(self.rollbacks):
+            rollback.finish()
+
+    def _roll_back(self, acks: list[MessageRef], on_done: Completion) -> None:
+        """Count a failed delivery of each of `acks` and put them back once that is
+        durable, then run `on_done`."""
         back: dict[int, tuple[Any, list[MessageRef]]] = {}
         counted = _Barrier()
         for ref in acks:
@@ -1307,7 +1322,12 @@ class Broker:
                 done()
             if outcome != _GONE:
                 back.setdefault(id(ref.queue), (ref.queue, []))[1].append(ref)
-        counted.arm(lambda: self._put_back_all(list(back.values())))
+
+        def put_back() -> None:
+            self._put_back_all(list(back.values()))
+            on_done()
+
+        counted.arm(put_back)
 
     # ------------------------------------------------------------------ consuming
 
@@ -1872,6 +1892,8 @@ class Broker:
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
             "messages-duplicate": self.messages_duplicate,
+            "rollbacks-running": len(self.rollbacks),
+            "rollback-slices": self.rollback_slices,
             "large-messages": self.large_messages.stats(),
         }
 
@@ -1929,13 +1951,32 @@ def _place(
 _GONE, _NOW, _LATER = range(3)
 
 
-def _takes_packs(address: AddressInfo) -> bool:
-    """Whether a pack sent to `address` (`Transaction.packed`) goes whole: it has queues,
-    each takes packs and none filters, and it does not page (its pages take messages)."""
+def _note_new_id(
+    cache: DuplicateIdCache, address_name: str, key: bytes, seen: set[tuple[str, bytes]]
+) -> None:
+    """Note a commit's duplicate id `key` for `address_name` in `seen`; DuplicateMessage
+    when its address's `cache` admitted it before or an earlier send of the commit
+    carries it (`seen`)."""
+    if key in cache or (address_name, key) in seen:
+        raise duplicate_error(key, address_name)
+    seen.add((address_name, key))
+
+
+def _takes_packs(address: AddressInfo, routing_type: RoutingType | None) -> bool:
+    """Whether a pack sent to `address` (`Transaction.packed`) goes whole now: it has
+    queues, each takes packs and none filters, routing it creates none (a queue
+    auto-created for it takes messages), and it does not page (its pages take messages)."""
     queues = [*address.anycast, *address.multicast]
     pager = address.pager
+    creates_queue = (
+        not address.anycast
+        and routing_type is not _MULTICAST
+        and _ANYCAST in address.routing_types
+        and address.settings.auto_create_queues
+    )
     return (
         bool(queues)
+        and not creates_queue
         and len(address.anycast) <= 1  # else its rows would take turns among them
         and all(getattr(q, "takes_packs", False) and q.filter is None for q in queues)
         and not (pager is not None and pager.paging)
@@ -1981,15 +2022,53 @@ def _enqueue_in_slices(
         then()
 
 
-def _roll_back_in_slices(
-    broker: Broker, loop: asyncio.AbstractEventLoop, acks: list[MessageRef], start: int = 0
-) -> None:
-    """`Broker.rollback` of `acks` (in id order) COMMIT_SLICE per pass of `loop`. (A
-    function of the module for the reason `_enqueue_in_slices` is.)"""
-    end = start + COMMIT_SLICE
-    broker._roll_back(acks[start:end])
-    if end < len(acks):
-        loop.call_soon(_roll_back_in_slices, broker, loop, acks, end)
+class _Rollback:
+    """`Broker.rollback` of `acks` (in id order): COMMIT_SLICE per pass of the loop, each
+    slice put back once its delivery counts are durable; `on_done` once all are. Kept in
+    `Broker.rollbacks` while slices are left (`Broker.finish_rollbacks`)."""
+
+    __slots__ = ("acks", "back", "broker", "handle", "on_done", "start")
+
+    def __init__(self, broker: Broker, acks: list[MessageRef], on_done: Completion | None) -> None:
+        self.broker = broker
+        self.acks = acks
+        self.on_done = on_done
+        self.start = 0
+        self.back = _Barrier()
+        #: The next slice, scheduled on the loop (None: it runs now, or none is left).
+        self.handle: asyncio.Handle | None = None
+
+    def step(self) -> None:
+        """Roll back a slice; the next one at the next pass of the loop."""
+        self.handle = None  # the handle holds this method: no cycle is left behind
+        if self._slice():
+            self.handle = asyncio.get_running_loop().call_soon(self.step)
+            self.broker.rollbacks.add(self)
+
+    def finish(self) -> None:
+        """Roll back every slice left now."""
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        while self._slice():
+            pass
+
+    def _slice(self) -> bool:
+        """Roll back the next slice; whether slices are left (else it is done)."""
+        broker = self.broker
+        end = self.start + COMMIT_SLICE
+        broker._roll_back(self.acks[self.start : end], self.back.add())
+        broker.rollback_slices += 1
+        self.start = end
+        if end < len(self.acks):
+            return True
+        broker.rollbacks.discard(self)
+        self.back.arm(self.on_done or _nothing)
+        return False
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Taken:

@@ -83,6 +83,19 @@ class OnDisk:
         raise NotImplementedError
 
 
+class PackedRows(bytes):
+    """The data of a transaction's packed send (`Broker`'s `PackedSend`) that the broker
+    routed whole: several messages (rows) in one, for queues that take packs
+    (`takes_packs`) to store as those rows.
+
+    Only the broker makes one (a client's bytes never do, whatever they hold), and the
+    journal keeps the mark (its record's type), so that recovery hands such a queue the
+    same. Like a large message's head, it is a `bytes` whose class is the mark.
+    """
+
+    __slots__ = ()
+
+
 class MessageKind:
     """What many messages have in common: their address, format, durability, priority.
 

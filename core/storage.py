@@ -10,6 +10,9 @@ Message journal records:
   LARGE_MESSAGE  add     a large message (`scow.core.large_messages`): its file's id, the
                          length of the head in it and its length, then as MESSAGE with
                          the head for the bytes; its other records are a MESSAGE's
+  PACKED_ROWS    add     as MESSAGE, for a transaction's packed send routed whole
+                         (`scow.core.message.PackedRows`: a queue stores it as its rows);
+                         its other records are a MESSAGE's
   ACK_REF        update  a queue acknowledged it (written only while other queues hold it)
   DELIVERY_COUNT update  (queue id, delivery count), replaceable
   (delete)               the last reference went away
@@ -51,10 +54,12 @@ from typing import Any
 from scow.core.duplicates import split_keys
 from scow.core.interfaces import Completion, Journal, LoadResult, PreparedTransaction
 from scow.core.large_messages import large_body
+from scow.core.message import PackedRows
 
 MESSAGE = 10
 ACK_REF = 11
 LARGE_MESSAGE = 13
+PACKED_ROWS = 14
 DELIVERY_COUNT = 12
 CURSOR_PAGE = 20
 CURSOR_ACK = 21
@@ -63,6 +68,8 @@ PAGE_TX = 23
 DUPLICATE_ID = 24  # read only: written before DUPLICATE_IDS
 DUPLICATE_IDS = 25  # read only: written before DUPLICATE_KEYS
 DUPLICATE_KEYS = 26
+#: The records that add a message.
+_MESSAGE_RECORDS = frozenset((MESSAGE, LARGE_MESSAGE, PACKED_ROWS))
 ADDRESS = 1
 QUEUE = 2
 ID_BLOCK = 3
@@ -136,7 +143,10 @@ def _decode_any(
 ) -> RecoveredMessage:
     if rec_type == LARGE_MESSAGE:
         return decode_large_record(record, addresses)
-    return decode_message_record(record, addresses)
+    message = decode_message_record(record, addresses)
+    if rec_type == PACKED_ROWS:
+        message.data = PackedRows(message.data)
+    return message
 
 
 def _address_prefix(address: str) -> bytes:
@@ -267,7 +277,7 @@ class StorageManager:
         # records are what frees space, so they keep the room that is left.
         hold_back = getattr(messages, "hold_back", None)
         if hold_back is not None:
-            hold_back({MESSAGE, LARGE_MESSAGE, PAGE_TX, DUPLICATE_KEYS})
+            hold_back({MESSAGE, LARGE_MESSAGE, PACKED_ROWS, PAGE_TX, DUPLICATE_KEYS})
         # The two journals sync apart: a message must not be confirmed before the bindings
         # records it relies on (its auto-created queue, the id block covering its id) are
         # durable too, or a crash right after the confirmation loses it. Records appended
@@ -406,9 +416,12 @@ class StorageManager:
     ) -> None:
         record = encode_message_record(address, expiration, priority, queue_ids, data)
         kind = MESSAGE
-        if data.__class__ is not bytes and (body := large_body(data)) is not None:
-            kind = LARGE_MESSAGE
-            record = encode_large_ref(body.file_id, body.head_size, body.length) + record
+        if data.__class__ is not bytes:  # one test on the common path
+            if data.__class__ is PackedRows:
+                kind = PACKED_ROWS
+            elif (body := large_body(data)) is not None:
+                kind = LARGE_MESSAGE
+                record = encode_large_ref(body.file_id, body.head_size, body.length) + record
         if tx_id is not None:
             self.messages.append_add_tx(tx_id, message_id, kind, record)
             return
@@ -556,7 +569,7 @@ def _messages_from(result: LoadResult) -> list[RecoveredMessage]:
     by_id: dict[int, RecoveredMessage] = {}
     addresses: dict[bytes, str] = {}
     for rec in result.records:
-        if (rec.type == MESSAGE or rec.type == LARGE_MESSAGE) and not rec.is_update:
+        if rec.type in _MESSAGE_RECORDS and not rec.is_update:
             message = _decode_any(rec.type, rec.data, addresses)
             message.id = rec.id
             by_id[rec.id] = message
@@ -613,7 +626,7 @@ def _duplicate_ids_from(result: LoadResult) -> list[RecoveredDuplicateId]:
 def _prepared_from(tx: PreparedTransaction) -> RecoveredPrepared:
     out = RecoveredPrepared(tx.tx_id)
     for rec in tx.records:
-        if rec.type in (MESSAGE, LARGE_MESSAGE) and not rec.is_update:
+        if rec.type in _MESSAGE_RECORDS and not rec.is_update:
             message = _decode_any(rec.type, rec.data)
             message.id = rec.id
             out.messages.append(message)

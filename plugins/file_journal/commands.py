@@ -27,6 +27,7 @@ from scow.core.storage import (
     ID_BLOCK,
     LARGE_MESSAGE,
     MESSAGE,
+    PACKED_ROWS,
     PAGE_TX,
     QUEUE,
     StorageManager,
@@ -52,6 +53,7 @@ FILES = "file"
 RECORD_TYPES = {
     MESSAGE: "MESSAGE",
     LARGE_MESSAGE: "LARGE_MESSAGE",
+    PACKED_ROWS: "PACKED_ROWS",
     ACK_REF: "ACK_REF",
     DELIVERY_COUNT: "DELIVERY_COUNT",
     ADDRESS: "ADDRESS",

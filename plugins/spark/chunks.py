@@ -31,8 +31,13 @@ from collections.abc import Callable, Iterable, Mapping
 from scow.core.duplicates import DUPLICATE_ID_PROPERTY
 from scow.plugins.paging.selecting import RecordFilter
 from scow.plugins.paging.summary import PageSummary
-from scow.plugins.spark.records import DURABLE_HEADER, STREAM_SECTION_PREFIX, STREAM_SECTION_SIZE
-from scow.protocols.amqp.codec import encode_value
+from scow.plugins.spark.records import (
+    DURABLE_HEADER,
+    NO_ID,
+    STREAM_SECTION_PREFIX,
+    STREAM_SECTION_SIZE,
+    id_value_at,
+)
 
 #: Sequence numbers per chunk: a read's size (`stream.READ_AHEAD`), so a read from a
 #: chunk's start covers it whole.
@@ -96,13 +101,9 @@ class ChunkSummaries:
         if data.startswith(DURABLE_HEADER) and data.startswith(
             STREAM_SECTION_PREFIX, len(DURABLE_HEADER)
         ):
-            if data.startswith(_BODY_AT, _PROPERTIES_AT):
-                summary.add(_NONE)
-                return
-            if data.startswith(_ID_ONLY_AT, _PROPERTIES_AT) and data.startswith(
-                _ID_NAME, _PROPERTIES_AT + len(_ID_ONLY_AT) + 1
-            ):
-                summary.add(_ANY_ID)
+            at = id_value_at(data, _SECTIONS_AT)
+            if at is not None:
+                summary.add(_NONE if at == NO_ID else _ANY_ID)
                 return
         try:
             summary.add(self._properties(data))
@@ -128,15 +129,10 @@ class ChunkSummaries:
             chunks.pop(chunk, None)
 
 
-#: Where a durable record's application properties start once the stream annotated it,
-#: and how they start when they are a map8 (its size, then its count, follow)...
-_PROPERTIES_AT = len(DURABLE_HEADER) + STREAM_SECTION_SIZE
-_ID_ONLY_AT = b"\x00\x53\x74\xc1"
-#: ...holding one name and its value (a count of 2), the duplicate id's name.
-_ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY)
-#: The properties such a record counts as: its id, as a value no key stands for ("any").
+#: Where a durable record's sections start past the stream's annotations: a row the
+#: connector wrote (`records.id_value_at`) is summarized from there without a parse...
+_SECTIONS_AT = len(DURABLE_HEADER) + STREAM_SECTION_SIZE
+#: ...as its id, a value no key stands for ("any"), when its properties are that alone...
 _ANY_ID: Mapping[str, object] = {DUPLICATE_ID_PROPERTY: None}
-#: A durable record whose body follows the stream's annotations (a batch write's row) has
-#: no properties: it is summarized without a parse, as this one map.
-_BODY_AT = b"\x00\x53\x75"
+#: ...or as no properties when it is a body alone (a batch write's row).
 _NONE: Mapping[str, object] = {}

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
+from typing import Any
 
+from scow.core.duplicates import DUPLICATE_ID_PROPERTY
 from scow.protocols.amqp import codec
 
 #: Stored in front of each message in a segment: sequence number, enqueue time (ms since
@@ -85,21 +87,13 @@ _UINT = struct.Struct(">I")
 _DATA32 = b"\x00\x53\x75\xb0"
 
 
-def _pack_prefix(annotation: str) -> bytes:
-    probe = codec.encode_value({codec.Symbol(annotation): codec.UInt(1 << 20)})
+def _pack_prefix() -> bytes:
+    probe = codec.encode_value({codec.Symbol(PACK_ANNOTATION): codec.UInt(1 << 20)})
     return _MESSAGE_ANNOTATIONS + probe[: -_UINT.size]  # the uint32's 4 bytes follow
 
 
 #: Every pack starts with these bytes and then its record count (uint32).
-PACK_PREFIX = _pack_prefix(PACK_ANNOTATION)
-
-#: A committed pack: the rows of a staged pack on their way into one stream, committed as
-#: one message (one journal record, one stream append). Its own annotation, so that a
-#: stream never splits a message a client sent it (a pack read from a stream and sent on
-#: is one record, as any message).
-ROWS_ANNOTATION = "x-opt-scow-rows"
-ROWS_PREFIX = _pack_prefix(ROWS_ANNOTATION)
-
+PACK_PREFIX = _pack_prefix()
 
 #: A durable message's header section (what encode_message puts before the rest).
 DURABLE_HEADER = codec.encode_message(b"", durable=True)[: -len(codec.encode_message(b""))]
@@ -119,11 +113,11 @@ def pack(messages: list[bytes], *, durable: bool = False) -> bytes:
     )
 
 
-def _pack_start(data: bytes, prefix: bytes = PACK_PREFIX) -> int:
-    """Where a pack's annotations (`prefix`) start in `data` (past a header); -1: not a
+def _pack_start(data: bytes) -> int:
+    """Where a pack's annotations (PACK_PREFIX) start in `data` (past a header); -1: not a
     pack."""
     at = codec.skip_value(data, 3) if data.startswith(_HEADER_SECTION) else 0
-    return at if data.startswith(prefix, at) else -1
+    return at if data.startswith(PACK_PREFIX, at) else -1
 
 
 def is_pack(data: bytes) -> bool:
@@ -146,62 +140,121 @@ def grouped(messages: Iterable[bytes], records: int, size: int) -> Iterator[list
         yield group
 
 
-def pack_rows(data: bytes, prefix: bytes = PACK_PREFIX) -> int:
-    """How many records a pack holds (ROWS_PREFIX: a committed one); 0 when `data` is not
-    one."""
-    at = _pack_start(data, prefix)
-    return 0 if at < 0 else _UINT.unpack_from(data, at + len(prefix))[0]
+class MalformedPack(ValueError):
+    """A pack whose record count or sizes do not fit its bytes."""
 
 
-def unpack(data: bytes, out: list[bytes], prefix: bytes = PACK_PREFIX) -> bool:
-    """Append the records of a pack to `out`; False (and nothing appended) when `data`
-    is not a pack but a record of its own (a broker that does not pack). `prefix`:
-    ROWS_PREFIX for a committed pack."""
-    at = _pack_start(data, prefix)
+def _records_at(data: bytes) -> tuple[int, int, int]:
+    """(record count, where the first record's size is, where the data section ends) of
+    the pack `data`; MalformedPack when it is not a pack or what its annotation and its
+    data section's header say runs past its bytes."""
+    at = _pack_start(data)
     if at < 0:
+        raise MalformedPack("not a pack: it does not begin with the pack annotation")
+    at += len(PACK_PREFIX)
+    if len(data) < at + _UINT.size + len(_DATA32) + _UINT.size:
+        raise MalformedPack(f"pack of {len(data)} bytes: too short for its data section")
+    count = _UINT.unpack_from(data, at)[0]
+    at += _UINT.size
+    if not data.startswith(_DATA32, at):
+        raise MalformedPack(f"pack of {count} records: no data section after its annotations")
+    at += len(_DATA32)
+    size = _UINT.unpack_from(data, at)[0]
+    at += _UINT.size
+    if at + size > len(data):
+        raise MalformedPack(
+            f"pack of {count} records: its data section says {size} bytes, {len(data) - at} follow"
+        )
+    if size < 4 * count:  # refused before a walk of that many
+        raise MalformedPack(
+            f"pack of {count} records: its data section of {size} bytes cannot hold them "
+            "(4 bytes at least each)"
+        )
+    return count, at, at + size
+
+
+def unpack(data: bytes, out: list[bytes]) -> bool:
+    """Append the records of a pack to `out`; False (and nothing appended) when `data`
+    is not a pack but a record of its own (a broker that does not pack). MalformedPack
+    (nothing appended) when its sizes do not fit its bytes."""
+    if _pack_start(data) < 0:
         return False
-    unpack_uint = _UINT.unpack_from
-    at += len(prefix)
-    count = unpack_uint(data, at)[0]
-    at += _UINT.size + len(_DATA32) + _UINT.size
-    append = out.append
-    for _ in range(count):
-        size = unpack_uint(data, at)[0]
-        at += 4
-        append(data[at : at + size])
-        at += size
+    out += _walk(data, True)
     return True
 
 
-def spans(data: bytes) -> Iterator[tuple[int, int]]:
-    """Where each record of a pack lies in `data`: (start, end), without copying them."""
+def spans(data: bytes) -> list[tuple[int, int]]:
+    """Where each record of the pack `data` lies in it: (start, end), without copying them;
+    MalformedPack when its record count and sizes do not fill its data section exactly."""
+    return _walk(data, False)
+
+
+def _walk(data: bytes, cut: bool) -> list[Any]:
+    """The records of the pack `data` (`cut`), or where each lies in it; MalformedPack
+    unless its record count and sizes fill its data section exactly. (One walk that
+    checks and cuts: a reader's hot path.)"""
+    count, at, end = _records_at(data)
     unpack_uint = _UINT.unpack_from
-    at = _pack_start(data) + len(PACK_PREFIX)
-    count = unpack_uint(data, at)[0]
-    at += _UINT.size + len(_DATA32) + _UINT.size
-    for _ in range(count):
-        end = at + 4 + unpack_uint(data, at)[0]
-        yield at + 4, end
-        at = end
-
-
-# --------------------------------------------------------------------------- committed packs
-
-
-def committed(data: bytes) -> bytes | None:
-    """A staged pack (`pack(..., durable=True)`) as a committed one (ROWS_PREFIX), or None
-    when `data` is not a durable pack of 1 to MAX_PACK_RECORDS records."""
-    if not (
-        data.startswith(DURABLE_HEADER + PACK_PREFIX) and 0 < pack_rows(data) <= MAX_PACK_RECORDS
-    ):
-        return None
-    return DURABLE_HEADER + ROWS_PREFIX + data[len(DURABLE_HEADER) + len(PACK_PREFIX) :]
+    found: list[Any] = []
+    append = found.append
+    try:
+        for _ in range(count):
+            stop = at + 4 + unpack_uint(data, at)[0]
+            if stop > end:  # its size, or its size's 4 bytes, run past the data section
+                break
+            append(data[at + 4 : stop] if cut else (at + 4, stop))
+            at = stop
+    except struct.error:  # its size's 4 bytes run past the pack
+        pass
+    if len(found) < count:
+        raise MalformedPack(
+            f"pack of {count} records: record {len(found)} runs past its data section"
+        )
+    if at != end:
+        raise MalformedPack(f"pack of {count} records: {end - at} bytes after its last record")
+    return found
 
 
 def rows_in(data: bytes) -> int:
-    """How many rows a committed pack holds; 0 when `data` is not one (a message)."""
-    return pack_rows(data, ROWS_PREFIX)
+    """How many rows the pack `data` holds, 1 to MAX_PACK_RECORDS, its sizes checked
+    against its bytes: MalformedPack saying what does not fit."""
+    rows = len(spans(data))
+    if not 0 < rows <= MAX_PACK_RECORDS:
+        raise MalformedPack(f"pack of {rows} records: expected 1 to {MAX_PACK_RECORDS}")
+    return rows
 
+
+# --------------------------------------------------------------------------- the connector's rows
+
+#: How a row the connector writes (`schema.messages_of`) goes on after its durable header
+#: (and, once a stream stored it, the stream's annotations): at once with its body's data
+#: section when it is a body and nothing else...
+BODY_ROW = b"\x00\x53\x75"
+#: ...or, with a duplicate id and no other property, with an application-properties
+#: section (this descriptor) holding a map8 (its size byte next)...
+APPLICATION_PROPERTIES = b"\x00\x53\x74"
+ID_ROW = APPLICATION_PROPERTIES + b"\xc1"
+#: ...of one name and its value (a count of 2): the id's name, encoded as this key.
+ID_KEY = codec.encode_value(DUPLICATE_ID_PROPERTY)
+ID_NAME = b"\x02" + ID_KEY
+#: `id_value_at`: a row of a body alone, which carries no id.
+NO_ID = -1
+
+
+def id_value_at(data: bytes, at: int) -> int | None:
+    """Where the duplicate id's value (its constructor) is in a row the connector wrote,
+    whose sections start at `at` (past its header, and a stream's annotations); NO_ID for
+    a row that is a body alone; None for a row not laid out so (its properties are to be
+    parsed)."""
+    if data.startswith(BODY_ROW, at):
+        return NO_ID
+    name = at + len(ID_ROW) + 1  # past the map's size
+    if data.startswith(ID_ROW, at) and data.startswith(ID_NAME, name):
+        return name + len(ID_NAME)
+    return None
+
+
+# --------------------------------------------------------------------------- committed packs
 
 #: The bits of a row's id (below) that number it in its pack: MAX_PACK_RECORDS fits.
 _ROW_BITS = 14

@@ -316,8 +316,6 @@ def check_write_schema(names: list[str], key_column: str | None = None) -> None:
         raise ValueError(f"column {unknown[0]!r} cannot be written to scow (accepted: {accepted})")
 
 
-_APPLICATION_SECTION_HEAD = b"\x00\x53\x74"
-_DUPLICATE_KEY = b"\xa1" + bytes((len(DUPLICATE_ID_PROPERTY),)) + DUPLICATE_ID_PROPERTY.encode()
 _PACK_SIZE = struct.Struct(">I").pack
 
 
@@ -327,18 +325,18 @@ def _binary(data: bytes) -> bytes:
 
 
 def _duplicate_id_section(value: str) -> bytes:
-    """The application-properties section {_AMQ_DUPL_ID: value}, encoded as the codec does."""
+    """The application-properties section {_AMQ_DUPL_ID: value}, encoded as the codec does
+    (laid out as `records.id_value_at` reads it)."""
     raw = value.encode("utf-8")
     size = len(raw)
-    pairs = _DUPLICATE_KEY + (
-        b"\xa1" + bytes((size,)) if size <= 0xFF else b"\xb1" + _PACK_SIZE(size)
-    )
-    length = len(pairs) + size
+    value_head = b"\xa1" + bytes((size,)) if size <= 0xFF else b"\xb1" + _PACK_SIZE(size)
+    length = len(records.ID_KEY) + len(value_head) + size
     if length + 1 <= 0xFF:
-        head = b"\xc1" + bytes((length + 1, 2))
+        head = records.ID_ROW + bytes((length + 1,)) + records.ID_NAME
     else:
-        head = b"\xd1" + _PACK_SIZE(length + 4) + _PACK_SIZE(2)
-    return _APPLICATION_SECTION_HEAD + head + pairs + raw
+        head = records.APPLICATION_PROPERTIES + b"\xd1" + _PACK_SIZE(length + 4) + _PACK_SIZE(2)
+        head += records.ID_KEY
+    return head + value_head + raw
 
 
 def _bodies_only(bodies: list[Any], duplicate_ids: str | None, first_row: int) -> Iterator[bytes]:
@@ -351,7 +349,7 @@ def _bodies_only(bodies: list[Any], duplicate_ids: str | None, first_row: int) -
         elif body.__class__ is str:
             body = body.encode("utf-8")
         ids = _duplicate_id_section(f"{duplicate_ids}{first_row + i}") if duplicate_ids else b""
-        yield header + ids + _DATA_SECTION + _binary(body)
+        yield header + ids + records.BODY_ROW + _binary(body)
 
 
 def messages_of(

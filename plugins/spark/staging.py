@@ -15,7 +15,8 @@ commit (for the other attempts of its batch) and `staging-ttl` discard orphans.
 COMMIT answers 202 as soon as the transaction is under way: a batch of more than
 `COMMIT_SLICE` rows is routed a slice per pass of the loop (`Broker.commit`). READ lists
 it under `committing` until it is durable, then as `committed-batch`, or under `failed`
-with the reason when a slice failed (and the batch went back to staging).
+with the reason when a slice failed, once the batch is back in staging (until then it is
+`committing` and `rolling-back`).
 
 A STAGE of a (sink, batch, partition, attempt) staged before starts it afresh: what is
 there came from a task of a driver that died (a restarted query runs its batch again with
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.duplicates import DUPLICATE_ID_PROPERTY, id_key
+from scow.core.duplicates import id_key
 from scow.core.large_messages import with_body
 from scow.core.message import MessageRef
 from scow.core.model import (
@@ -56,13 +57,16 @@ from scow.core.model import (
 from scow.plugins.queues.standard import StandardQueue
 from scow.plugins.spark.records import (
     DURABLE_HEADER,
-    committed,
+    NO_ID,
+    PACK_PREFIX,
+    MalformedPack,
+    id_value_at,
     is_pack,
-    pack_rows,
+    rows_in,
     spans,
     unpack,
 )
-from scow.protocols.amqp.codec import MessageInfo, encode_message, encode_value
+from scow.protocols.amqp.codec import MessageInfo, encode_message, parse_header
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettingsRepository
@@ -152,6 +156,8 @@ class Sinks:
         #: why a commit failed after COMMIT answered (a large one is done in slices, see
         #: `Broker.commit`), by (sink, batch), for READ to tell the driver
         self.failed: dict[tuple[str, int], str] = {}
+        #: the failed commits (also `committing`) whose messages are not all back yet
+        self.rolling_back: set[tuple[str, int]] = set()
         self._loaded = False
 
     def load(self) -> None:
@@ -221,6 +227,7 @@ class Sinks:
             "committed-batch": self.committed.get(sink, -1),
             "query": self.owners.get(sink),
             "committing": sorted(b for s, b in self.committing if s == sink),
+            "rolling-back": sorted(b for s, b in self.rolling_back if s == sink),
             "failed": {str(b): why for (s, b), why in self.failed.items() if s == sink},
         }
 
@@ -267,16 +274,17 @@ class Sinks:
                     data = message.data
                     if default_to and data.__class__ is bytes and _PROPERTIES_SECTION not in data:
                         # no row of it has a properties section, so none names its own `to`
-                        whole = committed(data)
-                        if whole is not None:
-                            tx.packed[len(tx.sends)] = _StagedRows(data, message.format, default_to)
-                            tx.sends.append((whole, default_to, message.format, None))
+                        if data.startswith(_STAGED_PACK):
+                            staged = _StagedRows(data, message.format, default_to, name)
+                            tx.packed[len(tx.sends)] = staged
+                            tx.sends.append((data, default_to, message.format, None))
                         else:
                             tx.sends += [
-                                (row, default_to, message.format, None) for row in _rows(message)
+                                (row, default_to, message.format, None)
+                                for row in _rows(message, name)
                             ]
                         continue
-                    rows = _rows(message)
+                    rows = _rows(message, name)
                     for row in rows:
                         to = _to(row) or default_to
                         if not to:
@@ -302,9 +310,9 @@ class Sinks:
                 lambda: self._committed(sink, batch, query),
                 lambda exc: self._failed(sink, batch, tx, exc),
             )
-        except BrokerError:
-            self.committing.discard((sink, batch))
-            broker.rollback(tx)  # what was taken (staged messages, the marker) goes back
+        except BrokerError as exc:
+            # what was taken (staged messages, the marker) goes back
+            self._roll_back(sink, batch, tx, exc)
             raise
         return 202, "Accepted", {"batch": batch}
 
@@ -317,12 +325,26 @@ class Sinks:
         self._discard(sink, batch)
 
     def _failed(self, sink: str, batch: int, tx: Transaction, exc: BrokerError) -> None:
-        """A commit failed after COMMIT answered: what it took goes back to staging, and
-        READ says why until the batch is committed."""
-        self.committing.discard((sink, batch))
-        self.broker.rollback(tx)
-        self.failed[(sink, batch)] = exc.description
+        """A commit failed after COMMIT answered (see `_roll_back`)."""
         log.warning("sink commit failed", sink=sink, batch=batch, error=exc.description)
+        self._roll_back(sink, batch, tx, exc)
+
+    def _roll_back(self, sink: str, batch: int, tx: Transaction, exc: BrokerError) -> None:
+        """What the failed commit `tx` took goes back to staging, a slice at a time
+        (`Broker.rollback`). Until all of it is back the batch stays `committing` (READ
+        also lists it `rolling-back`): a COMMIT then answers 202 and changes nothing,
+        since it would take only what is back, and its READs report the failure once all
+        is. From then READ says why, until the batch is committed."""
+        key = (sink, batch)
+        self.committing.add(key)
+        self.rolling_back.add(key)
+
+        def rolled_back() -> None:
+            self.rolling_back.discard(key)
+            self.committing.discard(key)
+            self.failed[key] = exc.description
+
+        self.broker.rollback(tx, rolled_back)
 
     def abort(self, sink: str, properties: Mapping[str, Any]) -> int:
         """Discard everything staged for the batch; how many staging queues went."""
@@ -352,17 +374,30 @@ class Sinks:
         return len(names)
 
 
+#: How a staged pack the sink commits whole begins: it is journaled like its rows.
+_STAGED_PACK = DURABLE_HEADER + PACK_PREFIX
+#: Its header's fields as `MessageFormat.inspect` gives them (`PackedSend.header`).
+_STAGED_PACK_HEADER = (*parse_header(DURABLE_HEADER)[:2], 0, None)
+
+
 class _StagedRows:
     """A staged pack committed whole (`Transaction.packed`): a stream appends its rows in
     one write, and the journal holds them as one record until it has."""
 
     __slots__ = ("address", "data", "format", "rows")
 
-    def __init__(self, data: bytes, fmt: Any, address: str) -> None:
+    header = _STAGED_PACK_HEADER
+
+    def __init__(self, data: bytes, fmt: Any, address: str, staging: str) -> None:
+        """InvalidField naming `staging` (the queue it was staged in) when its record
+        count or sizes do not fit its bytes."""
         self.data = data
         self.format = fmt
         self.address = address
-        self.rows = pack_rows(data)
+        try:
+            self.rows = rows_in(data)
+        except MalformedPack as exc:
+            raise _malformed(staging, exc) from None
 
     def unpacked(self) -> list[bytes]:
         rows: list[bytes] = []
@@ -371,18 +406,20 @@ class _StagedRows:
 
     def duplicate_keys(self) -> list[bytes]:
         """The cache keys of its rows' ids: read at a fixed place in the rows the
-        connector writes (`schema.messages_of`: a durable header, then properties that
+        connector writes (`records.id_value_at`: a durable header, then properties that
         are the id alone, a string), by the message format's parse in any other."""
-        data, keys, head, name = self.data, [], _CONNECTOR_ROW, _ID_NAME
+        data, keys = self.data, []
         for start, end in spans(data):
-            if data.startswith(_BODY_ROW, start):
-                continue  # the body straight after the header: no properties, no id
-            size = start + len(head) + 1 + len(name)  # where the id's length is
-            if data.startswith(head, start) and data.startswith(name, size - len(name)):
-                text = data[size + 1 : size + 1 + data[size]] if size < end else b""
-                if text and size + 1 + len(text) <= end and text.isascii():
+            at = None
+            if data.startswith(DURABLE_HEADER, start):
+                at = id_value_at(data, start + len(DURABLE_HEADER))
+            if at == NO_ID:
+                continue
+            if at is not None and at + 2 <= end and data[at] == _STR8:
+                stop = at + 2 + data[at + 1]
+                if at + 2 < stop <= end and data[at + 2 : stop].isascii():
                     # a string id's key is its str8 encoding, as it stands in the row
-                    keys.append(data[size - 1 : size + 1 + len(text)])
+                    keys.append(data[at:stop])
                     continue
             found = self.format.inspect(data[start:end])[3]
             if found is not None:  # `inspect` gives the key of a valid id
@@ -390,25 +427,31 @@ class _StagedRows:
         return keys
 
 
-#: How the connector's rows with a duplicate id begin (`schema.messages_of`): a durable
-#: header, an application-properties section holding a map8 (its size byte next),
-_CONNECTOR_ROW = DURABLE_HEADER + b"\x00\x53\x74\xc1"
-#: then (past the map's size) a count of 2 (one name, one value), the name
-#: `_AMQ_DUPL_ID` and a str8 value's code (its length, then its bytes follow).
-_ID_NAME = b"\x02" + encode_value(DUPLICATE_ID_PROPERTY) + b"\xa1"
-#: How a row without an id begins when it is a body and nothing else (a batch write's).
-_BODY_ROW = DURABLE_HEADER + b"\x00\x53\x75"
+#: The constructor of a str8 (a string of up to 255 bytes).
+_STR8 = 0xA1
 
 
-def _rows(message: Any) -> list[bytes]:
-    """The rows a staged message holds: those of a pack, else the message itself."""
+def _rows(message: Any, staging: str) -> list[bytes]:
+    """The rows a staged message holds: those of a pack, else the message itself;
+    InvalidField naming `staging` (its queue) for a pack whose sizes do not fit it."""
     data = message.data
     rows: list[bytes] = []
     # a pack of `min-large-message-size` or more was stored as a large message: its file
     # is read here (on the loop, once, at commit; packs are STAGED_PACK_BYTES at most)
-    if is_pack(data) and unpack(with_body(data, data), rows):
-        return rows
+    try:
+        if is_pack(data) and unpack(with_body(data, data), rows):
+            return rows
+    except MalformedPack as exc:
+        raise _malformed(staging, exc) from None
     return [data]
+
+
+def _malformed(staging: str, exc: MalformedPack) -> InvalidField:
+    """What a COMMIT answers for a staged pack whose sizes do not fit its bytes."""
+    return InvalidField(
+        f"{staging}: a staged message is a malformed pack ({exc}); expected "
+        "`records.pack`'s layout: each record after its length, filling its data section"
+    )
 
 
 _PROPERTIES_SECTION = b"\x00\x53\x73"

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.message import Entry, Message, MessageRef
+from scow.core.message import Entry, Message, MessageRef, PackedRows
 from scow.core.model import InvalidField
 from scow.plugins.paging.selecting import RecordFilter
 from scow.plugins.spark.chunks import CHUNK, ChunkSummaries
@@ -49,6 +49,7 @@ from scow.plugins.spark.records import (
     MAX_PACK_RECORDS,
     PACK_BYTES,
     PACK_FILTER,
+    MalformedPack,
     annotate,
     grouped,
     pack,
@@ -230,8 +231,8 @@ class StreamQueue:
     #: (written there before streams were kept out of pages, or by a transaction the
     #: journal had no room for at commit).
     cursor: Cursor | None = None
-    #: It appends a committed pack (`records.committed`) as the rows it holds: a Spark
-    #: sink's commit routes a staged pack to it whole (see `staging`).
+    #: It appends a committed pack (`PackedRows`) as the rows it holds: a Spark sink's
+    #: commit routes a staged pack to it whole (see `staging`).
     takes_packs = True
 
     def __init__(
@@ -349,13 +350,11 @@ class StreamQueue:
 
     def enqueue(self, entry: Entry) -> None:
         """A message the journal holds (a transaction's, recovery's, or not durable):
-        acknowledged once the store has it. A committed pack (`records.committed`: a
-        Spark sink's rows) is appended as its rows."""
+        acknowledged once the store has it. A pack the broker routed whole (`PackedRows`:
+        a Spark sink's committed rows; never what a client sent) is appended as its rows."""
         message = entry.message
-        if message.data.__class__ is not bytes:
-            message.restore()  # flowed to disk meanwhile
-        if rows := rows_in(message.data):
-            self._append_rows(message, rows, entry)
+        if message.data.__class__ is PackedRows:
+            self._append_rows(message, entry)
             return
         if self._stored_ids and message.id in self._stored_ids:
             self._stored_ids.discard(message.id)  # stored before a crash: only the ack is due
@@ -363,9 +362,22 @@ class StreamQueue:
             return
         self._append(message, entry)
 
-    def _append_rows(self, message: Message, rows: int, entry: Entry) -> None:
-        """Append a committed pack's `rows` rows (after those a crash left stored: they
-        were appended in order, so those are the first ones), one store append for all."""
+    def _append_rows(self, message: Message, entry: Entry) -> None:
+        """Append a committed pack's rows (after those a crash left stored: they were
+        appended in order, so those are the first ones), one store append for all. One
+        whose sizes do not fit its bytes is refused alone (dead-lettered), checked here
+        so that the writer never meets it."""
+        try:
+            rows = rows_in(message.data)
+        except MalformedPack as exc:
+            log.error(
+                "committed pack refused: malformed; dead-lettered",
+                stream=self.name,
+                message=message.id,
+                reason=str(exc),
+            )
+            self.broker.reject(self._ref(entry))
+            return
         first = stored_rows(self._stored_ids, message.id, rows)
         if first == rows:  # all stored before a crash: only the ack is due
             self._acknowledge(entry)
@@ -382,7 +394,7 @@ class StreamQueue:
 
     def _append(self, message: Message, token: object) -> None:
         if message.data.__class__ is not bytes:
-            message.restore()
+            message.restore()  # flowed to disk meanwhile
         if self._format is None:
             self._format = message.kind.format
         seq = self._assigned

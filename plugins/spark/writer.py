@@ -1,11 +1,12 @@
 """A stream's writer thread: appends what the loop queues to the stream's store.
 
 `append(seq, message_id, data, token)` queues a record (sequence numbers given in order
-by the loop), `append_rows` the rows of a committed pack (`records.committed`), unpacked
-here rather than on the loop; the thread stamps each with its enqueue time, writes into
-it the stream's annotations (`records.annotate`), appends everything queued to the store
-in one call (one sync: group commit) and calls `on_written(Written)`, which must hand
-over to the loop itself. Tokens come back only for records the store has made durable.
+by the loop), `append_rows` the rows of a committed pack (`PackedRows`, whose sizes the
+loop checked: `records.rows_in`), unpacked here rather than on the loop; the thread
+stamps each with its enqueue time, writes into it the stream's annotations
+(`records.annotate`), appends everything queued to the store in one call (one sync:
+group commit) and calls `on_written(Written)`, which must hand over to the loop itself.
+Tokens come back only for records the store has made durable.
 
 An append the store refuses (it undoes it whole) holds its records, with everything
 queued after them, to be appended again every `RETRY` seconds (at once when more comes)
@@ -28,7 +29,7 @@ import structlog
 from scow.core import disk_monitor
 from scow.core.disk_monitor import is_no_space
 from scow.core.interfaces import StreamAppended, StreamStore
-from scow.plugins.spark.records import ROWS_PREFIX, row_id, unpack
+from scow.plugins.spark.records import row_id, unpack
 
 log = structlog.get_logger("scow.stream")
 
@@ -178,7 +179,7 @@ class StreamWriter:
                 records.append((seq, now, message_id, annotate(data, seq, now)))
             else:
                 rows: list[bytes] = []
-                unpack(data, rows, ROWS_PREFIX)
+                unpack(data, rows)
                 for row in range(first, len(rows)):
                     records.append(
                         (seq, now, row_id(message_id, row), annotate(rows[row], seq, now))

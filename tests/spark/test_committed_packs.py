@@ -1,4 +1,4 @@
-"""A sink's staged pack committed whole to a stream (`records.committed`): one journal
+"""A sink's staged pack committed whole to a stream (`PackedRows`): one journal
 record and one store append for its rows, each row still a record of its own with its
 own sequence number; after a crash, recovery appends only the rows the store lacks."""
 
@@ -9,21 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from scow.plugins.spark.records import annotate, committed, pack, row_id, rows_in
+from scow.plugins.spark.records import annotate, pack, row_id
 from scow.plugins.spark.segments import open_store
 from scow.plugins.spark.stream import stored_rows
 from scow.plugins.spark.writer import StreamWriter, Written
 from tests.spark.conftest import client, stream, wait_stream
 
 ROWS = [b"\x00\x53\x75\xa0\x02r%d" % i for i in range(5)]  # data sections: bodies r0..r4
-
-
-def test_a_staged_pack_becomes_a_committed_one_that_only_a_stream_splits() -> None:
-    staged = pack(ROWS, durable=True)
-    whole = committed(staged)
-    assert whole is not None and rows_in(whole) == 5
-    assert rows_in(staged) == 0  # a pack a client sends or reads is one message
-    assert committed(pack(ROWS)) is None  # not durable: not what the sink stages
 
 
 def test_a_committed_pack_is_stored_as_its_rows_from_a_given_one_in_one_append(
@@ -39,9 +31,8 @@ def test_a_committed_pack_is_stored_as_its_rows_from_a_given_one_in_one_append(
         done.set()
 
     writer = StreamWriter(store, tmp_path, on_written, annotate)
-    whole = committed(pack(ROWS, durable=True))
-    assert whole is not None
-    writer.append_rows(7, 42, whole, 2, "token")  # rows 0 and 1 were stored before
+    # rows 0 and 1 were stored before
+    writer.append_rows(7, 42, pack(ROWS, durable=True), 2, "token")
     assert done.wait(10)
     writer.close()
     assert [(w.last_seq, w.tokens) for w in written] == [(9, ["token"])]
@@ -107,7 +98,7 @@ def test_a_packs_duplicate_ids_are_read_as_the_message_format_reads_them() -> No
         encode_message(b"d", durable=True, application_properties={"_AMQ_DUPL_ID": b"\xff"}),
         encode_message(b"e", durable=True, application_properties={"_AMQ_DUPL_ID": "é"}),
     ]
-    staged = _StagedRows(pack(rows, durable=True), AMQP_FORMAT, "out")
+    staged = _StagedRows(pack(rows, durable=True), AMQP_FORMAT, "out", "staging")
     found = [value for row in rows if (value := AMQP_FORMAT.inspect(row)[3]) is not None]
     expected = [v if v.__class__ is bytes else id_key(v, "out") for v in found]
     assert staged.duplicate_keys() == expected
@@ -136,3 +127,59 @@ def test_a_commit_whose_pack_repeats_an_admitted_id_is_refused_and_writes_nothin
     with pytest.raises(ClientError, match="sink:0:0:2500"):
         commit(options, "sink", 0, [staged])
     assert broker.queue_stats("out")["next-sequence"] == 1  # only the one sent before
+
+
+def test_a_pack_goes_as_rows_once_a_send_before_it_in_the_commit_created_a_plain_queue(
+    streams,
+) -> None:
+    """Whether a pack goes whole is decided when it is routed: here the commit's first
+    send (a row staged on its own) auto-creates a standard queue on the address, which
+    then gets the pack's rows one by one, as the stream gets them as records."""
+    from scow.core.model import RoutingType
+    from scow.protocols.amqp.codec import encode_message
+
+    broker = streams.start({})
+
+    def two_routing_types() -> None:
+        b = broker.broker
+        b.create_address("out", {RoutingType.ANYCAST, RoutingType.MULTICAST})
+        b.declare_queue(
+            "copy", address="out", routing_type="MULTICAST", arguments={"x-queue-type": "stream"}
+        )
+
+    broker.call(two_routing_types)
+    driver = client(broker.url)
+    try:
+        staging = driver.call(
+            "stream-sink", "s", "STAGE", {"batch": 0, "partition": 0, "attempt": 0, "to": "out"}
+        )["address"]
+        rows = [encode_message(b"p%d" % n, durable=True) for n in range(3)]
+        sent = driver.send(
+            staging, [encode_message(b"alone", durable=True), pack(rows, durable=True)]
+        )
+        assert sent == 2
+        driver.call("stream-sink", "s", "COMMIT", {"batch": 0}, [[0, 0]])
+    finally:
+        driver.close()
+    wait_stream(broker, "copy", 4)
+    assert broker.queue_stats("out")["message-count"] == 4  # the standard queue: 4 messages
+    assert broker.queue_stats("copy")["next-sequence"] == 4
+
+
+def test_a_committed_pack_is_not_searched_for_a_duplicate_id_of_its_own(streams) -> None:
+    """A commit reads a pack's header from its header alone: the message format's
+    id-layout cache (producers' messages) gets nothing of it."""
+    pa = pytest.importorskip("pyarrow")
+    from scow.plugins.spark.records import DURABLE_HEADER, PACK_PREFIX
+    from scow.plugins.spark.source import Options, commit, stage
+
+    broker = streams.start({"out": stream()})
+    options = Options.parse({"url": broker.url, "address": "out"})
+    batch = pa.RecordBatch.from_arrays([pa.array([b"r%d" % i for i in range(10)])], ["body"])
+    staged = stage(options, "ids", 0, iter([batch]))
+    fmt = broker.call(lambda: broker.broker.message_format)
+    broker.call(fmt._id_layouts.clear)  # what staging's sends put there
+    commit(options, "ids", 0, [staged])
+    wait_stream(broker, "out", 10)
+    layouts = broker.call(lambda: list(fmt._id_layouts))
+    assert not [p for p in layouts if p.startswith(DURABLE_HEADER + PACK_PREFIX)]
