@@ -12,6 +12,8 @@ The export format (version 1) is JSON Lines, UTF-8, one object per line:
    "priority": int, "queues": {"<queue name>": <delivery count>, ...},
    "data": "<base64 of the encoded message, exactly as the producer sent it>",
    "paged": true (only for messages that were in their address's pages),
+   "packed": true (only for a transaction's pack the broker routed whole, `PackedRows`:
+   a stream stores it as its rows; a file written before it was exported has none),
    "large": true, "head-size": n, "size": n (only for large messages: the data's first
    head-size bytes are the sections before the body; import writes it to a large message
    file; size is the message's bytes, which its data must hold)}
@@ -62,6 +64,7 @@ from typing import IO, Any
 from scow.core.duplicates import current_key, split_keys
 from scow.core.interfaces import StreamStore
 from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
+from scow.core.message import PackedRows
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
 from scow.core.unfinished_import import first_line
 
@@ -133,6 +136,8 @@ def export_lines(
         }
         if message.paged:
             line["paged"] = True
+        if message.data.__class__ is PackedRows:
+            line["packed"] = True
         if message.large is not None:
             line["large"] = True
             line["head-size"] = len(message.data)
@@ -387,12 +392,21 @@ def _import_line(
 
 
 def _message_data(line: Mapping[str, Any], number: int) -> bytes:
-    """A message line's data; a large message's must hold its size, and its head-size
-    must fall within it."""
+    """A message line's data (`PackedRows` when it is marked packed); a large message's
+    must hold its size, and its head-size must fall within it."""
     try:
         data = base64.b64decode(line["data"], validate=True)
     except (KeyError, TypeError, ValueError) as exc:
         raise ExportError(f"line {number}: message {line.get('id')}: bad data ({exc})") from None
+    packed = line.get("packed", False)
+    if packed is not False:
+        if packed is not True or line.get("large") or line.get("paged"):
+            raise ExportError(
+                f"line {number}: message {line.get('id')}: packed must be true or absent, "
+                f"and a packed message is neither large nor paged (found packed={packed!r}, "
+                f"large={line.get('large')!r}, paged={line.get('paged')!r})"
+            )
+        return PackedRows(data)
     if not line.get("large"):
         return data
     size, head_size = line.get("size"), line.get("head-size")
