@@ -54,9 +54,7 @@ def test_a_pack_journaled_before_its_stream_stored_it_is_imported_as_its_rows(
     assert pack["packed"] is True
 
 
-def test_a_message_line_without_packed_imports_as_one_message_and_a_bad_mark_is_refused() -> (
-    None
-):
+def test_a_message_line_without_packed_imports_as_one_message_and_a_bad_mark_is_refused() -> None:
     line = {"id": 7, "data": "aGk="}  # as a file written before packs were exported
     assert _message_data(line, 3).__class__ is bytes
     assert _message_data({**line, "packed": True}, 3).__class__ is PackedRows
