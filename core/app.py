@@ -383,8 +383,9 @@ class Server:
         for service in reversed(self.services):
             await service.stop()
         if self.broker is not None:
-            # closed connections rolled their transactions back: slices of those left to
-            # run would journal while storage stops
+            # closed connections left commits and rollbacks running a slice per loop pass:
+            # slices left would journal while storage stops (an undone commit rolls back)
+            await self.broker.finish_commits()
             self.broker.finish_rollbacks()
             self.broker.write_duplicate_ids()  # those of the last loop pass, if it has not
             loop = asyncio.get_running_loop()

@@ -216,6 +216,8 @@ class Broker:
         self.acks_not_stored = 0
         #: Dead-letter/expiry moves storage refused, waiting to be tried again.
         self.moves_waiting = 0
+        #: Commits run in slices (`commit`) not over yet (`finish_commits`).
+        self.commits: set[_SlicedCommit] = set()
         #: Rollbacks with slices left to run (`rollback`), and the slices run so far.
         self.rollbacks: set[_Rollback] = set()
         self.rollback_slices = 0
@@ -1143,12 +1145,13 @@ class Broker:
         admitted: list[tuple[DuplicateIdCache, list[bytes], int]],
         paged: list[tuple[Message, list[Any], Any]],
         taken: _Taken,
-        loop: asyncio.AbstractEventLoop | None = None,
+        enqueue: Callable[[list[tuple[Message, list[Any]]], Callable[[], None]], None]
+        | None = None,
     ) -> RouteStatus:
         """Commit what `_store_*` journaled: nothing can refuse it from here. Its messages
-        become visible once the commit record is durable: all at once, or, given the
-        `loop`, COMMIT_SLICE per pass of it; then `on_done` runs. ROUTED when that was
-        at once."""
+        become visible once the commit record is durable: all at once, or by `enqueue`
+        (theirs, then what runs after: a `_SlicedCommit`'s, a slice per pass of the loop);
+        then `on_done` runs. ROUTED when that was at once."""
         waiting = self._admit_ids(admitted) if admitted else []
         barrier = _Barrier()
         pagers: list[Any] = []
@@ -1163,11 +1166,11 @@ class Broker:
         def finish() -> None:
             for pager in pagers:
                 pager.commit_tx(tx.id)
-            if loop is None:
+            if enqueue is None:
                 _enqueue(visible, 0, len(visible))
                 settle()
             else:
-                _enqueue_in_slices(loop, visible, settle)
+                enqueue(visible, settle)
 
         def settle() -> None:
             nonlocal done_now
@@ -1303,6 +1306,19 @@ class Broker:
         acks, tx.acks, tx.sends, tx.packed = tx.acks, [], [], {}
         acks.sort(key=lambda r: r.message.id)
         _Rollback(self, acks, on_done).step()
+
+    async def finish_commits(self) -> None:
+        """End every commit still running in slices (shutdown: connections are closed,
+        and storage must not meet their journal writes as it stops). One still journaling
+        its slices is undone: it was not answered and its connection is gone, so either
+        outcome is one its client allows, and undoing writes one rollback record now where
+        finishing would journal every slice left. One whose commit record is written is
+        finished: its messages are enqueued at once, once that record is durable (awaited
+        here). Undone commits roll their transactions back: `finish_rollbacks` after this."""
+        for commit in list(self.commits):
+            commit.finish()
+        if self.commits:  # their commit records are not durable yet
+            await asyncio.wait([commit.over for commit in self.commits])
 
     def finish_rollbacks(self) -> None:
         """Roll back at once the slices rollbacks still have to run (shutdown: before
@@ -1892,6 +1908,7 @@ class Broker:
             "messages-expired": self.messages_expired,
             "messages-dead-lettered": self.messages_dead_lettered,
             "messages-duplicate": self.messages_duplicate,
+            "commits-running": len(self.commits),
             "rollbacks-running": len(self.rollbacks),
             "rollback-slices": self.rollback_slices,
             "large-messages": self.large_messages.stats(),
@@ -2005,23 +2022,6 @@ def _enqueue(visible: list[tuple[Message, list[Any]]], start: int, end: int) -> 
             queue.enqueue(message)
 
 
-def _enqueue_in_slices(
-    loop: asyncio.AbstractEventLoop,
-    visible: list[tuple[Message, list[Any]]],
-    then: Callable[[], None],
-    start: int = 0,
-) -> None:
-    """Enqueue a committed transaction's messages COMMIT_SLICE per pass of `loop`, then
-    run `then`. (A function of the module, not a closure naming itself: that would be a
-    reference cycle, kept with all it holds until a full collection, for every commit.)"""
-    end = start + COMMIT_SLICE
-    _enqueue(visible, start, end)
-    if end < len(visible):
-        loop.call_soon(_enqueue_in_slices, loop, visible, then, end)
-    else:
-        then()
-
-
 class _Rollback:
     """`Broker.rollback` of `acks` (in id order): COMMIT_SLICE per pass of the loop, each
     slice put back once its delivery counts are durable; `on_done` once all are. Kept in
@@ -2097,7 +2097,8 @@ class _SlicedCommit:
     visible or acknowledged, and the journal's transaction makes it atomic: a crash
     before the record is on disk leaves none of it after recovery, one after leaves all
     of it. Its messages then become visible a slice per pass (a consumer may get the
-    first before the last is in its queue), and `on_done` runs once all are.
+    first before the last is in its queue), and `on_done` runs once all are. It is kept
+    in `Broker.commits` until then (or until it failed), for `Broker.finish_commits`.
     """
 
     def __init__(
@@ -2121,11 +2122,40 @@ class _SlicedCommit:
         self.routed = 0
         self.sent = 0
         self.acked = 0
+        #: The next slice, scheduled on the loop (None: it runs now, none is left, or the
+        #: commit record's sync is awaited).
+        self.handle: asyncio.Handle | None = None
+        #: Once it is committed (its record durable): its messages (enqueued up to
+        #: `enqueued`) and what runs once all are.
+        self.committed = False
+        self.visible: list[tuple[Message, list[Any]]] = []
+        self.enqueued = 0
+        self.then: Callable[[], None] = _nothing
+        #: Shutdown (`finish`): its messages are enqueued in one go.
+        self.at_once = False
+        #: Done once it is over (committed and enqueued, or failed).
+        self.over: asyncio.Future[None] = self.loop.create_future()
 
     def start(self) -> None:
-        self.loop.call_soon(self._step)
+        self.broker.commits.add(self)
+        self.handle = self.loop.call_soon(self._step)
+
+    def finish(self) -> None:
+        """Shutdown (`Broker.finish_commits`): undone if it is still journaling its
+        slices, else its messages are enqueued at once (when its commit record is durable:
+        `over` is done then)."""
+        self.at_once = True
+        if self.handle is None:
+            return  # its commit record's sync is awaited: `_enqueue` comes after it
+        self.handle.cancel()
+        self.handle = None
+        if not self.committed:
+            self._fail(BrokerError(f"transaction {self.tx.id}: not committed: broker stopping"))
+        else:
+            self._enqueue_slice()
 
     def _step(self) -> None:
+        self.handle = None  # the handle holds this method: no cycle is left behind
         tx = self.tx
         try:
             if self.sent < len(tx.sends):
@@ -2144,7 +2174,7 @@ class _SlicedCommit:
             log.exception("transaction commit failed", tx=tx.id)
             self._fail(BrokerError(f"transaction {tx.id}: commit failed: {exc!r}"))
             return
-        self.loop.call_soon(self._step)
+        self.handle = self.loop.call_soon(self._step)
 
     def _route_slice(self) -> None:
         """Route and journal the next sends that weigh COMMIT_SLICE messages (a pack
@@ -2169,14 +2199,40 @@ class _SlicedCommit:
             if key in cache:
                 raise duplicate_error(key, address_name)
         admitted = broker._store_last(self.tx, self.ids, self.paged, self.taken)
-        broker._commit_stored(self.tx, self.on_done, admitted, self.paged, self.taken, self.loop)
+        broker._commit_stored(
+            self.tx, self.on_done, admitted, self.paged, self.taken, self._enqueue
+        )
         for body in self.bodies:  # its messages hold their files now (`_store`, the pages)
             body.release()
 
+    def _enqueue(self, visible: list[tuple[Message, list[Any]]], then: Callable[[], None]) -> None:
+        """Make the committed `visible` messages visible, then run `then`."""
+        self.committed = True
+        self.visible, self.then = visible, then
+        self._enqueue_slice()
+
+    def _enqueue_slice(self) -> None:
+        """Enqueue the next COMMIT_SLICE messages (all that are left: `at_once`)."""
+        self.handle = None
+        start, visible = self.enqueued, self.visible
+        end = len(visible) if self.at_once else start + COMMIT_SLICE
+        _enqueue(visible, start, end)
+        self.enqueued = end
+        if end < len(visible):
+            self.handle = self.loop.call_soon(self._enqueue_slice)
+            return
+        self._end()
+        self.then()
+
     def _fail(self, error: BrokerError) -> None:
         taken = self.taken
+        self._end()
         self.broker._abandon_commit(self.tx, taken.stored, taken.acks, self.routed)
         self.on_failed(error)
+
+    def _end(self) -> None:
+        self.broker.commits.discard(self)
+        self.over.set_result(None)
 
 
 class _Barrier:
