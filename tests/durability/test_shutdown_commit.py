@@ -36,6 +36,7 @@ class _CommittingTransaction(MessagingHandler, TransactionHandler):
             sends,
         )
         self.received = self.sent = 0
+        self.transaction: Any = None
         self.committing = threading.Event()
         self.outcome: str | None = None
 
@@ -47,7 +48,9 @@ class _CommittingTransaction(MessagingHandler, TransactionHandler):
 
     def on_transaction_declared(self, event: Any) -> None:
         self.transaction = event.transaction
-        self.receiver.flow(self.taken)
+        if self.taken:
+            self.receiver.flow(self.taken)
+        self._send()
 
     def on_message(self, event: Any) -> None:
         self.transaction.accept(event.delivery)
@@ -59,7 +62,7 @@ class _CommittingTransaction(MessagingHandler, TransactionHandler):
         self._send()
 
     def _send(self) -> None:
-        if self.received < self.taken or self.committing.is_set():
+        if self.transaction is None or self.received < self.taken or self.committing.is_set():
             return
         while self.sender.credit and self.sent < self.sends:
             self.transaction.send(self.sender, Message(body=f"s{self.sent}", durable=True))
@@ -124,3 +127,43 @@ def test_a_commit_under_way_at_shutdown_is_all_or_nothing_after_a_restart(
     else:  # undone: no send, every accepted message back once, its delivery counted
         assert out == ["x"]
         assert sorted(held) == sorted((f"h{i}", 1) for i in range(taken))
+
+
+def test_a_commit_making_its_messages_visible_at_shutdown_enqueues_the_rest_at_once(
+    scow_broker,
+) -> None:
+    """`finish_commits` reached while a committed transaction's messages go into their
+    queue a slice per pass: the rest go in at once (each once: the queue holds them all
+    as `finish_commits` returns), and its client is answered."""
+    broker = scow_broker(plugins=PLUGINS)
+    sends = 4 * COMMIT_SLICE
+    found: list[tuple[int, int, int]] = []  # (enqueued at the hold, then, commits left)
+
+    def hold() -> None:  # once per pass of the loop until the enqueueing is half way
+        b = broker.broker
+        enqueuing = [c for c in b.commits if c.committed and c.handle is not None]
+        if not enqueuing or enqueuing[0].enqueued < 2 * COMMIT_SLICE:
+            broker.loop.call_soon(hold)
+            return
+        at_hold = enqueuing[0].enqueued
+
+        async def finish() -> None:
+            await b.finish_commits()
+            found.append((at_hold, b.queues["out"].stats()["message-count"], len(b.commits)))
+
+        broker.loop.create_task(finish())
+
+    bulk_send(broker.url, "out", 1, lambda i: Message(body="x", durable=True))  # declared
+    broker.loop.call_soon_threadsafe(hold)
+    tx = _CommittingTransaction(broker.url, "held", 0, "out", sends)
+    container = Container(tx)
+    running = threading.Thread(target=container.run, daemon=True)
+    running.start()
+    try:
+        wait_for(lambda: tx.outcome is not None, 60, what="the commit's outcome")
+    finally:
+        tx.conn.close()
+        running.join(10)
+    assert tx.outcome == "committed"
+    ((at_hold, in_queue, left),) = found
+    assert at_hold < sends and (in_queue, left) == (1 + sends, 0)
