@@ -263,9 +263,15 @@ def _interrupted_import(tmp_path: Path, data: Path, sig: int) -> subprocess.Comp
             lambda: (bodies.is_dir() and any(bodies.iterdir())) or importing.poll() is not None,
             timeout=60,
         )
-        assert importing.poll() is None, "the import finished before it could be stopped"
+        # held where it is (a loaded machine can let it finish before the signal comes):
+        # `sig` lands mid-import, while its marker says it has not finished
+        importing.send_signal(signal.SIGSTOP)
+        assert importing.poll() is None and marker(data, "file").exists(), (
+            "the import finished before it could be stopped"
+        )
     finally:
         importing.send_signal(sig)
+        importing.send_signal(signal.SIGCONT)
         out, err = importing.communicate(timeout=60)
     return subprocess.CompletedProcess(importing.args, importing.returncode, out, err)
 
