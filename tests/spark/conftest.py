@@ -158,6 +158,19 @@ def management(url: str, kind: str, name: str, operation: str, **properties: Any
         c.close()
 
 
+def stream_bodies(url: str, queue: str, count: int) -> list[Any]:
+    """The bodies of the first `count` records of stream `queue` (and of one more, if
+    there is one), as the source reads them (needs pyarrow)."""
+    from scow.plugins.spark.schema import to_batch
+
+    reader = client(url)
+    try:
+        found = [to_batch(queue, m) for m in reader.read(queue, 0, count + 1)]
+    finally:
+        reader.close()
+    return [body for part in found for body in part.column(0).to_pylist()]
+
+
 def wait_stream(broker: BrokerThread, queue: str, count: int) -> None:
     """Wait until `count` messages of `queue` are stored (visible to readers)."""
     from scow.core.testing import wait_for

@@ -13,7 +13,7 @@ from scow.plugins.spark.records import annotate, pack, row_id
 from scow.plugins.spark.segments import open_store
 from scow.plugins.spark.stream import stored_rows
 from scow.plugins.spark.writer import StreamWriter, Written
-from tests.spark.conftest import client, stream, wait_stream
+from tests.spark.conftest import client, stream, stream_bodies, wait_stream
 
 ROWS = [b"\x00\x53\x75\xa0\x02r%d" % i for i in range(5)]  # data sections: bodies r0..r4
 
@@ -59,7 +59,6 @@ def test_a_commit_writes_every_row_once_in_order_to_a_stream_or_as_single_messag
     streams, queues: list[str]
 ) -> None:
     pa = pytest.importorskip("pyarrow")
-    from scow.plugins.spark.schema import to_batch
     from scow.plugins.spark.source import Options, commit, stage
 
     broker = streams.start({"out": stream()})
@@ -72,12 +71,7 @@ def test_a_commit_writes_every_row_once_in_order_to_a_stream_or_as_single_messag
     batch = pa.RecordBatch.from_arrays([pa.array(bodies)], ["body"])
     commit(options, "sink", 0, [stage(options, "sink", 0, iter([batch]))])
     wait_stream(broker, "out", len(bodies))
-    reader = client(broker.url)
-    try:
-        found = [to_batch("out", m) for m in reader.read("out", 0, len(bodies) + 1)]
-    finally:
-        reader.close()
-    assert [b for part in found for b in part.column(0).to_pylist()] == bodies
+    assert stream_bodies(broker.url, "out", len(bodies)) == bodies
     if "plain" in queues:
         assert broker.queue_stats("plain")["message-count"] == len(bodies)
 

@@ -13,7 +13,7 @@ from scow.core import cli
 from scow.core.export import ExportError, _message_data
 from scow.core.message import PackedRows
 from scow.core.testing import wait_for
-from tests.spark.conftest import client, stream, wait_stream
+from tests.spark.conftest import stream, stream_bodies, wait_stream
 from tests.tmpfs import fill, tmpfs
 
 
@@ -21,7 +21,6 @@ def test_a_pack_journaled_before_its_stream_stored_it_is_imported_as_its_rows(
     streams, tmp_path: Path
 ) -> None:
     pa = pytest.importorskip("pyarrow")
-    from scow.plugins.spark.schema import to_batch
     from scow.plugins.spark.source import Options, commit, stage
 
     queues = {"out": stream()}
@@ -42,12 +41,7 @@ def test_a_pack_journaled_before_its_stream_stored_it_is_imported_as_its_rows(
     assert cli.main(["data", "import", *fresh, "--input", str(exported)]) == 0
     broker = streams.start(queues, name="fresh")
     wait_stream(broker, "out", len(bodies))
-    reader = client(broker.url)
-    try:
-        found = [to_batch("out", m) for m in reader.read("out", 0, len(bodies) + 1)]
-    finally:
-        reader.close()
-    assert [b for part in found for b in part.column(0).to_pylist()] == bodies
+    assert stream_bodies(broker.url, "out", len(bodies)) == bodies
     assert broker.queue_stats("out")["next-sequence"] == len(bodies)
     lines = [json.loads(text) for text in exported.open()]
     (pack,) = [m for m in lines if m.get("type") == "message" and "out" in m["queues"]]
