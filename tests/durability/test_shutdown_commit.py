@@ -28,13 +28,8 @@ class _CommittingTransaction(MessagingHandler, TransactionHandler):
 
     def __init__(self, url: str, source: str, taken: int, target: str, sends: int) -> None:
         super().__init__(prefetch=0, auto_accept=False)
-        self.url, self.source, self.taken, self.target, self.sends = (
-            url,
-            source,
-            taken,
-            target,
-            sends,
-        )
+        self.url, self.source, self.taken = url, source, taken
+        self.target, self.sends = target, sends
         self.received = self.sent = 0
         self.transaction: Any = None
         self.committing = threading.Event()
@@ -113,6 +108,7 @@ def test_a_commit_under_way_at_shutdown_is_all_or_nothing_after_a_restart(
         wait_for(lambda: messages_in_memory(manager, "out") > 1, what="the commit under way")
         assert tx.outcome is None, "the commit was over before the broker stopped"
         assert broker.stop() == 0
+        manager.close()
         running.join(10)
         broker.start()
         out = [m.body for m in consume_all(broker.url, "out")]
