@@ -14,7 +14,10 @@ write):
 4. a streaming read of one broker, maxMessagesPerTrigger 100k, Trigger.AvailableNow, to a
    noop sink;
 5. a Spark batch read of both brokers' streams (`url` listing both: 2 x --count rows),
-   with its ratio to the one-broker read (goal: 1.5 or more);
+   with its ratio to the one-broker read (goal: 1.5 or more), taking turns with 3; the
+   machine's busy CPU per message of each (every process's, from /proc/stat) gives the
+   ratio's ceiling on this machine: its cores over what a two-broker read costs, against
+   the one-broker rate;
 6. a Spark batch write of --write-count rows of --size bytes to a stream (staged, then
    committed);
 7. a streaming write: the first broker's whole stream copied by a streaming query (100k
@@ -73,6 +76,23 @@ def timed(action: Callable[[], Any]) -> float:
     begin = time.perf_counter()
     action()
     return time.perf_counter() - begin
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (not idle nor waiting for I/O) since
+    boot, from /proc/stat: every process counts (brokers, the JVM, Spark's workers)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_busy(action: Callable[[], Any], spent: list[float]) -> float:
+    """`timed(action)`, appending to `spent` the machine's busy CPU seconds meanwhile."""
+    before = busy_seconds()
+    seconds = timed(action)
+    spent.append(busy_seconds() - before)
+    return seconds
 
 
 def codec_rates(args: argparse.Namespace) -> None:
@@ -198,8 +218,12 @@ def main() -> int:
                 assert rows == args.count, rows
 
             client_s = [timed(read_client) for _ in range(args.runs)]
-            spark_s = [timed(read_spark(first.url, args.count)) for _ in range(args.runs)]
-            both_s = [timed(read_spark(both, 2 * args.count)) for _ in range(args.runs)]
+            one_cpu: list[float] = []
+            both_cpu: list[float] = []
+            spark_s, both_s = [], []
+            for _ in range(args.runs):  # in turns: the machine's load weighs on both alike
+                spark_s.append(timed_busy(read_spark(first.url, args.count), one_cpu))
+                both_s.append(timed_busy(read_spark(both, 2 * args.count), both_cpu))
             stream_s = [timed(read_stream) for _ in range(args.runs)]
             body = "x" * args.size
             to_write = spark.range(args.write_count).select(
@@ -255,6 +279,17 @@ def main() -> int:
     ):
         print(f"  {name:38} {value:>10,.0f} msg/s   {value / baseline:.2f}")
     print(f"  two brokers / one broker (batch read)  {rate(both_s, 2 * args.count) / one:.2f}")
+    # what the ratio can reach here: both reads share this machine's cores, so two
+    # brokers read at most (cores / CPU per message of the two-broker read) messages a second
+    cores = os.cpu_count() or 1
+    one_us = statistics.median(one_cpu) / args.count * 1e6
+    both_us = statistics.median(both_cpu) / (2 * args.count) * 1e6
+    busy = statistics.median(c / s for c, s in zip(one_cpu, spark_s, strict=True))
+    print(
+        f"  batch reads' machine CPU: one broker {one_us:.2f} us/msg ({busy:.2f} of "
+        f"{cores} cores busy), two brokers {both_us:.2f} us/msg"
+    )
+    print(f"  ceiling of two / one on {cores} cores      {cores / (both_us * 1e-6) / one:.2f}")
     return 0
 
 

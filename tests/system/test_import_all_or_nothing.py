@@ -9,6 +9,7 @@ import base64
 import json
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,17 @@ def test_a_target_that_cannot_be_emptied_stays_marked_until_the_next_import(tmp_
     assert "'queues': 1" in exported.stdout  # the first attempt's queue went
 
 
+#: Runs a command with SIGINT as a terminal's Ctrl-C finds it: a job started in the
+#: background without job control (a CI run, `cmd &` in a script) inherits SIGINT ignored,
+#: and so would the import.
+_WITH_SIGINT = (
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+)
+
+
 def _interrupted_import(tmp_path: Path, data: Path, sig: int) -> subprocess.CompletedProcess[str]:
     """`scow data import` of a large file, sent `sig` once its first message (a large
     one: a file of its own) is written; it has ended."""
@@ -253,7 +265,16 @@ def _interrupted_import(tmp_path: Path, data: Path, sig: int) -> subprocess.Comp
     messages = [_large(1, 200_000)] + [_message(i, "x" * 300_000) for i in range(2, 150)]
     big = _export(tmp_path / "big.jsonl", messages)
     importing = subprocess.Popen(
-        [scow_command(), "data", "import", "--data-dir", str(data), "--input", str(big)],
+        [
+            *_WITH_SIGINT,
+            scow_command(),
+            "data",
+            "import",
+            "--data-dir",
+            str(data),
+            "--input",
+            str(big),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
