@@ -47,7 +47,8 @@ class _HeldTransaction(MessagingHandler, TransactionHandler):
             self.accepted.set()
 
     def on_transport_error(self, event: Any) -> None:
-        event.connection.close()
+        if event.connection is not None:  # none once the broker has gone
+            event.connection.close()
 
     def on_disconnected(self, event: Any) -> None:
         event.container.stop()
