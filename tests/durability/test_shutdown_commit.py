@@ -15,7 +15,7 @@ from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 
 from scow.core.broker import COMMIT_SLICE
-from scow.core.testing import BrokerProcess, broker_config, free_port, wait_for, write_config
+from scow.core.testing import broker_processes, wait_for
 from scow.plugins.spark.client import Client, Endpoint
 from tests.wire.helpers import bulk_send, consume_all
 
@@ -90,12 +90,8 @@ def test_a_commit_under_way_at_shutdown_is_all_or_nothing_after_a_restart(
 ) -> None:
     # its slices outlast the loop passes from the stop signal to storage's stop
     taken, sends = 100, 16 * COMMIT_SLICE
-    port = free_port()
-    config = write_config(
-        tmp_path / "scow.toml", broker_config(tmp_path / "data", plugins=PLUGINS, port=port)
-    )
-    broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
-    try:
+    with broker_processes(tmp_path) as start:  # the broker's log: tmp_path / "broker.log"
+        broker = start(plugins=PLUGINS)
         bulk_send(broker.url, "held", taken, lambda i: Message(body=f"h{i}", durable=True))
         bulk_send(broker.url, "out", 1, lambda i: Message(body="x", durable=True))  # declared
         tx = _CommittingTransaction(broker.url, "held", taken, "out", sends)
@@ -113,8 +109,6 @@ def test_a_commit_under_way_at_shutdown_is_all_or_nothing_after_a_restart(
         broker.start()
         out = [m.body for m in consume_all(broker.url, "out")]
         held = [(m.body, m.delivery_count) for m in consume_all(broker.url, "held")]
-    finally:
-        broker.stop()
     log = (tmp_path / "broker.log").read_text()
     assert "Traceback" not in log
     sent = [f"s{i}" for i in range(sends)]

@@ -15,7 +15,7 @@ from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 
 from scow.core.broker import COMMIT_SLICE
-from scow.core.testing import BrokerProcess, broker_config, free_port, write_config
+from scow.core.testing import broker_processes
 from tests.wire.helpers import bulk_send, consume_all
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -62,12 +62,8 @@ def test_a_rollback_under_way_at_shutdown_is_journaled_before_storage_stops(
     tmp_path: Path, slices: int
 ) -> None:
     count = slices * COMMIT_SLICE
-    port = free_port()
-    config = write_config(
-        tmp_path / "scow.toml", broker_config(tmp_path / "data", plugins=PLUGINS, port=port)
-    )
-    broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
-    try:
+    with broker_processes(tmp_path) as start:  # the broker's log: tmp_path / "broker.log"
+        broker = start(plugins=PLUGINS)
         bulk_send(broker.url, "held", count, lambda i: Message(body=f"m{i}", durable=True))
         held = _HeldTransaction(broker.url, "held", count)
         container = Container(held)
@@ -78,8 +74,6 @@ def test_a_rollback_under_way_at_shutdown_is_journaled_before_storage_stops(
         running.join(10)
         broker.start()
         counts = [(m.body, m.delivery_count) for m in consume_all(broker.url, "held")]
-    finally:
-        broker.stop()
     assert len(counts) == count
     assert {c for _body, c in counts} == {1}, sorted({c for _b, c in counts})
     assert "Traceback" not in (tmp_path / "broker.log").read_text()
