@@ -35,6 +35,7 @@ from scow.core.large_messages import hold_body
 from scow.core.message import Message, MessageKind, PagedRef, kind_of
 from scow.core.page_frames import HEADER_SIZE as FRAME_HEADER
 from scow.core.page_frames import crc32, valid_length
+from scow.plugins.paging import index as page_index
 from scow.plugins.paging.record import DURABLE, HEAD, LARGE, UNREADABLE, head_of, message_data
 from scow.plugins.paging.selecting import RecordFilter
 
@@ -135,6 +136,7 @@ class _Run:
         "end",
         "expirations",
         "ids",
+        "indexed",
         "keys",
         "nexts",
         "offsets",
@@ -174,6 +176,8 @@ class _Run:
         self.priority = -1
         #: Whether the read ended at a damaged frame, short of the page's visible end.
         self.cut = False
+        #: Read through the page's index, not by a walk of its frames.
+        self.indexed = False
 
     def covers(self, page: int, offset: int) -> bool:
         return _covers(self, page, offset)
@@ -191,19 +195,43 @@ _FRAME_AND_HEAD = struct.Struct(">II" + HEAD.format.lstrip(">") + "Q")
 _IDS_AT = FRAME_HEADER + HEAD.size
 
 
-def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int) -> _Run:
+def _read_run(
+    store: PageStore, page: int, offset: int, end: int, queue_id: int, index_at: int = 0
+) -> _Run:
     """Read `page` from `offset` up to `end` (its visible end) and cut out the records
     routed to queue `queue_id` (runs in the reader thread: it touches nothing of the
     loop's).
 
-    Every paged message passes through here once, so the loop is written out: the
-    frames walked inline, each checked as `page_frames.valid_length` would (the
-    store's `read_unchecked` leaves that to this one walk), one unpack per record, and
-    nothing made per record but its bytes and a few ints: its `Message` and `PagedRef`
-    are made by the loop as it hands them over (`QueueCursor._refs`). The page is read
-    with one `pread` (which lets go of the GIL while it copies), not mapped: a page
-    file cut short by something else while mapped would kill the broker with SIGBUS."""
-    buf = getattr(store, "read_unchecked", store.read)(page, offset)
+    Every paged message passes through here once. A closed page's index (at page offset
+    `index_at`, 0: none known) gives every record's fields a column at a time, checked by
+    two CRC calls (`_indexed_run`); without one, or when it does not check out, the
+    frames are walked (`_walked_run`). Nothing is made per record but its bytes and a few
+    ints: its `Message` and `PagedRef` are made by the loop as it hands them over
+    (`QueueCursor._refs`). The page is read with one `pread` (which lets go of the GIL
+    while it copies), not mapped: a page file cut short by something else while mapped
+    would kill the broker with SIGBUS."""
+    read = getattr(store, "read_unchecked", store.read)
+    if index_at:
+        buf = read(page, 0)  # the index's CRC covers the page from its first byte
+        columns = page_index.read(buf, index_at)
+        if columns is not None:
+            run = _indexed_run(buf, columns, page, offset, end, queue_id)
+        else:
+            run = _walked_run(buf, 0, page, offset, end, queue_id)
+    else:
+        run = _walked_run(read(page, offset), offset, page, offset, end, queue_id)
+    run.sizes = list(accumulate(map(len, run.datas), initial=0))
+    priorities = {key & 0xFF for key in set(run.keys)}
+    if len(priorities) == 1:
+        run.priority = priorities.pop()
+    return run
+
+
+def _walked_run(buf: bytes, base: int, page: int, offset: int, end: int, queue_id: int) -> _Run:
+    """`_read_run` by a walk of the frames of `buf` (the page from byte `base` on), each
+    checked as `page_frames.valid_length` would (the store's `read_unchecked` leaves
+    that to this one walk), with one unpack per record: ends at the first frame that is
+    torn or corrupt, as a store's `read` would."""
     view = memoryview(buf)
     run = _Run(page, offset, offset)
     add_offset = run.offsets.append
@@ -215,8 +243,8 @@ def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int)
     unpack = _FRAME_AND_HEAD.unpack_from
     data_from = _IDS_AT + 8  # where the message starts in a record routed to one queue
     plain = True
-    at = 0
-    size = min(len(buf), end - offset)  # bytes past the visible end are appends under way
+    at = offset - base
+    size = min(len(buf), end - base)  # bytes past the visible end are appends under way
     last = size - _FRAME_AND_HEAD.size  # the last place a message's frame can start
     try:
         while at <= last:
@@ -235,22 +263,70 @@ def _read_run(store: PageStore, page: int, offset: int, end: int, queue_id: int)
                 plain = False
                 if tx_id:
                     run.txs[len(run.offsets)] = tx_id
-            add_offset(offset + at)
-            add_next(offset + pend)
+            add_offset(base + at)
+            add_next(base + pend)
             add_id(message_id)
             add_expiration(expiration)
             add_key(flags << 8 | priority)
             add_data(data)
             at = pend
         # what is too short for a message (a summary) is checked as the store would
-        run.end = offset + valid_length(view[:size], at)
+        run.end = base + valid_length(view[:size], at)
     finally:
         view.release()
     run.plain = plain
-    run.sizes = list(accumulate(map(len, run.datas), initial=0))
-    priorities = {key & 0xFF for key in set(run.keys)}
-    if len(priorities) == 1:
-        run.priority = priorities.pop()
+    return run
+
+
+def _indexed_run(
+    buf: bytes, columns: page_index.Columns, page: int, offset: int, end: int, queue_id: int
+) -> _Run:
+    """`_read_run` from a page's checked index (`buf`: the page from its first byte):
+    the records from `offset` up to `end` routed to `queue_id`, taken a column at a time
+    (when every record is routed to the same queues, with no test per record) and each
+    message's bytes cut with one list comprehension. `end` is a record's end or past
+    the records (a page read whole): the index's and summary's frames are then passed
+    over as the walk passes over them."""
+    run = _Run(page, offset, offset)
+    run.indexed = True
+    offsets, records_end = columns.offsets, columns.end
+    first = bisect_left(offsets, offset)
+    stop = bisect_left(offsets, min(end, records_end))
+    # where a record's message starts past its frame's start, per route
+    starts = [_IDS_AT + 8 * len(ids) for ids in columns.route_ids]
+    mine = {r for r, ids in enumerate(columns.route_ids) if queue_id in ids}
+    nexts = offsets[first + 1 : stop + 1]
+    if stop == len(offsets) and stop > first:
+        nexts.append(records_end)
+    txs = columns.txs
+    if len(mine) == len(starts) and len(starts) == 1:  # every record is the queue's
+        picked = offsets[first:stop]
+        delta = starts[0]
+        run.datas = [buf[at + delta : nxt] for at, nxt in zip(picked, nexts, strict=True)]
+        run.offsets, run.nexts = picked, nexts
+        run.ids = columns.ids[first:stop]
+        run.expirations = columns.expirations[first:stop]
+        run.keys = columns.keys[first:stop]
+        if txs:
+            run.txs = {k - first: tx for k, tx in txs.items() if first <= k < stop}
+    elif mine:
+        routes = columns.routes
+        chosen = [k for k in range(first, stop) if routes[k] in mine]
+        run.offsets = [offsets[k] for k in chosen]
+        run.nexts = [nexts[k - first] for k in chosen]
+        run.datas = [buf[offsets[k] + starts[routes[k]] : nexts[k - first]] for k in chosen]
+        ids, expirations, keys = columns.ids, columns.expirations, columns.keys
+        run.ids = [ids[k] for k in chosen]
+        run.expirations = [expirations[k] for k in chosen]
+        run.keys = [keys[k] for k in chosen]
+        if txs:
+            run.txs = {i: txs[k] for i, k in enumerate(chosen) if k in txs}
+    run.plain = not run.txs and not any(key >> 8 & LARGE for key in set(run.keys))
+    if end <= records_end:
+        run.end = end
+    else:  # the index's and the summary's frames, checked as the walk would
+        with memoryview(buf) as view:
+            run.end = valid_length(view[:end], max(offset, records_end))
     return run
 
 
@@ -293,8 +369,10 @@ class QueueCursor:
         #: them, consumers or not, DRAIN_BATCH at a time, and then has nothing to do.
         self.drain_to_queue = False
         self.closed = False
-        #: Page reads from the store (a cursor that keeps up never reads).
+        #: Page reads from the store (a cursor that keeps up never reads), and those of
+        #: them that a page's index served.
         self.reads = 0
+        self.indexed_reads = 0
         #: Pages (or their unread rest) selectors passed over by the page's summary.
         self.pages_skipped = 0
         self._windows: dict[str, _Window | _Run] = {}
@@ -538,13 +616,24 @@ class QueueCursor:
         if ahead is not None and ahead.covers(page, offset):
             windows["main"] = windows.pop("ahead")
         pager = self.pager
-        run = self._read("main", page, offset, _read_run, pager.visible_end(page), self.queue.id)
+        info = pager.pages.get(page)
+        run = self._read(
+            "main",
+            page,
+            offset,
+            _read_run,
+            pager.visible_end(page),
+            self.queue.id,
+            info.index_at if info is not None else 0,
+        )
         if run is not None and not self._reading:
             following = self._following(page)
             info = pager.pages.get(following)
             # a page written in full: read once, not again each time it grew
             if following < pager.write_page and info is not None and info.visible >= info.size:
-                self._read("ahead", following, 0, _read_run, info.visible, self.queue.id)
+                self._read(
+                    "ahead", following, 0, _read_run, info.visible, self.queue.id, info.index_at
+                )
         return run
 
     def _read(
@@ -567,6 +656,8 @@ class QueueCursor:
 
         def done(window: _Window | _Run) -> None:
             self._reading = False
+            if window.__class__ is _Run and window.indexed:  # type: ignore[union-attr]
+                self.indexed_reads += 1
             # the visible bytes are whole frames: a read that ends short met a damaged one
             window.cut = window.end < end
             if not self.closed:
@@ -1152,6 +1243,7 @@ class QueueCursor:
             "messages-held": len(self.held),
             "pages-pending": len(self.pending),
             "page-reads": self.reads,
+            "page-reads-indexed": self.indexed_reads,
             "pages-skipped": self.pages_skipped,
         }
 

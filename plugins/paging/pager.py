@@ -38,6 +38,7 @@ from scow.core.model import AddressInfo, ResourceLimitExceeded, RouteStatus, Sto
 from scow.core.page_frames import HEADER_SIZE
 from scow.plugins.paging import record
 from scow.plugins.paging.cursor import QueueCursor
+from scow.plugins.paging.index import PageIndex
 from scow.plugins.paging.summary import PageSummary
 from scow.plugins.paging.writer import RETRY
 
@@ -65,6 +66,12 @@ class PageInfo:
     summary: PageSummary | None = field(default_factory=PageSummary)
     #: Files of the large messages its records refer to (released when it is deleted).
     large: list[int] = field(default_factory=list)
+    #: The index being built while the page is written (None once closed, or when its
+    #: store cannot seal one); then the page offset of its index record (0: none).
+    index: PageIndex | None = None
+    index_at: int = 0
+    #: Bytes written after `size` when it closed (its index and summary records).
+    trailer: int = 0
 
     def note_expiration(self, expiration: int) -> None:
         if expiration and (not self.expires or expiration < self.expires):
@@ -373,12 +380,16 @@ class AddressPager:
         info = self.pages.get(page)
         if info is None:
             info = self.pages[page] = PageInfo(page)
+            if getattr(self.store, "appended", None) is not None:
+                info.index = PageIndex()
         end = offset + HEADER_SIZE + len(data)
         if (body := large_body(message.data)) is not None:
             self.broker.large_messages.page_hold(body)
             info.large.append(body.file_id)
         info.records += 1
         info.size = end
+        if info.index is not None:
+            info.index.add(offset, data, len(queues))
         info.note_expiration(message.expiration)
         summary = info.summary
         if summary is not None and summary.complete:
@@ -477,14 +488,23 @@ class AddressPager:
         return info.visible if info is not None else 0
 
     def _roll(self) -> None:
-        """Close the head page (its summary is its last record) and open the next;
-        cursors at the head move with it."""
+        """Close the head page (its index and summary are its last records) and open the
+        next; cursors at the head move with it."""
         old, end = self.write_page, self.write_offset
         info = self.pages.get(old)
-        if info is not None and info.summary is not None and info.records:
-            # past the page's size: cursors stop before it, recovery reads it back
-            summary = record.encode_summary(info.summary.encode())
-            self.manager.writer.submit(self.store, old, summary, False, None)
+        if info is not None and info.records:
+            # past the page's size: cursors stop before them, readers and recovery use them
+            writer = self.manager.writer
+            index, info.index = info.index, None
+            if index is not None and (size := index.close(end)):
+                writer.submit(self.store, old, index, False, None)
+                info.index_at = end
+                info.trailer += HEADER_SIZE + size
+            if info.summary is not None:
+                summary = record.encode_summary(info.summary.encode())
+                writer.submit(self.store, old, summary, False, None)
+                info.trailer += HEADER_SIZE + len(summary)
+            self.paged_bytes += info.trailer
         self.write_page += 1
         self.write_offset = 0
         for cursor in self.cursors.values():
@@ -547,7 +567,7 @@ class AddressPager:
         if any(page in c.pending for c in self.cursors.values()):
             return
         del self.pages[page]
-        self.paged_bytes -= info.size
+        self.paged_bytes -= info.size + info.trailer
         if page == self.write_page:  # never append to a deleted page
             self._roll()
         self.manager.delete_page(self, page, info)

@@ -4,7 +4,7 @@
     expiration  u64   absolute, ms since the epoch; 0 = never
     tx id       u64   0 = sent outside a transaction
     flags       u8    bit 0: durable; bit 1: a page summary, not a message; bit 2: large
-                      (`scow.core.large_messages`)
+                      (`scow.core.large_messages`); bit 3: a page index, not a message
     priority    u8
     queue count u16
     queue ids   u64 x count   the queues the message was routed to
@@ -14,9 +14,9 @@
 
 The page store frames each record with its length and CRC (`scow.core.page_frames`).
 
-A closed page ends with its summary (`scow.plugins.paging.summary`) in a record of the
-same layout: flag SUMMARY, not durable, routed to no queue, so every reader of messages
-passes over it.
+A closed page ends with its index (`scow.plugins.paging.index`) and then its summary
+(`scow.plugins.paging.summary`), each in a record of the same layout: flag INDEX or
+SUMMARY, not durable, routed to no queue, so every reader of messages passes over them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ _LARGE_REF = struct.Struct(">QQQ")
 DURABLE = 1
 SUMMARY = 2
 LARGE = 4
+INDEX = 8
 
 
 def encode(

@@ -17,6 +17,7 @@ from scow.plugins.paging.pager import PageInfo
 from scow.plugins.paging.record import (
     DURABLE,
     HEAD,
+    INDEX,
     LARGE,
     SUMMARY,
     UNREADABLE,
@@ -56,7 +57,8 @@ def durable_records(
     `acked` maps (queue id, page) to acknowledged offsets; when `pages` is given, it is
     filled with each page's record count, size, transactions and summary: the one stored
     in the page, else one rebuilt from its durable messages with `properties` (the
-    message format's), else none.
+    message format's), else none. A page's index (`scow.plugins.paging.index`) is passed
+    over as the summary is; where it is goes in `pages` too, for the cursors.
     """
     # the bytes as stored, so that what a corrupt frame leaves unreadable is reported
     read = getattr(store, "read_unchecked", store.read)
@@ -72,10 +74,13 @@ def durable_records(
         elif properties is not None and pages is not None:
             info.summary = _rebuilt(buf, frames, properties)
         for start, pstart, pend in frames:
-            info.records += 1
             info.size = max(info.size, pend)
             info.visible = info.size
             message_id, expiration, tx_id, flags, priority, n = HEAD.unpack_from(buf, pstart)
+            if flags & INDEX:
+                info.index_at = start  # the cursors read the page through it
+                continue
+            info.records += 1
             info.note_expiration(expiration)
             if tx_id:
                 info.txs.add(tx_id)

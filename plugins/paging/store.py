@@ -21,7 +21,7 @@ import structlog
 
 from scow.core import disk_monitor
 from scow.core.model import StorageFull
-from scow.core.page_frames import frame_all, valid_length
+from scow.core.page_frames import crc32, frame_all, valid_length
 
 log = structlog.get_logger("scow.paging")
 
@@ -75,6 +75,8 @@ class FilePageStore:
         self._fd: int | None = None  # write fd of the highest page
         self._fd_page = -1
         self._size = 0  # bytes in the page behind _fd
+        #: CRC-32 of those bytes, kept while this store wrote them all (for `appended`)
+        self._crc: int | None = None
         self._unsynced = False  # written to _fd since its last fdatasync
         self._folder_unsynced = False  # a page file was created or removed since the last sync
         #: Set when a failed append could not be undone: appending after its torn bytes
@@ -197,8 +199,19 @@ class FilePageStore:
             self._undo_torn_write(fd, page)
             raise _os_error(exc, self._path(page), f"appending {len(data)} bytes") from exc
         self._size += len(data)
+        if self._crc is not None:
+            self._crc = crc32(data, self._crc)
         self._unsynced = True
         return self._size
+
+    def appended(self, page: int) -> tuple[int, int] | None:
+        """(size, CRC-32 of all its bytes) of `page` when this store wrote it from its
+        first byte and is still appending to it; None otherwise. What a closing page's
+        index is sealed with (`scow.plugins.paging.index`): one CRC call per append,
+        not a read of the page back."""
+        if page != self._fd_page or self._crc is None:
+            return None
+        return self._size, self._crc
 
     def _check_appendable(self, page: int) -> None:
         if page < 0:
@@ -225,6 +238,7 @@ class FilePageStore:
         self._fd = fd
         self._fd_page = page
         self._size = os.fstat(fd).st_size
+        self._crc = 0 if self._size == 0 else None
         if not self._pages or self._pages[-1] != page:
             self._pages.append(page)
             self._folder_unsynced = True

@@ -47,8 +47,7 @@ def describe(
         yield f"# pages of {store.address!r}" + (f": {folder}" if folder else "")
         for page in store.page_numbers():
             buf = store.read(page)
-            records = sum(1 for _ in iter_frames(buf))
-            yield f"page {page}: {records} records, {len(buf)} bytes"
+            yield f"page {page}: {_page_line(buf)}"
         held: dict[int, int] = {}
         for rec in durable_records(store, set(names), _acked(recovered), recovered.pages.page_txs):
             for queue_id in rec.queue_ids:
@@ -62,6 +61,18 @@ def describe(
                     f"{len(cursor.acked)} acknowledged, {len(cursor.counts)} delivery counts"
                 )
         store.close()
+
+
+def _page_line(buf: bytes) -> str:
+    """What a page holds: its records, and whether it ends with an index and summary."""
+    flags = [record.HEAD.unpack_from(buf, start)[3] for _f, start, _e in iter_frames(buf)]
+    line = f"{len(flags)} records, {len(buf)} bytes"
+    extra = [
+        name
+        for flag, name in ((record.INDEX, "index"), (record.SUMMARY, "summary"))
+        if any(f & flag for f in flags)
+    ]
+    return line + (f" (with its {' and '.join(extra)})" if extra else "")
 
 
 def paged_messages(

@@ -4,7 +4,10 @@ Producers' records reach it through `submit`; it takes everything queued in one 
 appends each store's records with one write per page, syncs the stores that hold a
 durable record (once each: group commit, waiting `page-sync-timeout` first so that one
 sync covers more producers), and hands the completions back to the event loop in one
-call. Deletions go through the same thread, so they are ordered after the writes.
+call. Deletions go through the same thread, so they are ordered after the writes. So
+is a closing page's index (`scow.plugins.paging.index`): the writer seals it with the
+CRC of what it appended to the page before it, which only the store that wrote the page
+knows (`FilePageStore.appended`); a store that cannot tell writes pages without one.
 
 A full file system does not stop it. An append that meets ENOSPC (the store cuts what it
 half wrote) is held with everything queued after it for that store, producers are held
@@ -24,6 +27,7 @@ import structlog
 
 from scow.core.disk_monitor import is_no_space
 from scow.core.interfaces import Completion, PageStore
+from scow.plugins.paging.index import PageIndex
 
 log = structlog.get_logger("scow.paging")
 
@@ -33,7 +37,7 @@ MAX_BACKLOG = 32 << 20
 #: Seconds between attempts to write what a full file system refused.
 RETRY = 1.0
 
-_Item = tuple[PageStore, int, bytes | None, bool, Completion | None]
+_Item = tuple[PageStore, int, bytes | PageIndex | None, bool, Completion | None]
 
 
 class PageWriter:
@@ -76,7 +80,12 @@ class PageWriter:
         self._thread.start()
 
     def submit(
-        self, store: PageStore, page: int, record: bytes, sync: bool, on_done: Completion | None
+        self,
+        store: PageStore,
+        page: int,
+        record: bytes | PageIndex,
+        sync: bool,
+        on_done: Completion | None,
     ) -> None:
         """Queue a record (on the loop); the writer gets it at the end of this loop turn."""
         if not self._submitted:
@@ -215,6 +224,15 @@ class PageWriter:
                 if record is not None:
                     held_pages.add(page)
                 continue
+            if record.__class__ is PageIndex:
+                flush_pending()  # what it indexes first
+                if id(store) in stalled:  # that append was just held: the index waits too
+                    self._held.append(item)
+                    stalled[id(store)].add(page)
+                    continue
+                self._seal(store, page, record)  # type: ignore[arg-type]
+                written += len(record)  # type: ignore[arg-type]
+                continue
             if record is None:
                 flush_pending()
                 if page < 0:
@@ -232,13 +250,32 @@ class PageWriter:
                     stalled[id(store)].add(page)
                     continue
             pending.append(item)
-            records.append(record)
+            records.append(record)  # type: ignore[arg-type]
         flush_pending()
         self._sync(to_sync)
         if completions:
             self._dispatch(completions)
         if written:
             self._loop.call_soon_threadsafe(self._written, written)
+
+    def _seal(self, store: PageStore, page: int, index: PageIndex) -> None:
+        """Append `page`'s index, sealed with the CRC of what the store appended to it;
+        nothing when the store cannot tell, or the page is not what the index lists. A
+        page without its index is read all the same (frame by frame), so an append that
+        fails here costs only that."""
+        appended = getattr(store, "appended", None)
+        state = appended(page) if appended is not None else None
+        sealed = index.seal(*state) if state is not None else None
+        if sealed is None:
+            return
+        try:
+            store.append(page, [sealed])
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "page index not written: the page is read without it", page=page, error=str(exc)
+            )
+            return
+        self.writes += 1
 
     def _sync(self, stores: dict[int, PageStore]) -> None:
         for store in stores.values():

@@ -1,0 +1,223 @@
+"""A closed page's index (`scow.plugins.paging.index`): the reader gets from it the run
+the frame walk gets, field for field, and falls back to the walk whenever the index or
+the records do not check out, ending where the walk ends. Pages are real page files,
+closed as the pager and the page writer close them (`_closed_page`)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from scow.core.page_frames import HEADER_SIZE, iter_frames
+from scow.plugins.paging import index as page_index
+from scow.plugins.paging.cursor import _read_run, _Run
+from scow.plugins.paging.index import PageIndex
+from scow.plugins.paging.record import DURABLE, HEAD, INDEX, LARGE, SUMMARY, encode, encode_summary
+from scow.plugins.paging.store import FilePageStore
+
+QUEUE = 7
+OTHER = 8
+FIELDS = ("offsets", "nexts", "ids", "expirations", "keys", "datas", "txs", "sizes")
+
+
+def _large(message_id: int, queue_id: int) -> bytes:
+    """A large message's record: its file reference, then its head."""
+    head = HEAD.pack(message_id, 0, 0, DURABLE | LARGE, 4, 1)
+    return head + struct.pack(">QQQQ", queue_id, 77, 5, 1 << 20) + b"head!"
+
+
+def _mixed() -> list[tuple[bytes, int]]:
+    """(record, queue count) of every kind a page holds."""
+    records = []
+    for i in range(40):
+        if i % 7 == 3:
+            queues = [OTHER, QUEUE]  # a multicast message
+        elif i % 5 == 4:
+            queues = [OTHER]
+        else:
+            queues = [QUEUE]
+        tx = 900 + i if i % 11 == 5 else 0
+        expiration = 1_700_000_000_000 + i if i % 3 == 0 else 0
+        data = b"m%d:" % i + b"x" * (i * 13 % 300)
+        records.append(
+            (encode(i + 1, expiration, tx, i % 2 == 0, i % 10, queues, data), len(queues))
+        )
+    records.insert(17, (_large(500, QUEUE), 1))
+    return records
+
+
+def _closed_page(store: FilePageStore, records: list[tuple[bytes, int]], page: int = 1) -> int:
+    """Write `records` to `page` and close it as the pager and the writer do: the index,
+    sealed with what the store appended, then the summary. Returns the index's offset."""
+    index = PageIndex()
+    offset = 0
+    for data, queues in records:
+        index.add(offset, data, queues)
+        offset = store.append(page, [data])
+    assert index.close(offset)
+    state = store.appended(page)
+    assert state is not None
+    sealed = index.seal(*state)
+    assert sealed is not None
+    store.append(page, [sealed, encode_summary(b"summary")])
+    return offset
+
+
+def _fields(run: _Run) -> dict[str, object]:
+    return {name: list(getattr(run, name)) for name in FIELDS if name != "txs"} | {
+        "txs": dict(run.txs),
+        "end": run.end,
+        "plain": run.plain,
+        "priority": run.priority,
+    }
+
+
+def _path(store: FilePageStore, page: int = 1) -> Path:
+    return store.folder / f"{page:09d}.page"
+
+
+def test_a_closed_page_is_read_through_its_index_as_the_walk_reads_it(tmp_path: Path) -> None:
+    store = FilePageStore(tmp_path, "a")
+    at = _closed_page(store, _mixed())
+    buf = store.read(1)
+    assert page_index.read(buf, at) is not None
+    starts = [start for start, _p, _e in iter_frames(buf)]
+    # every queue, from the page's start and from records further on, up to the records'
+    # end (a page the pager closed) and up to the file's end (a page recovery found)
+    for queue_id in (QUEUE, OTHER, 99):
+        for offset in (0, starts[1], starts[17], starts[30], at):
+            for end in (at, len(buf), starts[25]):
+                if offset > end:
+                    continue
+                indexed = _read_run(store, 1, offset, end, queue_id, at)
+                walked = _read_run(store, 1, offset, end, queue_id)
+                assert indexed.indexed and not walked.indexed
+                assert _fields(indexed) == _fields(walked), (queue_id, offset, end)
+    run = _read_run(store, 1, 0, at, QUEUE, at)
+    assert run.txs and not run.plain  # the transactions and the large message are there
+    assert any(key >> 8 & LARGE for key in run.keys)
+    store.close()
+
+
+def test_a_page_routed_to_one_set_of_queues_takes_every_record(tmp_path: Path) -> None:
+    """The common case: every record for the same queues (one queue, or the same
+    subscriptions of a multicast address), read with no test per record."""
+    store = FilePageStore(tmp_path, "a")
+    records = [(encode(i, 0, 0, True, 4, [QUEUE, OTHER], b"y" * 100), 2) for i in range(50)]
+    at = _closed_page(store, records)
+    for queue_id in (QUEUE, OTHER):
+        indexed = _read_run(store, 1, 0, at, queue_id, at)
+        assert indexed.indexed
+        assert indexed.ids == list(range(50))
+        assert indexed.datas == [b"y" * 100] * 50
+        assert (indexed.plain, indexed.priority) == (True, 4)
+        assert _fields(indexed) == _fields(_read_run(store, 1, 0, at, queue_id))
+    store.close()
+
+
+def test_every_reader_of_pages_passes_over_the_index(tmp_path: Path) -> None:
+    """The index is a record with a flag and no queue, before the summary, which stays
+    the page's last record."""
+    store = FilePageStore(tmp_path, "a")
+    at = _closed_page(store, _mixed())
+    buf = store.read(1)
+    frames = list(iter_frames(buf))
+    flags = [HEAD.unpack_from(buf, start)[3] for _f, start, _e in frames]
+    assert flags[-2:] == [INDEX, SUMMARY]
+    assert frames[-2][0] == at
+    assert HEAD.unpack_from(buf, frames[-2][1])[5] == 0  # routed to no queue
+    store.close()
+
+
+def test_a_page_without_an_index_is_walked(tmp_path: Path) -> None:
+    """Pages written before indexes (and the page open at a crash) have none."""
+    store = FilePageStore(tmp_path, "a")
+    for data, _queues in _mixed():
+        store.append(1, [data])
+    end = store.append(1, [encode_summary(b"summary")])
+    run = _read_run(store, 1, 0, end, QUEUE)
+    assert not run.indexed and run.end == end
+    assert len(run.ids) == sum(1 for data, _q in _mixed() if QUEUE in _queues_of(data))
+    store.close()
+
+
+def _queues_of(data: bytes) -> tuple[int, ...]:
+    n = HEAD.unpack_from(data)[5]
+    return struct.unpack_from(f">{n}Q", data, HEAD.size)
+
+
+@pytest.mark.parametrize("cut", [1, 20, 0.5])
+def test_a_torn_index_falls_back_to_the_walk(tmp_path: Path, cut: float) -> None:
+    """A page cut in the middle of its index (a crash while the page was closed): the
+    records before it are read, by the walk, to the same end."""
+    store = FilePageStore(tmp_path, "a")
+    at = _closed_page(store, _mixed())
+    store.close()
+    path = _path(store)
+    data = path.read_bytes()
+    index_size = HEADER_SIZE + struct.unpack_from(">I", data, at)[0]
+    keep = at + (int(index_size * cut) if cut < 1 else index_size - cut)
+    path.write_bytes(data[:keep])
+    again = FilePageStore(tmp_path, "a", repair=False)
+    indexed = _read_run(again, 1, 0, keep, QUEUE, at)
+    walked = _read_run(again, 1, 0, keep, QUEUE)
+    assert not indexed.indexed
+    assert _fields(indexed) == _fields(walked)
+    assert indexed.end == at  # every record, and nothing of the torn index
+    again.close()
+
+
+def test_a_corrupt_message_falls_back_to_the_walk_and_ends_where_it_ends(tmp_path: Path) -> None:
+    """One byte flipped in a message: the region's CRC fails, the walk finds the frame,
+    and it and everything after it are lost, as without an index."""
+    store = FilePageStore(tmp_path, "a")
+    at = _closed_page(store, _mixed())
+    store.close()
+    path = _path(store)
+    data = bytearray(path.read_bytes())
+    starts = [start for start, _p, _e in iter_frames(bytes(data))]
+    data[starts[21] - 1] ^= 0xFF  # the last byte of the 21st record's message
+    path.write_bytes(bytes(data))
+    again = FilePageStore(tmp_path, "a", repair=False)
+    indexed = _read_run(again, 1, 0, len(data), QUEUE, at)
+    walked = _read_run(again, 1, 0, len(data), QUEUE)
+    assert not indexed.indexed
+    assert _fields(indexed) == _fields(walked)
+    assert indexed.end == starts[20] == len(again.read(1))
+    again.close()
+
+
+def test_a_corrupt_index_falls_back_to_the_walk(tmp_path: Path) -> None:
+    store = FilePageStore(tmp_path, "a")
+    at = _closed_page(store, _mixed())
+    store.close()
+    path = _path(store)
+    data = bytearray(path.read_bytes())
+    data[at + HEADER_SIZE + HEAD.size + 40] ^= 0x01  # inside its columns
+    path.write_bytes(bytes(data))
+    again = FilePageStore(tmp_path, "a", repair=False)
+    indexed = _read_run(again, 1, 0, at, QUEUE, at)
+    assert not indexed.indexed
+    assert _fields(indexed) == _fields(_read_run(again, 1, 0, at, QUEUE))
+    assert indexed.end == at
+    again.close()
+
+
+def test_an_index_is_not_sealed_over_a_page_it_does_not_list(tmp_path: Path) -> None:
+    """A write the store refused leaves the page shorter than the index says: no index
+    is written (the page is walked); nor for a page the store did not write from its
+    first byte (reopened)."""
+    store = FilePageStore(tmp_path, "a")
+    index = PageIndex()
+    index.add(0, encode(1, 0, 0, True, 4, [QUEUE], b"kept"), 1)
+    size = store.append(1, [encode(1, 0, 0, True, 4, [QUEUE], b"kept")])
+    index.add(size, encode(2, 0, 0, True, 4, [QUEUE], b"refused"), 1)
+    assert index.close(size + 50)
+    assert index.seal(*store.appended(1)) is None  # type: ignore[misc]
+    store.close()
+    reopened = FilePageStore(tmp_path, "a")
+    reopened.append(1, [encode(3, 0, 0, True, 4, [QUEUE], b"more")])
+    assert reopened.appended(1) is None
+    reopened.close()
