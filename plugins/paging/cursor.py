@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from bisect import bisect_left
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import accumulate
@@ -394,6 +394,8 @@ class QueueCursor:
         self._browsing: dict[Consumer, tuple[int, int]] = {}
         #: (page, offset) of the damaged frames whose loss has been logged
         self._damaged: set[tuple[int, int]] = set()
+        #: The page of each message settled since the last loop pass (`settle`).
+        self._settled: list[int] = []
 
     def __repr__(self) -> str:
         return f"<QueueCursor {self.queue.name!r} at {self.page}:{self.offset}, {self.backlog}>"
@@ -501,7 +503,7 @@ class QueueCursor:
             if not self.backlog:
                 # the last of it is handed over: the address may leave page mode now,
                 # not at the next acknowledgement (the consumer may hold back its last)
-                self.pager.check()
+                self.pager.check_now()
         finally:
             self._filling = False
 
@@ -1200,15 +1202,28 @@ class QueueCursor:
         return True
 
     def settle(self, ref: PagedRef) -> None:  # type: ignore[override]
+        """Noted now, counted once per loop pass (`_settle_noted`): a consumer's
+        acknowledgements come a socket read's worth at a time, and a page is only
+        deleted once all of its are in."""
+        settled = self._settled
+        if not settled:
+            self.pager.manager.loop.call_soon(self._settle_noted)
+        settled.append(ref.page)
+
+    def _settle_noted(self) -> None:
+        """Count down the pages of the messages settled since the last pass; delete
+        those no one holds any more."""
+        pages, self._settled = self._settled, []
         if self.closed:
             return
-        page = ref.page
-        left = self.pending.get(page, 0) - 1
-        if left > 0:
-            self.pending[page] = left
-        else:
-            self.pending.pop(page, None)
-            self.pager.settled(page)
+        pending = self.pending
+        for page, count in Counter(pages).items():
+            left = pending.get(page, 0) - count
+            if left > 0:
+                pending[page] = left
+            else:
+                pending.pop(page, None)
+                self.pager.settled(page)
         if self.drain_to_queue and self.backlog and self._handed_over() <= DRAIN_BATCH // 2:
             self.fill()  # the queue stored half of what it was handed: the next batch
 

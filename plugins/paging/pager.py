@@ -100,6 +100,8 @@ class AddressPager:
         self._unseen: deque[list[Any]] = deque()
         self._open_txs: dict[int, list[list[Any]]] = {}
         self._advancing = False
+        #: A `check_now` is due at the end of this loop pass (`check`).
+        self.check_due = False
         #: Transactions whose records are committed (recovered ones included).
         self.committed_txs: set[int] = set()
         #: Framed bytes in the pages still stored.
@@ -242,7 +244,7 @@ class AddressPager:
         cursor.close()
         for page in pages:
             self._maybe_delete(page)
-        self.check()
+        self.check_now()
 
     # ------------------------------------------------------------------ writing
 
@@ -480,8 +482,8 @@ class AddressPager:
                 elif cursor.queue.consumer_count():
                     cursor.queue.dispatch()  # consumers fill, browsers browse
             # what was read straight from memory may all be acknowledged by now: page mode
-            # can end once nothing is in flight (check() waited for these writes)
-            self.check()
+            # can end once nothing is in flight (check_now() waited for these writes)
+            self.check_now()
 
     def visible_end(self, page: int) -> int:
         info = self.pages.get(page)
@@ -532,11 +534,25 @@ class AddressPager:
         log.info("address started paging", address=self.address.name, page=self.write_page)
 
     def check(self) -> None:
+        """Memory was freed: `check_now` at the end of this loop pass. The broker asks on
+        every acknowledgement while the address pages, where once for a socket read's
+        acknowledgements says the same (the address's limits and blocked producers are
+        looked at by the broker at each acknowledgement; this only decides when page
+        mode ends, before the next message is routed)."""
+        if not self.check_due:
+            self.check_due = True
+            self.manager.loop.call_soon(self._check_due_now)
+
+    def _check_due_now(self) -> None:
+        self.check_due = False
+        self.check_now()
+
+    def check_now(self) -> None:
         """Leave page mode once every cursor caught up and the address has room."""
         if not self.paging or self._unseen:
             return
-        # asked on every acknowledgement while paging: while a cursor still has messages
-        # in pages (a drain, all along) that alone says no, before the address's limits
+        # asked once per loop pass while acknowledgements come: while a cursor still has
+        # messages in pages (a drain, all along) that alone says no, before the limits
         for cursor in self.cursors.values():
             if cursor.backlog:
                 return

@@ -482,3 +482,47 @@ def test_a_paged_message_superseded_by_a_newer_value_is_never_delivered(scow_bro
     assert extra is None, extra.properties
     assert sorted(got) == [295, 296, 297, 298, 299]
     wait_for(lambda: broker.queue_stats("prices")["message-count"] == 0, what="all settled")
+
+
+def test_a_burst_of_acknowledgements_ends_paging_and_frees_the_pages(scow_broker):
+    """Acknowledgements settled together reach the broker in one read; the pages' counts
+    and the end of page mode are worked out once for them all (once per loop pass), and
+    a consumer and the next producer see what one acknowledgement at a time gave."""
+    # every message may be read while none is acknowledged
+    broker = paging_broker(scow_broker, **{"max-read-page-bytes": 1_000_000})
+    bulk_send(broker.url, "burst", 100, numbered)
+    assert address_stats(broker, "burst")["paging"]
+    assert address_stats(broker, "burst")["page-count"] > 5
+    with connected(broker.url) as conn:
+        receiver = conn.create_receiver("burst", credit=100)
+        assert ns(receive(receiver, 100, accept=False)) == list(range(100))
+        for _ in range(100):
+            receiver.accept()  # no I/O in between: they go out together
+        pump([conn], lambda: not address_stats(broker, "burst")["paging"], what="paging ended")
+        wait_for(lambda: page_files(broker, "burst") == 0, what="every page deleted")
+        assert address_stats(broker, "burst")["cursors"]["burst"]["pages-pending"] == 0
+        written = address_stats(broker, "burst")["messages-written-to-pages"]
+        send(conn, "burst", numbered(100))
+        assert ns(receive(receiver, 1)) == [100]
+    assert address_stats(broker, "burst")["messages-written-to-pages"] == written  # memory
+
+
+def test_a_producer_blocked_at_max_size_bytes_goes_on_after_a_burst_of_acknowledgements(
+    scow_broker,
+):
+    held = {"max-size-bytes": 5_000, "address-full-policy": "BLOCK"}
+    broker = scow_broker(address_settings={"#": SMALL, "held": {**SMALL, **held}})
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("held")
+        sent = 0
+        while sent == 0 or sender.link.credit > 0:  # until the full address stops credit
+            sender.send(numbered(sent))
+            sent += 1
+        assert broker.queue_stats("held")["message-count"] == sent
+        receiver = conn.create_receiver("held", credit=sent)
+        assert ns(receive(receiver, sent, accept=False)) == list(range(sent))
+        for _ in range(sent):
+            receiver.accept()
+        pump([conn], lambda: sender.link.credit > 0, what="credit once the acks freed memory")
+        sender.send(numbered(sent))
+        assert ns(receive(receiver, 1)) == [sent]
