@@ -58,6 +58,7 @@ def test_print_export_import_and_compact_keep_paged_messages(tmp_path: Path) -> 
     printed = scow("data", "print", "--data-dir", str(data))
     assert "# pages of 'tools'" in printed
     assert "queue 'tools': 50 durable messages in pages" in printed
+    assert "(with its index and summary)" in printed  # closed pages: read past both
     assert "CURSOR_ACK" in printed
 
     backup = tmp_path / "backup.jsonl"
