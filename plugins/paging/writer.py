@@ -230,8 +230,8 @@ class PageWriter:
                     self._held.append(item)
                     stalled[id(store)].add(page)
                     continue
+                written += len(record)  # type: ignore[arg-type]  # as submit counted it
                 self._seal(store, page, record)  # type: ignore[arg-type]
-                written += len(record)  # type: ignore[arg-type]
                 continue
             if record is None:
                 flush_pending()
