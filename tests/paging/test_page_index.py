@@ -13,12 +13,13 @@ import pytest
 from proton import Message
 
 from scow.core.page_frames import HEADER_SIZE, iter_frames
-from scow.core.testing import BrokerThread, broker_config, write_config
+from scow.core.testing import BrokerThread
 from scow.plugins.paging import index as page_index
 from scow.plugins.paging.cursor import _read_run, _Run
 from scow.plugins.paging.index import PageIndex
 from scow.plugins.paging.record import DURABLE, HEAD, INDEX, LARGE, SUMMARY, encode, encode_summary
 from scow.plugins.paging.store import FilePageStore
+from tests.paging.test_page_summaries import FAST_JOURNAL, PAGE_ALWAYS, PLUGINS, _restartable
 from tests.wire.helpers import bulk_send, connected, consume_all, receive
 
 QUEUE = 7
@@ -229,18 +230,6 @@ def test_an_index_is_not_sealed_over_a_page_it_does_not_list(tmp_path: Path) -> 
 
 # ------------------------------------------------------------------ brokers
 
-PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "paging"]
-FAST_JOURNAL = {"journal": {"journal-file-size": "1MiB", "journal-buffer-timeout": 500000}}
-#: Everything pages, in pages of ~9 messages; queues stay for their statistics.
-PAGE_ALWAYS = {
-    "#": {
-        "max-size-bytes": 0,
-        "page-size-bytes": 5_000,
-        "auto-delete-queues": False,
-        "auto-delete-addresses": False,
-    }
-}
-
 
 def durable(i: int) -> Message:
     return Message(body=f"{i}:" + "d" * 500, durable=True, properties={"n": i})
@@ -252,13 +241,6 @@ def _numbers(messages: list[Message]) -> list[int]:
 
 def _cursor(broker: BrokerThread, queue: str) -> dict[str, Any]:
     return broker.call(lambda: dict(broker.broker.queues[queue].cursor.stats()))  # type: ignore[no-any-return]
-
-
-def _restartable(tmp_path: Path, name: str) -> BrokerThread:
-    config = broker_config(
-        tmp_path / "data", plugins=PLUGINS, sections=FAST_JOURNAL, address_settings=PAGE_ALWAYS
-    )
-    return BrokerThread(write_config(tmp_path / f"{name}.toml", config)).start()
 
 
 def test_closed_pages_are_read_through_their_index_live_and_after_a_restart(
