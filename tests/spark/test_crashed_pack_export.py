@@ -18,15 +18,22 @@ import pytest
 from proton import Message
 
 from scow.core import cli
-from scow.core.export import export_lines
 from scow.core.message import PackedRows
 from scow.core.storage import StorageManager
-from scow.core.testing import BrokerProcess, BrokerThread, free_port, scow_command
+from scow.core.testing import BrokerProcess, BrokerThread, free_port, scow_command, wait_for
 from scow.plugins.file_journal.journal import FileJournal
 from scow.plugins.file_journal.plugin import journal_settings
 from scow.plugins.spark import segments
-from scow.plugins.spark.plugin import opener
-from scow.plugins.spark.records import DURABLE_HEADER, annotate, pack, row_id, unpack
+from scow.plugins.spark.plugin import StreamOpener, opener
+from scow.plugins.spark.records import (
+    DURABLE_HEADER,
+    MalformedPack,
+    annotate,
+    pack,
+    row_id,
+    rows_after,
+    unpack,
+)
 from scow.protocols.amqp.codec import encode_message
 from tests.spark.conftest import client, stream, wait_stream
 
@@ -72,6 +79,22 @@ def crash_state(config: Path, data: Path, stored: Mapping[str, int], rows: list[
         store.close()
 
 
+def test_what_a_store_lacks_of_a_pack_is_the_rest_of_its_rows_after_its_own_header() -> None:
+    whole = pack(ROWS, durable=True)
+    rows_left = StreamOpener.rows_left
+    assert rows_left(set(), 9, whole) is whole
+    recent = {row_id(9, 0), row_id(9, 1), row_id(8, 2), 9}
+    rest = rows_left(recent, 9, whole)
+    assert rest == pack(ROWS[2:], durable=True) == rows_after(whole, 2)
+    assert recent == {row_id(8, 2), 9}  # the ids found were taken out, as recovery does
+    assert rows_left({row_id(9, n) for n in range(5)}, 9, whole) is None
+    assert rows_after(pack(ROWS), 4) == pack(ROWS[4:])  # no header: none
+    cut = whole[:-1]
+    assert rows_left({row_id(9, 0)}, 9, cut) is cut  # malformed: the stream refuses it
+    with pytest.raises(MalformedPack):
+        rows_after(cut, 1)
+
+
 def _body(data: bytes) -> bytes:
     message = Message()
     message.decode(data)
@@ -80,11 +103,15 @@ def _body(data: bytes) -> bytes:
 
 def rows_by_queue(lines: list[dict[str, Any]]) -> dict[str, list[bytes]]:
     """The bodies each queue gets from an export's lines (a stream's records, and the
-    messages, or a pack's rows, that name it), sorted: each as often as the lines hold it."""
+    messages to "out", or a pack's rows, that name it), sorted: each as often as the
+    lines hold it."""
     found: dict[str, list[bytes]] = {}
     for line in lines:
-        if line.get("type") not in ("message", "stream-record"):
-            continue
+        if (
+            line.get("type") not in ("message", "stream-record")
+            or line.get("address", "out") != "out"
+        ):
+            continue  # (a sink's marker is a message of its own address)
         data = base64.b64decode(line["data"])
         rows: list[bytes] = []
         if not (line.get("packed") and unpack(data, rows)):
@@ -140,7 +167,7 @@ def imported(streams, queues: dict[str, Any], exported: Path) -> BrokerThread:
     assert cli.main(["data", "import", *fresh, "--input", str(exported)]) == 0
     broker = streams.start(queues, name="fresh")
     for name, queue in queues.items():
-        if queue["arguments"].get("x-queue-type") == "stream":
+        if queue.get("arguments", {}).get("x-queue-type") == "stream":
             wait_stream(broker, name, len(ROWS))
     return broker
 
@@ -161,3 +188,99 @@ def test_two_streams_of_one_pack_each_get_the_rows_their_store_lacks(
     for name in TWO_STREAMS:
         assert _stream_bodies(broker.url, name, len(ROWS)) == BODIES
         assert broker.queue_stats(name)["next-sequence"] == len(ROWS)
+
+
+#: A stream and a standard queue on one address: a committed pack goes to it as its rows.
+STREAM_AND_QUEUE = {"a": TWO_STREAMS["a"], "plain": {"address": "out", "routing-type": "MULTICAST"}}
+
+
+def test_a_pack_for_a_stream_and_a_standard_queue_is_journaled_as_its_rows(
+    streams, tmp_path: Path
+) -> None:
+    """What the broker does with a committed pack when its address also has a standard
+    queue: each row is a message of its own for both queues (no PACKED_ROWS record), so
+    an export needs nothing of packs for it."""
+    broker = streams.start(STREAM_AND_QUEUE)
+    driver = client(broker.url)
+    try:
+        to = {"batch": 0, "partition": 0, "attempt": 0, "to": "out"}
+        staging = driver.call("stream-sink", "s", "STAGE", to)["address"]
+        assert driver.send(staging, [pack(ROWS, durable=True)]) == 1
+        driver.call("stream-sink", "s", "COMMIT", {"batch": 0}, [[0, 0]])
+    finally:
+        driver.close()
+    wait_stream(broker, "a", len(ROWS))
+    broker.stop()
+    storage = _storage(tmp_path / "data")
+    try:
+        recovered = storage.load()
+    finally:
+        storage.stop()
+    plain = [q["id"] for q in recovered.queues if q["name"] == "plain"]
+    kept = [m for m in recovered.messages if m.address == "out"]
+    assert [(_body(m.data), list(m.queues)) for m in kept] == [(b, plain) for b in BODIES]
+    assert not [m for m in kept if m.data.__class__ is PackedRows]
+
+    lines = _export(streams.config(STREAM_AND_QUEUE), tmp_path / "export.jsonl")
+    assert rows_by_queue(lines) == {"a": BODIES, "plain": BODIES}
+
+
+def test_rows_a_crash_left_in_a_stream_and_a_standard_queue_are_exported_once_each(
+    streams, tmp_path: Path
+) -> None:
+    """The same commit, the broker SIGKILLed while the stream had stored its first rows:
+    the journal still names the stream for every row; the export leaves it out of the
+    rows its store holds, and the standard queue keeps them all."""
+    config = streams.config(STREAM_AND_QUEUE)
+    data = tmp_path / "data"
+    BrokerThread(config).start().stop()
+    storage = _storage(data)
+    queue_ids = {q["name"]: q["id"] for q in storage.load().queues}
+    ids = []
+    for row in ROWS:
+        ids.append(storage.next_id())
+        storage.store_message(ids[-1], "out", 0, 4, list(queue_ids.values()), row, None)
+    storage.flush()
+    storage.stop()
+    store = opener(segments.BACKEND, data, {})("a", {})
+    store.open()
+    now = int(time.time() * 1000)
+    store.append([(n, now, ids[n], annotate(ROWS[n], n, now)) for n in range(2)])
+    store.close()
+
+    lines = _export(config, tmp_path / "export.jsonl")
+    assert rows_by_queue(lines) == {"a": BODIES, "plain": BODIES}
+    broker = imported(streams, STREAM_AND_QUEUE, tmp_path / "export.jsonl")
+    assert _stream_bodies(broker.url, "a", len(ROWS)) == BODIES
+    assert broker.queue_stats("a")["next-sequence"] == len(ROWS)
+    assert broker.queue_stats("plain")["message-count"] == len(ROWS)
+
+
+def test_scow_data_export_after_a_crash_and_import_give_a_scow_run_each_row_once(
+    streams, tmp_path: Path
+) -> None:
+    """The commands as a user runs them: `scow data export --data-dir` on the crash's data
+    dir, `scow data import` into a fresh one, then `scow run` on it."""
+    queues = {"out": stream()}
+    crash_state(streams.config(queues), tmp_path / "data", {"out": 2}, ROWS)
+    exported = tmp_path / "export.jsonl"
+    fresh = tmp_path / "fresh" / "data"
+    for command in (
+        ["export", "--data-dir", str(tmp_path / "data"), "--output", str(exported)],
+        ["import", "--data-dir", str(fresh), "--input", str(exported)],
+    ):
+        done = subprocess.run(
+            [scow_command(), "data", *command], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+    lines = [json.loads(text) for text in exported.open()]
+    assert rows_by_queue(lines) == {"out": BODIES}
+
+    port = free_port()
+    config = streams.config(queues, port=port, name="fresh")
+    broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
+    try:
+        wait_for(lambda: len(_stream_bodies(broker.url, "out", len(ROWS))) == len(ROWS))
+        assert _stream_bodies(broker.url, "out", len(ROWS)) == BODIES
+    finally:
+        assert broker.stop() == 0
