@@ -39,7 +39,11 @@ after them, each with its cursors and then its records in sequence order; an imp
 appends them with their sequence numbers and enqueue times to the importer's stream
 store, whichever it is (so export and import move streams between segment files and a
 database). A journaled message that a stream's store already holds (a crash came between
-the two) is exported once, as the stream's record.
+the two) is exported once, as the stream's record: its message line leaves that stream
+out of its queues, and goes when none is left. So is every row of a committed pack
+("packed") that the store holds: a pack whose rows it holds all is left out so, and for a
+stream that holds its first rows the line carries a pack of the other rows only (with
+the pack's header), on a line of its own if another of its queues needs the whole pack.
 A large message's line holds its whole message (its file's body after its head), so
 export and import hold one such message in memory at a time. Its size lets an import
 refuse a body cut short (a file written before it was exported is not checked so).
@@ -59,10 +63,10 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from scow.core.duplicates import current_key, split_keys
-from scow.core.interfaces import StreamStore
+from scow.core.interfaces import StreamContents, StreamStore
 from scow.core.large_messages import LargeBody, LargeHead, LargeMessageStore
 from scow.core.message import PackedRows
 from scow.core.storage import Recovered, RecoveredMessage, StorageManager
@@ -77,8 +81,25 @@ VERSION = 1
 STREAM_BATCH = 1000
 STREAM_TYPE = "stream"
 
-#: Builds (unopened) the store of a stream queue: (queue name, queue arguments).
-OpenStream = Callable[[str, Mapping[str, Any]], StreamStore]
+
+class OpenStream(Protocol):
+    """How export and import reach the stores of stream queues (the spark plugin's
+    `StreamOpener`)."""
+
+    def __call__(self, queue: str, arguments: Mapping[str, Any]) -> StreamStore:
+        """The (unopened) store of stream queue `queue` with its `arguments`."""
+        ...
+
+    def rows_left(self, recent_ids: set[int], pack_id: int, data: bytes) -> bytes | None:
+        """What a stream's store (`recent_ids`: its `StreamContents.recent_ids`, from
+        which the ids found may be taken out) lacks of the committed pack `data`
+        (`PackedRows`) whose message id is `pack_id`: `data` when none of its rows, None
+        when all of them, else a pack of the rows it lacks."""
+        ...
+
+
+#: `OpenStream.rows_left`, on its own.
+RowsLeft = Callable[[set[int], int, bytes], bytes | None]
 
 
 class ExportError(Exception):
@@ -100,9 +121,12 @@ def export_lines(
     paged: Iterable[RecoveredMessage] = (),
     streams: Iterable[StreamStore] = (),
     large_messages: LargeMessageStore | None = None,
+    rows_left: RowsLeft | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The lines of an export (see the module docstring); `streams` are opened and read
-    here (and closed by the caller); `large_messages` holds large messages' bodies."""
+    here (and closed by the caller); `large_messages` holds large messages' bodies;
+    `rows_left` (`OpenStream.rows_left`) says what of a committed pack a stream's store
+    lacks (without it, a pack goes whole to every queue it was routed to)."""
     yield {"format": FORMAT, "version": VERSION, "created": int(time.time() * 1000)}
     stored = {store.name: store.open() for store in streams}
     for address in recovered.addresses:
@@ -113,36 +137,9 @@ def export_lines(
         yield {"type": "queue", **{k: v for k, v in queue.items() if k != "id"}}
     exported = 0
     for message in itertools.chain(recovered.messages, paged):
-        queues = {
-            names[qid]: count
-            for qid, count in message.queues.items()
-            if qid in names
-            and not (names[qid] in stored and message.id in stored[names[qid]].recent_ids)
-        }
-        if not queues:
-            continue
-        exported += 1
-        data = message.data
-        if message.large is not None:
-            data = _whole_large_message(message, large_messages)
-        line = {
-            "type": "message",
-            "id": message.id,
-            "address": message.address,
-            "expiration": message.expiration,
-            "priority": message.priority,
-            "queues": queues,
-            "data": base64.b64encode(data).decode("ascii"),
-        }
-        if message.paged:
-            line["paged"] = True
-        if message.data.__class__ is PackedRows:
-            line["packed"] = True
-        if message.large is not None:
-            line["large"] = True
-            line["head-size"] = len(message.data)
-            line["size"] = len(data)
-        yield line
+        for data, queues in _left(message, names, stored, rows_left):
+            exported += 1
+            yield _message_line(message, data, queues, large_messages)
     for duplicate in recovered.duplicate_ids:
         yield {
             "type": "duplicate-id",
@@ -170,6 +167,64 @@ def export_lines(
         "streams": len(stored),
         "stream-records": records,
     }
+
+
+def _left(
+    message: RecoveredMessage,
+    names: Mapping[int, str],
+    stored: Mapping[str, StreamContents],
+    rows_left: RowsLeft | None,
+) -> list[tuple[bytes, dict[str, int]]]:
+    """What of `message` its queues (name -> delivery count) still hold in the journal
+    alone, as the data each needs: a stream's store that holds the message (a crash
+    came between its append and the journal's delete) needs none of it, and one that
+    holds the first rows of a committed pack needs a pack of the others (`rows_left`);
+    queues that need the same data share it."""
+    packed = message.data.__class__ is PackedRows
+    left: dict[bytes, dict[str, int]] = {}
+    for qid, count in message.queues.items():
+        name = names.get(qid)
+        if name is None:
+            continue
+        store = stored.get(name)
+        data: bytes | None = message.data
+        if store is not None and packed and rows_left is not None:
+            data = rows_left(store.recent_ids, message.id, message.data)
+        elif store is not None and message.id in store.recent_ids:
+            data = None
+        if data is not None:
+            left.setdefault(data, {})[name] = count
+    return list(left.items())
+
+
+def _message_line(
+    message: RecoveredMessage,
+    data: bytes,
+    queues: dict[str, int],
+    large_messages: LargeMessageStore | None,
+) -> dict[str, Any]:
+    """The "message" line of `message` for `queues`, holding `data` (its own, or what a
+    stream lacks of its pack)."""
+    if message.large is not None:
+        data = _whole_large_message(message, large_messages)
+    line = {
+        "type": "message",
+        "id": message.id,
+        "address": message.address,
+        "expiration": message.expiration,
+        "priority": message.priority,
+        "queues": queues,
+        "data": base64.b64encode(data).decode("ascii"),
+    }
+    if message.paged:
+        line["paged"] = True
+    if message.data.__class__ is PackedRows:
+        line["packed"] = True
+    if message.large is not None:
+        line["large"] = True
+        line["head-size"] = len(message.data)
+        line["size"] = len(data)
+    return line
 
 
 def _whole_large_message(message: RecoveredMessage, store: LargeMessageStore | None) -> bytes:
@@ -211,7 +266,11 @@ def export(
     streams = _streams(recovered, open_stream)
     try:
         for line in export_lines(
-            recovered, paged(recovered) if paged else (), streams, large_messages
+            recovered,
+            paged(recovered) if paged else (),
+            streams,
+            large_messages,
+            open_stream.rows_left if open_stream else None,
         ):
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
             end = line

@@ -188,7 +188,7 @@ class PageStore(Protocol):
 # --------------------------------------------------------------------------- streams
 
 #: One stream record as stored: (sequence number, enqueue time in ms since the epoch,
-#: broker message id, the message's bytes as delivered).
+#: broker message id (unsigned 64-bit), the message's bytes as delivered).
 StreamRecord = tuple[int, int, int, bytes]
 
 

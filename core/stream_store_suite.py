@@ -137,6 +137,19 @@ class StreamStoreConformance:
         again.append(records(5, 1))  # appends go on after a reopen
         assert again.read(4, 6, 10)[0] == as_read(records(4, 2))
 
+    def test_message_ids_use_all_64_bits(self, opened: OpenStore, tmp_path: Path) -> None:
+        """A message id is an unsigned 64-bit number: a committed pack's rows are stored
+        with ids from 2**63 up (`scow.plugins.spark.records.row_id`)."""
+        ids = [0, (1 << 63) - 1, 1 << 63, (1 << 63) | 5 << 14 | 3, (1 << 64) - 1]
+        store = opened(tmp_path, "events", 1 << 20)
+        store.open()
+        written = [(seq, 1000 + seq, ids[seq], b"r%d" % seq) for seq in range(len(ids))]
+        store.append(written)
+        store.close()
+        contents = opened(tmp_path, "events", 1 << 20).open()
+        assert contents.recent_ids == set(ids)
+        assert contents.next_seq == len(ids)
+
     def test_streams_of_one_place_are_kept_apart(self, opened: OpenStore, tmp_path: Path) -> None:
         one, other = opened(tmp_path, "one", 1 << 20), opened(tmp_path, "other", 1 << 20)
         one.open()

@@ -31,6 +31,20 @@ from scow.plugins.database_store.settings import DatabaseSettings, resolve
 #: so that segment-bytes and retention-bytes mean about the same on either store.
 RECORD_OVERHEAD = 32
 
+#: Message ids are unsigned 64-bit (a committed pack's rows have ids from 2**63 up:
+#: `scow.plugins.spark.records.row_id`); the column is a signed BIGINT, so an id is
+#: stored as the signed number of its 64 bits.
+_ID_WRAP = 1 << 64
+_SIGNED_MAX = (1 << 63) - 1
+
+
+def _stored_id(message_id: int) -> int:
+    return message_id - _ID_WRAP if message_id > _SIGNED_MAX else message_id
+
+
+def _message_id(stored: int) -> int:
+    return stored + _ID_WRAP if stored < 0 else stored
+
 
 class DatabaseStreamStore:
     """The records of one stream in the database; one thread writes, any thread reads."""
@@ -86,11 +100,12 @@ class DatabaseStreamStore:
         recent: set[int] = set()
         if segments:
             since = segments[-2:][0][0]
-            recent = set(
-                conn.execute(
+            recent = {
+                _message_id(stored)
+                for stored in conn.execute(
                     sa.select(r.message_id).where(r.stream_id == self._stream_id, r.seq >= since)
                 ).scalars()
-            )
+            }
         with self._lock:
             self._segments = segments
         return StreamContents([StreamSegment(*s) for s in segments], next_seq, recent)
@@ -117,7 +132,7 @@ class DatabaseStreamStore:
                     "seq": seq,
                     "segment": segment[0],
                     "enqueued": enqueued,
-                    "message_id": message_id,
+                    "message_id": _stored_id(message_id),
                     "data": data,
                 }
             )

@@ -121,6 +121,9 @@ class Client:
         #: Links closed, freed once the broker has answered (`_close_link`).
         self._closing: list[Any] = []
         self.closed = False
+        #: When the connection was opened and when the broker's last bytes came: a wait
+        #: that times out says both (a broker that went silent, or one slow to answer).
+        self._opened_at = self._heard_at = time.monotonic()
         engine.client_open(self.connection, f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.session = engine.new_session(self.connection)
         self._management: tuple[Any, Any, str] | None = None
@@ -163,6 +166,7 @@ class Client:
             self._check_connection()
             raise ClientError("the broker closed the connection")
         engine.transport_push(self.transport, self._in, got)
+        self._heard_at = time.monotonic()
         return True
 
     def _check_connection(self) -> None:
@@ -183,8 +187,14 @@ class Client:
                 self._check_link(link, what)
             else:
                 self._check_connection()
-            if time.monotonic() > deadline:
-                raise ClientError(f"timed out after {self.endpoint.timeout} s: {what}")
+            now = time.monotonic()
+            if now > deadline:
+                raise ClientError(
+                    f"timed out after {self.endpoint.timeout} s: {what} (the broker "
+                    f"{self.endpoint.host}:{self.endpoint.port} last sent anything "
+                    f"{now - self._heard_at:.1f} s ago, on a connection opened "
+                    f"{now - self._opened_at:.1f} s ago)"
+                )
             self._pump(0.05)
 
     def usable(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,8 @@ from scow.core.config import ConfigError, ConfigSection, Setting
 from scow.core.model import InvalidField, NotFound
 from scow.plugins.spark import staging
 from scow.plugins.spark.cursors import now_ms
-from scow.plugins.spark.stream import DEFAULT_SEGMENT_BYTES, StreamQueue
+from scow.plugins.spark.records import MalformedPack, rows_after, rows_in
+from scow.plugins.spark.stream import DEFAULT_SEGMENT_BYTES, StreamQueue, stored_rows
 
 if TYPE_CHECKING:
     from scow.core.broker import Broker
@@ -66,9 +67,7 @@ _STREAMS: weakref.WeakKeyDictionary[Any, Streams] = weakref.WeakKeyDictionary()
 READERS = 4
 
 
-def stream_store_opener(
-    stores: Mapping[str, StreamStoreBackend], config: Config
-) -> Callable[[str, Mapping[str, Any]], StreamStore]:
+def stream_store_opener(stores: Mapping[str, StreamStoreBackend], config: Config) -> StreamOpener:
     """What builds the store of a stream queue (name, arguments) on the stream store
     `[spark] stream-store` names, by default the one named like `[broker] journal` (else
     file); ConfigError naming the setting and the stores available."""
@@ -102,14 +101,43 @@ def stream_store_backend(
 
 def opener(
     backend: StreamStoreBackend, data_dir: Path, settings: Mapping[str, Any]
-) -> Callable[[str, Mapping[str, Any]], StreamStore]:
+) -> StreamOpener:
     """What builds the store of a stream queue (name, arguments) on `backend`."""
+    return StreamOpener(backend, data_dir, settings)
 
-    def open_stream(queue: str, arguments: Mapping[str, Any]) -> StreamStore:
+
+class StreamOpener:
+    """Builds the store of a stream queue (name, arguments) on a backend: the broker's
+    streams and `scow data export`/`import` reach stream stores through it
+    (`scow.core.export.OpenStream`), and an export also asks it what of a committed pack
+    a store lacks (`rows_left`)."""
+
+    def __init__(
+        self, backend: StreamStoreBackend, data_dir: Path, settings: Mapping[str, Any]
+    ) -> None:
+        self.backend = backend
+        self.data_dir = data_dir
+        self.settings = settings
+
+    def __call__(self, queue: str, arguments: Mapping[str, Any]) -> StreamStore:
         segment_bytes = int(arguments.get("segment-bytes", DEFAULT_SEGMENT_BYTES))
-        return backend.factory(data_dir, queue, segment_bytes, settings)
+        return self.backend.factory(self.data_dir, queue, segment_bytes, self.settings)
 
-    return open_stream
+    @staticmethod
+    def rows_left(recent_ids: set[int], pack_id: int, data: bytes) -> bytes | None:
+        """The rows of the committed pack `data` (journal message `pack_id`) a stream's
+        store lacks, by the rule its recovery appends them by (`stored_rows`, which takes
+        the ids it finds out of `recent_ids`): `data` itself when it holds none, None when
+        it holds them all, else a pack of the rest. A malformed pack comes back whole:
+        the stream of the broker that imports it refuses it, as its own would have."""
+        try:
+            rows = rows_in(data)
+        except MalformedPack:
+            return data
+        first = stored_rows(recent_ids, pack_id, rows)
+        if first == rows:
+            return None
+        return data if first == 0 else rows_after(data, first)
 
 
 class Streams:

@@ -105,9 +105,13 @@ def pack(messages: list[bytes], *, durable: bool = False) -> bytes:
     its length (uint32); `durable`: after a durable header (a pack staged by the sink must
     be journaled like the rows it holds). Delivered as one transfer, they cost the broker
     and the reader one delivery instead of one each (`scow:stream-pack`)."""
+    return _packed(DURABLE_HEADER if durable else b"", messages)
+
+
+def _packed(head: bytes, messages: list[bytes]) -> bytes:
+    """`pack`'s bytes after the header section `head` (or none: b"")."""
     pack_uint = _UINT.pack
     payload = b"".join([part for m in messages for part in (pack_uint(len(m)), m)])
-    head = DURABLE_HEADER if durable else b""
     return (
         head + PACK_PREFIX + pack_uint(len(messages)) + _DATA32 + pack_uint(len(payload)) + payload
     )
@@ -213,6 +217,12 @@ def _walk(data: bytes, cut: bool) -> list[Any]:
     if at != end:
         raise MalformedPack(f"pack of {count} records: {end - at} bytes after its last record")
     return found
+
+
+def rows_after(data: bytes, first: int) -> bytes:
+    """A pack of the rows of the pack `data` from row `first` on, after `data`'s own
+    header (a committed pack's durable one); MalformedPack as for `spans`."""
+    return _packed(data[: _pack_start(data)], _walk(data, True)[first:])
 
 
 def rows_in(data: bytes) -> int:

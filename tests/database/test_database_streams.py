@@ -109,3 +109,31 @@ def test_export_and_import_carry_streams_between_files_and_a_database(
         assert _read(on_files) == expected
     finally:
         on_files.stop()
+
+
+def test_a_spark_commit_stores_its_packed_rows_in_a_stream_on_the_database(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A committed pack's rows are stored with ids from 2**63 up (`row_id`); the
+    database's signed id column once refused them, and the stream's writer retried for
+    ever with every row held in the journal."""
+    pa = pytest.importorskip("pyarrow")
+    from scow.plugins.spark.source import Options, commit, stage
+    from tests.spark.conftest import stream_bodies
+
+    config = _config(tmp_path, "db", database_url)
+    bodies = [b"r%05d" % i for i in range(1500)]  # packs of several rows each
+    broker = BrokerThread(config).start()
+    try:
+        options = Options.parse({"url": broker.url, "address": "s"})
+        batch = pa.RecordBatch.from_arrays([pa.array(bodies)], ["body"])
+        commit(options, "sink", 0, [stage(options, "sink", 0, iter([batch]))])
+        wait_stream(broker, "s", len(bodies))
+        assert broker.call(lambda: broker.broker.queues["s"].stats()["write-errors"]) == 0
+    finally:
+        broker.stop()
+    broker = BrokerThread(config).start()  # from the database, once each
+    try:
+        assert stream_bodies(broker.url, "s", len(bodies)) == bodies
+    finally:
+        broker.stop()

@@ -119,3 +119,37 @@ def test_a_kept_connection_holds_no_link_of_the_reads_it_served(tmp_path: Path):
         client.close()
     finally:
         broker.stop()
+
+
+def test_a_call_to_a_broker_gone_silent_times_out_saying_how_long_it_was_silent(
+    tmp_path: Path,
+):
+    """A broker that stops answering (here stopped with SIGSTOP) fails the call after the
+    endpoint's timeout, and the error tells a silent broker from a slow answer: how long
+    ago the broker last sent anything, on a connection how old."""
+    import signal
+
+    from scow.plugins.spark.client import Client, ClientError, Endpoint
+
+    port = free_port()
+    tables = broker_config(
+        tmp_path / "data", plugins=PLUGINS, sections={"queues": {"s": stream()}}, port=port
+    )
+    broker = BrokerProcess(write_config(tmp_path / "scow.toml", tables), port, tmp_path / "log")
+    broker.start()
+    try:
+        client = Client(Endpoint.parse(broker.url, timeout=1.0))
+        assert client.call("stream", "s", "READ")["next-sequence"] == 0
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGSTOP)
+        with pytest.raises(ClientError) as raised:
+            client.call("stream", "s", "READ")
+        message = str(raised.value)
+        assert message.startswith("timed out after 1.0 s: READ stream 's' (the broker 127.0.0.1:")
+        silent = float(message.split("last sent anything ")[1].split(" s ago")[0])
+        assert 1.0 <= silent < 10
+        client.close()
+    finally:
+        if broker.proc is not None:
+            broker.proc.send_signal(signal.SIGCONT)
+        broker.kill()
