@@ -1,12 +1,14 @@
 """A closed page's index: its message records' fields as columns, read without a walk.
 
-The pager notes each record's head as it pages it (`PageIndex.add`: one slice appended
-to a bytearray) and, when it closes the page, writes the index as a record of its own
-just before the summary (flag `record.INDEX`, routed to no queue, so every reader of
-messages passes over it as it passes over the summary). The page writer seals it with
-the CRC-32 of every byte of the page before it (`seal`), which only the writer knows:
-it appended them. A reader that finds the index checks its frame's CRC and that region
-CRC, two calls over the whole page, and gets every record's fields with one unpack per
+The page writer notes the head of each record it appends to a page (`PageIndex.note`,
+once per batch: two C-level passes, nothing per record in Python) and, when the pager
+closes the page, writes the index as a record of its own just before the summary (flag
+`record.INDEX`, routed to no queue, so every reader of messages passes over it as it
+passes over the summary), sealed with the CRC-32 of every byte of the page before it
+(`seal`), which only the writer knows: it appended them. Its columns are cut out of the
+noted heads with strided slice copies, so a page's close costs no Python per record
+either. A reader that finds the index checks its frame's CRC and that region CRC, two
+calls over the whole page, and gets every record's fields with one conversion per
 column (`read`) instead of walking the frames in Python.
 
     version       u8    1
@@ -15,7 +17,7 @@ column (`read`) instead of walking the frames in Python.
     region CRC    u32   CRC-32 of the page's bytes before it
     routes        u16   distinct sets of queues the records are routed to
     transactions  u32   records sent in a transaction
-    columns, little-endian, `count` entries each, in page order:
+    columns, big-endian, `count` entries each, in page order:
       offset u32 (the record's frame), message id u64, expiration u64,
       flags << 8 | priority u16, route u16 (an index into the route table)
     route table: per route, its queue count u16 and queue ids u64 each
@@ -33,6 +35,8 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import itemgetter
 from typing import Final
 
 from scow.core.page_frames import HEADER_SIZE, crc32
@@ -40,16 +44,21 @@ from scow.plugins.paging.record import HEAD, INDEX
 
 _VERSION: Final = 1
 #: version, count, region end, region CRC, routes, transactions
-_FIXED = struct.Struct("<BIIIHI")
+_FIXED = struct.Struct(">BIIIHI")
 #: Where the region CRC sits in the index's payload (the writer fills it in).
 _CRC_AT: Final = HEAD.size + 9
-#: What the pager keeps of each record while its page is written: its head and first
-#: queue id, as `record.encode` lays them out.
-_ROW = struct.Struct(">QQQBBHQ")
+#: What the writer keeps of each record while its page is written: its head and first
+#: queue id, as `record.encode` lays them out (id, expiration, tx id, flags, priority,
+#: queue count, first queue id).
+_ROW: Final = HEAD.size + 8
+_HEAD_OF = itemgetter(slice(0, _ROW))
+#: (offset in a row, bytes) of the fields the columns take.
+_ID, _EXPIRATION, _TX, _KEY, _COUNT, _FIRST = (0, 8), (8, 8), (16, 8), (24, 2), (26, 2), (28, 8)
+_ONE_QUEUE = b"\x00\x01"
 #: The largest page offset a u32 column holds: a larger page is not indexed.
 _MAX_OFFSET: Final = 0xFFFF_FFFF
 _MAX_ROUTES: Final = 0xFFFF
-_BIG_ENDIAN = sys.byteorder == "big"
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 for _code, _size in (("I", 4), ("Q", 8), ("H", 2)):
     if array(_code).itemsize != _size:  # pragma: no cover - every platform we build on
@@ -57,97 +66,97 @@ for _code, _size in (("I", 4), ("Q", 8), ("H", 2)):
 
 
 def _column(code: str, values: Sequence[int]) -> bytes:
+    """`values` as a big-endian column."""
     column = array(code, values)
-    if _BIG_ENDIAN:  # pragma: no cover
+    if _LITTLE_ENDIAN:
         column.byteswap()
     return column.tobytes()
 
 
 def _ints(code: str, data: bytes | memoryview) -> list[int]:
+    """A big-endian column's values."""
     column = array(code)
     column.frombytes(data)
-    if _BIG_ENDIAN:  # pragma: no cover
+    if _LITTLE_ENDIAN:
         column.byteswap()
     return column.tolist()
 
 
-class PageIndex:
-    """The index of the page being written: filled as records are paged, encoded when
-    the page closes (on the loop), sealed by the page writer."""
+def _field(rows: bytes, count: int, field: tuple[int, int]) -> bytes:
+    """One field of every row as a column of its bytes (big-endian, as in the record):
+    one strided copy per byte of the field."""
+    at, size = field
+    column = bytearray(size * count)
+    for k in range(size):
+        column[k::size] = rows[at + k :: _ROW]
+    return bytes(column)
 
-    __slots__ = ("_encoded", "heads", "offsets", "routes")
+
+class PageIndex:
+    """The index of a page being written: noted by the page writer as it appends the
+    page's records, sealed by it when the page closes."""
+
+    __slots__ = ("heads", "lengths", "routes", "size")
 
     def __init__(self) -> None:
-        #: Each record's `_ROW`: its header and first queue id, sliced from its bytes.
+        #: Each record's head and first queue id (`_ROW` bytes), in page order.
         self.heads = bytearray()
-        #: Each record's page offset.
-        self.offsets = array("Q")
-        #: record number -> its queue ids, for records routed to more than one queue.
+        #: Each record's length (its frame's payload).
+        self.lengths = array("Q")
+        #: record number -> its queue ids, for records routed to more than one queue
+        #: (the pager notes them: the head holds the first only).
         self.routes: dict[int, bytes] = {}
-        self._encoded: bytearray | None = None
+        #: Bytes of the sealed index record (0: none was).
+        self.size = 0
 
-    def add(self, offset: int, data: bytes, queues: int) -> None:
-        """One more record, paged at `offset`: `data` as `record.encode` made it."""
-        if queues > 1:
-            self.routes[len(self.offsets)] = data[HEAD.size : HEAD.size + 8 * queues]
-        self.heads += data[: _ROW.size]
-        self.offsets.append(offset)
-
-    def __len__(self) -> int:
-        """Bytes of the index record once closed (0: the page has none)."""
-        return len(self._encoded) if self._encoded is not None else 0
-
-    def close(self, end: int) -> int:
-        """Encode the index of the page closed at `end` (its region CRC is left for
-        `seal`); returns its record's size, 0 when the page cannot be indexed (too large
-        for the offsets, too many routes). Frees what the builder held."""
-        heads, offsets, multi = self.heads, self.offsets, self.routes
-        self.heads, self.offsets, self.routes = bytearray(), array("Q"), {}
-        count = len(offsets)
-        if not count or end > _MAX_OFFSET:
-            return 0
-        ids, expirations, txs, flags, priorities, _n, firsts = zip(
-            *_ROW.iter_unpack(heads), strict=True
-        )
-        # most pages: every record to the same queue, or the same set of queues
-        if not multi and firsts.count(firsts[0]) == count:
-            table: dict[bytes, int] = {firsts[0].to_bytes(8, "big"): 0}
-            routes = [0] * count
-        else:
-            table = {}
-            routes = [
-                table.setdefault(multi.get(i) or first.to_bytes(8, "big"), len(table))
-                for i, first in enumerate(firsts)
-            ]
-            if len(table) > _MAX_ROUTES:
-                return 0
-        tx_at = [i for i, tx in enumerate(txs) if tx] if any(txs) else []
-        keys = [f << 8 | p for f, p in zip(flags, priorities, strict=True)]
-        parts = [
-            HEAD.pack(0, 0, 0, INDEX, 0, 0),
-            _FIXED.pack(_VERSION, count, end, 0, len(table), len(tx_at)),
-            _column("I", offsets),
-            _column("Q", ids),
-            _column("Q", expirations),
-            _column("H", keys),
-            _column("H", routes),
-        ]
-        for ids_bytes in table:
-            n = len(ids_bytes) // 8
-            parts += [struct.pack("<H", n), _column("Q", struct.unpack(f">{n}Q", ids_bytes))]
-        parts += [_column("I", tx_at), _column("Q", [txs[i] for i in tx_at])]
-        self._encoded = bytearray(b"".join(parts))
-        return len(self._encoded)
+    def note(self, records: Sequence[bytes]) -> None:
+        """`records` were appended to the page, after those noted before (writer thread)."""
+        self.heads += b"".join(map(_HEAD_OF, records))
+        self.lengths.extend(map(len, records))
 
     def seal(self, size: int, crc: int) -> bytes | None:
-        """The encoded index with the CRC of the page's first `size` bytes (what the
-        store appended), or None when they are not the records it indexes (a write the
-        store refused, a page it did not write from its start)."""
-        encoded, self._encoded = self._encoded, None
-        if encoded is None or _FIXED.unpack_from(encoded, HEAD.size)[2] != size:
+        """The index record of the page whose first `size` bytes (CRC `crc`) the store
+        appended, or None when they are not the records noted (a write the store refused,
+        a page it did not write from its start), or the page cannot be indexed (too
+        large for the offsets, too many routes). Frees what was noted."""
+        heads, lengths, multi = bytes(self.heads), self.lengths, self.routes
+        self.heads, self.lengths, self.routes = bytearray(), array("Q"), {}
+        count = len(lengths)
+        offsets = list(accumulate(map(HEADER_SIZE.__add__, lengths), initial=0))
+        if not count or offsets.pop() != size or size > _MAX_OFFSET:
             return None
-        struct.pack_into("<I", encoded, _CRC_AT, crc)
-        return bytes(encoded)
+        counts, firsts = _field(heads, count, _COUNT), _field(heads, count, _FIRST)
+        if not multi and counts == _ONE_QUEUE * count and firsts == firsts[:8] * count:
+            table: dict[bytes, int] = {firsts[:8]: 0}  # the common page: one queue
+            routes = bytes(2 * count)
+        else:
+            table = {}
+            routes = _column(
+                "H",
+                [
+                    table.setdefault(multi.get(i) or firsts[8 * i : 8 * i + 8], len(table))
+                    for i in range(count)
+                ],
+            )
+            if len(table) > _MAX_ROUTES:
+                return None
+        txs = _field(heads, count, _TX)
+        tx_at = [i for i, tx in enumerate(_ints("Q", txs)) if tx] if any(txs) else []
+        parts = [
+            HEAD.pack(0, 0, 0, INDEX, 0, 0),
+            _FIXED.pack(_VERSION, count, size, crc, len(table), len(tx_at)),
+            _column("I", offsets),
+            _field(heads, count, _ID),
+            _field(heads, count, _EXPIRATION),
+            _field(heads, count, _KEY),
+            routes,
+        ]
+        for queue_ids in table:
+            parts += [struct.pack(">H", len(queue_ids) // 8), queue_ids]
+        parts += [_column("I", tx_at), b"".join(txs[8 * i : 8 * i + 8] for i in tx_at)]
+        sealed = b"".join(parts)
+        self.size = len(sealed)
+        return sealed
 
 
 class Columns:
@@ -202,7 +211,7 @@ def read(buf: bytes, at: int) -> Columns | None:
             setattr(columns, name, _ints(code, view[pos : pos + size * count]))
             pos += size * count
         for _ in range(routes):
-            (n,) = struct.unpack_from("<H", buf, pos)
+            (n,) = struct.unpack_from(">H", buf, pos)
             columns.route_ids.append(tuple(_ints("Q", view[pos + 2 : pos + 2 + 8 * n])))
             pos += 2 + 8 * n
         tx_at = _ints("I", view[pos : pos + 4 * txs])

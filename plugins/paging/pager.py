@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -384,14 +385,17 @@ class AddressPager:
             info = self.pages[page] = PageInfo(page)
             if getattr(self.store, "appended", None) is not None:
                 info.index = PageIndex()
+                self.manager.writer.index_page(self.store, page, info.index)
         end = offset + HEADER_SIZE + len(data)
         if (body := large_body(message.data)) is not None:
             self.broker.large_messages.page_hold(body)
             info.large.append(body.file_id)
         info.records += 1
         info.size = end
-        if info.index is not None:
-            info.index.add(offset, data, len(queues))
+        if info.index is not None and len(queues) > 1:  # the writer notes the first queue
+            info.index.routes[info.records - 1] = data[
+                record.HEAD.size : record.HEAD.size + 8 * len(queues)
+            ]
         info.note_expiration(message.expiration)
         summary = info.summary
         if summary is not None and summary.complete:
@@ -498,10 +502,9 @@ class AddressPager:
             # past the page's size: cursors stop before them, readers and recovery use them
             writer = self.manager.writer
             index, info.index = info.index, None
-            if index is not None and (size := index.close(end)):
-                writer.submit(self.store, old, index, False, None)
+            if index is not None:
+                writer.close_page(self.store, old, partial(self._indexed, info, index))
                 info.index_at = end
-                info.trailer += HEADER_SIZE + size
             if info.summary is not None:
                 summary = record.encode_summary(info.summary.encode())
                 writer.submit(self.store, old, summary, False, None)
@@ -513,6 +516,12 @@ class AddressPager:
             if cursor.page == old and cursor.offset == end:
                 cursor.page, cursor.offset = self.write_page, 0
         self._maybe_delete(old)
+
+    def _indexed(self, info: PageInfo, index: PageIndex) -> None:
+        """The writer wrote `info`'s page's index (or could not: size 0): count its bytes."""
+        if index.size and self.pages.get(info.number) is info:
+            info.trailer += HEADER_SIZE + index.size
+            self.paged_bytes += HEADER_SIZE + index.size
 
     def _page_limit(self) -> str | None:
         """The page limit this address has reached, named for the producer, or None."""

@@ -5,9 +5,10 @@ appends each store's records with one write per page, syncs the stores that hold
 durable record (once each: group commit, waiting `page-sync-timeout` first so that one
 sync covers more producers), and hands the completions back to the event loop in one
 call. Deletions go through the same thread, so they are ordered after the writes. So
-is a closing page's index (`scow.plugins.paging.index`): the writer seals it with the
-CRC of what it appended to the page before it, which only the store that wrote the page
-knows (`FilePageStore.appended`); a store that cannot tell writes pages without one.
+is a page's index (`scow.plugins.paging.index`): the writer notes the records it appends
+to an indexed page (`index_page`), once per write, and when the page closes
+(`close_page`) seals the index with the CRC of what it appended to the page, which only
+the store that wrote the page knows (`FilePageStore.appended`), and appends it.
 
 A full file system does not stop it. An append that meets ENOSPC (the store cuts what it
 half wrote) is held with everything queued after it for that store, producers are held
@@ -73,6 +74,8 @@ class PageWriter:
         #: Items a full file system refused, in order (writer thread only).
         self._held: list[_Item] = []
         self._stopping = False
+        #: (store id, page) -> the index noting that page's records (see `index_page`).
+        self._indexes: dict[tuple[int, int], PageIndex] = {}
         self._no_room = ""  # the last refusal, for logs
         self.syncs = 0
         self.writes = 0
@@ -80,12 +83,7 @@ class PageWriter:
         self._thread.start()
 
     def submit(
-        self,
-        store: PageStore,
-        page: int,
-        record: bytes | PageIndex,
-        sync: bool,
-        on_done: Completion | None,
+        self, store: PageStore, page: int, record: bytes, sync: bool, on_done: Completion | None
     ) -> None:
         """Queue a record (on the loop); the writer gets it at the end of this loop turn."""
         if not self._submitted:
@@ -112,6 +110,23 @@ class PageWriter:
         if hold != self._held_back:
             self._held_back = hold
             self._hold_producers(hold)
+
+    def index_page(self, store: PageStore, page: int, index: PageIndex) -> None:
+        """Note in `index` the records appended to `page` from now on (on the loop, before
+        the page's first record is submitted)."""
+        self._indexes[id(store), page] = index
+
+    def close_page(self, store: PageStore, page: int, on_done: Completion) -> None:
+        """Seal and append `page`'s index after the records submitted before (on the loop,
+        when the page closes); `on_done` runs once it is written (or was not: see
+        `PageIndex.size`). Nothing is counted in the backlog: the index is written by
+        the writer from what it noted."""
+        index = self._indexes.get((id(store), page))
+        if index is None:
+            return
+        if not self._submitted:
+            self._loop.call_soon(self._hand_over)
+        self._submitted.append((store, page, index, False, on_done))
 
     def delete(self, store: PageStore, page: int, on_done: Completion | None = None) -> None:
         if not self._submitted:
@@ -208,6 +223,9 @@ class PageWriter:
             else:
                 self.writes += 1
                 written += sum(map(len, records))
+                index = self._indexes.get((id(store), page))
+                if index is not None:
+                    index.note(records)
                 for item in pending:
                     if item[3]:
                         to_sync[id(store)] = store
@@ -230,16 +248,21 @@ class PageWriter:
                     self._held.append(item)
                     stalled[id(store)].add(page)
                     continue
-                written += len(record)  # type: ignore[arg-type]  # as submit counted it
+                self._indexes.pop((id(store), page), None)
                 self._seal(store, page, record)  # type: ignore[arg-type]
+                if on_done is not None:
+                    completions.append(on_done)
                 continue
             if record is None:
                 flush_pending()
                 if page < 0:
                     store.close()
+                    for key in [key for key in list(self._indexes) if key[0] == id(store)]:
+                        del self._indexes[key]  # pages never closed: their address is gone
                 else:
                     store.delete(page)
                     store.sync()
+                    self._indexes.pop((id(store), page), None)
                 if on_done is not None:
                     completions.append(on_done)
                 continue

@@ -9,7 +9,7 @@ from pathlib import Path
 from scow.core.page_frames import HEADER_SIZE, iter_frames
 from scow.plugins.paging import index as page_index
 from scow.plugins.paging.index import PageIndex
-from scow.plugins.paging.record import HEAD, encode
+from scow.plugins.paging.record import encode
 from scow.plugins.paging.store import FilePageStore
 from scow.plugins.paging.writer import PageWriter
 
@@ -46,36 +46,50 @@ def test_a_backlog_past_its_limit_holds_producers_until_half_is_written(tmp_path
     assert asyncio.run(run()) == [(True, 11_000), (False, 0)]
 
 
-def test_a_closing_page_s_index_is_sealed_and_leaves_no_backlog(tmp_path: Path) -> None:
-    """The index the pager submits when a page closes counts in the backlog as its
-    records do, and is written after them, sealed with the CRC of what they wrote."""
+def test_a_closing_page_s_index_is_sealed_after_its_records(tmp_path: Path) -> None:
+    """The writer notes an indexed page's records as it appends them, and when the page
+    closes appends the index after them, sealed with the CRC of what they wrote; the
+    backlog counts the records only."""
 
-    async def run() -> int:
+    async def run() -> list[int]:
         loop = asyncio.get_running_loop()
-        writer = PageWriter(loop, lambda completions: None, 0)
+        writer = PageWriter(
+            loop,
+            lambda completions: loop.call_soon_threadsafe(lambda: [c() for c in completions]),
+            0,
+        )
         store = FilePageStore(tmp_path, "orders")
+        sealed: list[int] = []
+        closed = asyncio.Event()
         try:
             for page in (1, 2):
                 index = PageIndex()
-                offset = 0
+                writer.index_page(store, page, index)
                 for i in range(20):
-                    data = encode(i, 0, 0, False, 4, [7], bytes(500))
-                    index.add(offset, data, 1)
-                    writer.submit(store, page, data, False, None)
-                    offset += HEADER_SIZE + len(data)
-                assert index.close(offset)
-                writer.submit(store, page, index, False, None)
+                    writer.submit(
+                        store, page, encode(i, 0, 0, False, 4, [7], bytes(500)), False, None
+                    )
+
+                def done(index: PageIndex = index) -> None:
+                    sealed.append(index.size)
+                    if len(sealed) == 2:
+                        closed.set()
+
+                writer.close_page(store, page, done)
+            await asyncio.wait_for(closed.wait(), 10)
             while writer.backlog:  # taken back on the loop as the writer reports it
                 await asyncio.sleep(0.01)
-            return writer.backlog
+            return sealed
         finally:
             writer.stop()
             store.close()
 
-    assert asyncio.run(asyncio.wait_for(run(), 10)) == 0
+    sizes = asyncio.run(run())
+    assert all(sizes)
     store = FilePageStore(tmp_path, "orders", repair=False)
-    for page in (1, 2):
+    for page, size in zip((1, 2), sizes, strict=True):
         buf = store.read(page)
-        (at, *_rest) = [start for start, p, _e in iter_frames(buf) if HEAD.unpack_from(buf, p)[3]]
+        *_records, (at, _payload, end) = list(iter_frames(buf))
+        assert end - at - HEADER_SIZE == size
         columns = page_index.read(buf, at)
         assert columns is not None and columns.ids == list(range(20))
