@@ -14,7 +14,8 @@ port, drives it with `scow perf client --mode send|receive|pairs`, and prints:
 5. --crash-count durable messages paged, SIGKILL, restart: seconds until it serves;
 6. drain (`--only drain`): --drain-count messages sent with no consumer, then received,
    from a broker that pages all of them (`max-size-bytes = 0`) and from one that keeps
-   them in memory, alternating --runs times: the medians and their ratio.
+   them in memory, alternating --runs times: the medians and their ratio, and the
+   broker's CPU per message on its event loop and on its other threads (the page reader).
 
     .venv/bin/python benchmarks/paging_bench.py            # the full figures (~15 min)
     .venv/bin/python benchmarks/paging_bench.py --quick    # every count / 100
@@ -114,6 +115,14 @@ class Broker:
         """User + system CPU time the broker process has used (all its threads)."""
         assert self.proc is not None
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def loop_cpu_seconds(self) -> float:
+        """User + system CPU time of the broker's main thread (its event loop); the rest
+        of `cpu_seconds` is its other threads' (the page reader and writer)."""
+        assert self.proc is not None
+        stat = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def kill(self) -> None:
@@ -285,6 +294,7 @@ def drain(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     machine: other processes' load stretches the time, not the work)."""
     rates: dict[str, list[float]] = {"pages": [], "memory": []}
     cpu: dict[str, list[float]] = {"pages": [], "memory": []}
+    loop_cpu: dict[str, list[float]] = {"pages": [], "memory": []}
     setups = {"pages": ("", "max-size-bytes = 0"), "memory": ('global-max-size = "8GiB"', "")}
     for run in range(args.runs):
         for name, (broker_cfg, settings) in setups.items():
@@ -294,17 +304,20 @@ def drain(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 url = f"{broker.url}/drain"
                 count, size = str(args.drain_count), str(args.size)
                 client(url, "--mode", "send", "--count", count, "--size", size)
-                before = broker.cpu_seconds()
+                before, loop_before = broker.cpu_seconds(), broker.loop_cpu_seconds()
                 got = client(url, "--mode", "receive", "--count", count, "--size", size)
                 used = broker.cpu_seconds() - before
+                loop_used = broker.loop_cpu_seconds() - loop_before
             finally:
                 broker.stop()
             rates[name].append(got["receive_rate"])
             cpu[name].append(used / args.drain_count * 1e6)
+            loop_cpu[name].append(loop_used / args.drain_count * 1e6)
     pages, memory = statistics.median(rates["pages"]), statistics.median(rates["memory"])
     return {
         "runs": rates,
         "cpu": cpu,
+        "loop_cpu": loop_cpu,
         "pages": pages,
         "memory": memory,
         "ratio": pages / memory,
@@ -368,9 +381,15 @@ def main() -> int:
             for name in ("pages", "memory"):
                 runs = ", ".join(f"{rate:,.0f}" for rate in d["runs"][name])
                 cpu = ", ".join(f"{us:.1f}" for us in d["cpu"][name])
+                loop = statistics.median(d["loop_cpu"][name])
+                others = statistics.median(
+                    total - on_loop
+                    for total, on_loop in zip(d["cpu"][name], d["loop_cpu"][name], strict=True)
+                )
                 print(f"  from {name:<6} median {d[name]:>9,.0f} msg/s (runs {runs}); "
                       f"broker CPU per message {statistics.median(d['cpu'][name]):.1f} us "
-                      f"(runs {cpu})")  # fmt: skip
+                      f"(runs {cpu}; medians: its loop {loop:.2f}, "
+                      f"its other threads {others:.2f})")  # fmt: skip
             print(f"  ratio pages / memory {d['ratio']:.2f} by rate, "
                   f"{d['cpu_ratio']:.2f} by CPU per message (memory's / pages')")  # fmt: skip
     return 0
