@@ -382,9 +382,12 @@ def main() -> int:
                 runs = ", ".join(f"{rate:,.0f}" for rate in d["runs"][name])
                 cpu = ", ".join(f"{us:.1f}" for us in d["cpu"][name])
                 loop = statistics.median(d["loop_cpu"][name])
-                others = statistics.median(
-                    total - on_loop
-                    for total, on_loop in zip(d["cpu"][name], d["loop_cpu"][name], strict=True)
+                others = max(
+                    0.0,
+                    statistics.median(
+                        total - on_loop
+                        for total, on_loop in zip(d["cpu"][name], d["loop_cpu"][name], strict=True)
+                    ),
                 )
                 print(f"  from {name:<6} median {d[name]:>9,.0f} msg/s (runs {runs}); "
                       f"broker CPU per message {statistics.median(d['cpu'][name]):.1f} us "
