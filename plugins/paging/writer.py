@@ -294,6 +294,7 @@ class PageWriter:
         try:
             store.append(page, [sealed])
         except (OSError, ValueError) as exc:
+            index.size = 0  # not on disk: nothing to count
             log.warning(
                 "page index not written: the page is read without it", page=page, error=str(exc)
             )
