@@ -6,10 +6,11 @@ closes the page, writes the index as a record of its own just before the summary
 `record.INDEX`, routed to no queue, so every reader of messages passes over it as it
 passes over the summary), sealed with the CRC-32 of every byte of the page before it
 (`seal`), which only the writer knows: it appended them. Its columns are cut out of the
-noted heads with strided slice copies, so a page's close costs no Python per record
-either. A reader that finds the index checks its frame's CRC and that region CRC, two
-calls over the whole page, and gets every record's fields with one conversion per
-column (`read`) instead of walking the frames in Python.
+noted heads with strided slice copies, so the close of a page whose records all go
+to one queue and none in a transaction costs no Python per record either (the others
+look up each record's route and transaction). A reader that finds the index checks its
+frame's CRC and that region CRC, two calls over the whole page, and gets every record's
+fields with one conversion per column (`read`) instead of walking the frames in Python.
 
     version       u8    1
     count         u32   message records in the page, all of them before the index
@@ -45,8 +46,6 @@ from scow.plugins.paging.record import HEAD, INDEX
 _VERSION: Final = 1
 #: version, count, region end, region CRC, routes, transactions
 _FIXED = struct.Struct(">BIIIHI")
-#: Where the region CRC sits in the index's payload (the writer fills it in).
-_CRC_AT: Final = HEAD.size + 9
 #: What the writer keeps of each record while its page is written: its head and first
 #: queue id, as `record.encode` lays them out (id, expiration, tx id, flags, priority,
 #: queue count, first queue id).
@@ -96,7 +95,7 @@ class PageIndex:
     """The index of a page being written: noted by the page writer as it appends the
     page's records, sealed by it when the page closes."""
 
-    __slots__ = ("heads", "lengths", "routes", "size")
+    __slots__ = ("heads", "lengths", "routes", "size", "spoiled")
 
     def __init__(self) -> None:
         #: Each record's head and first queue id (`_ROW` bytes), in page order.
@@ -108,6 +107,9 @@ class PageIndex:
         self.routes: dict[int, bytes] = {}
         #: Bytes of the sealed index record (0: none was).
         self.size = 0
+        #: An append of the page's records was refused (not noted): the pager's count of
+        #: them, which `routes` is keyed by, no longer matches the notes, so no index.
+        self.spoiled = False
 
     def note(self, records: Sequence[bytes]) -> None:
         """`records` were appended to the page, after those noted before (writer thread)."""
@@ -117,10 +119,13 @@ class PageIndex:
     def seal(self, size: int, crc: int) -> bytes | None:
         """The index record of the page whose first `size` bytes (CRC `crc`) the store
         appended, or None when they are not the records noted (a write the store refused,
-        a page it did not write from its start), or the page cannot be indexed (too
-        large for the offsets, too many routes). Frees what was noted."""
+        a page it did not write from its start, an append of it that was refused), or the
+        page cannot be indexed (too large for the offsets, too many routes). Frees what
+        was noted."""
         heads, lengths, multi = bytes(self.heads), self.lengths, self.routes
         self.heads, self.lengths, self.routes = bytearray(), array("Q"), {}
+        if self.spoiled:
+            return None
         count = len(lengths)
         offsets = list(accumulate(map(HEADER_SIZE.__add__, lengths), initial=0))
         if not count or offsets.pop() != size or size > _MAX_OFFSET:

@@ -68,7 +68,8 @@ class PageInfo:
     #: Files of the large messages its records refer to (released when it is deleted).
     large: list[int] = field(default_factory=list)
     #: The index being built while the page is written (None once closed, or when its
-    #: store cannot seal one); then the page offset of its index record (0: none).
+    #: store cannot seal one); then the page offset of its index record, once written
+    #: (0: none).
     index: PageIndex | None = None
     index_at: int = 0
     #: Bytes written after `size` when it closed (its index and summary records).
@@ -503,8 +504,7 @@ class AddressPager:
             writer = self.manager.writer
             index, info.index = info.index, None
             if index is not None:
-                writer.close_page(self.store, old, partial(self._indexed, info, index))
-                info.index_at = end
+                writer.close_page(self.store, old, partial(self._indexed, info, index, end))
             if info.summary is not None:
                 summary = record.encode_summary(info.summary.encode())
                 writer.submit(self.store, old, summary, False, None)
@@ -517,9 +517,11 @@ class AddressPager:
                 cursor.page, cursor.offset = self.write_page, 0
         self._maybe_delete(old)
 
-    def _indexed(self, info: PageInfo, index: PageIndex) -> None:
-        """The writer wrote `info`'s page's index (or could not: size 0): count its bytes."""
+    def _indexed(self, info: PageInfo, index: PageIndex, at: int) -> None:
+        """The writer wrote `info`'s page's index at page offset `at` (or could not: size
+        0): count its bytes; readers use it from now on."""
         if index.size and self.pages.get(info.number) is info:
+            info.index_at = at
             info.trailer += HEADER_SIZE + index.size
             self.paged_bytes += HEADER_SIZE + index.size
 

@@ -119,8 +119,8 @@ class PageWriter:
     def close_page(self, store: PageStore, page: int, on_done: Completion) -> None:
         """Seal and append `page`'s index after the records submitted before (on the loop,
         when the page closes); `on_done` runs once it is written (or was not: see
-        `PageIndex.size`). Nothing is counted in the backlog: the index is written by
-        the writer from what it noted."""
+        `PageIndex.size`); nothing runs for a page that has no index. Nothing is counted
+        in the backlog: the index is written by the writer from what it noted."""
         index = self._indexes.get((id(store), page))
         if index is None:
             return
@@ -214,6 +214,9 @@ class PageWriter:
                     # one store refusing must not stop the writes of every other address:
                     # these records stay unwritten (their producers get no outcome)
                     log.exception("page write failed", page=page, records=len(records))
+                    index = self._indexes.get((id(store), page))
+                    if index is not None:
+                        index.spoiled = True
                     pending.clear()
                     records.clear()
                     return

@@ -5,6 +5,8 @@ closed as the pager and the page writer close them (`_closed_page`)."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import struct
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from scow.plugins.paging.cursor import _read_run, _Run
 from scow.plugins.paging.index import PageIndex
 from scow.plugins.paging.record import DURABLE, HEAD, INDEX, LARGE, SUMMARY, encode, encode_summary
 from scow.plugins.paging.store import FilePageStore
+from scow.plugins.paging.writer import PageWriter
 from tests.paging.test_page_summaries import FAST_JOURNAL, PAGE_ALWAYS, PLUGINS, _restartable
 from tests.wire.helpers import bulk_send, connected, consume_all, receive
 
@@ -227,6 +230,66 @@ def test_an_index_is_not_sealed_over_a_page_it_does_not_list(tmp_path: Path) -> 
     reopened.append(1, [encode(3, 0, 0, True, 4, [QUEUE], b"more")])
     assert reopened.appended(1) is None
     reopened.close()
+
+
+class _RefusingStore(FilePageStore):
+    """A page store that refuses (EIO) the append holding `refused`."""
+
+    def __init__(self, folder: Path, address: str, refused: bytes) -> None:
+        super().__init__(folder, address)
+        self.refused = refused
+        self.appends = 0
+
+    def append(self, page: int, records: list[bytes]) -> Any:
+        self.appends += 1
+        if self.refused in records:
+            raise OSError(errno.EIO, "Input/output error")
+        return super().append(page, records)
+
+
+def test_a_page_with_a_refused_append_gets_no_index(tmp_path: Path) -> None:
+    """Found in review: the pager keys a multi-queue record's route by its count of the
+    page's records, the writer notes only what the store took. After a refused append
+    (not a full disk: those records are dropped) an index sealed anyway passed both its
+    CRCs and handed the next multi-queue record's route to another record: a message for
+    one queue went to the other, cut short, after a restart (when recovery finds the
+    index). The page is walked instead."""
+    records = [
+        (encode(1, 0, 0, True, 4, [QUEUE], b"r1 for one"), [QUEUE]),
+        (encode(2, 0, 0, True, 4, [QUEUE, OTHER], b"r2 for both, refused"), [QUEUE, OTHER]),
+        (encode(3, 0, 0, True, 4, [QUEUE], b"r3 for one"), [QUEUE]),
+        (encode(4, 0, 0, True, 4, [QUEUE, OTHER], b"r4 for both"), [QUEUE, OTHER]),
+    ]
+    store = _RefusingStore(tmp_path, "a", records[1][0])
+    index = PageIndex()
+
+    async def write() -> None:
+        loop = asyncio.get_running_loop()
+        writer = PageWriter(loop, lambda done: loop.call_soon_threadsafe(run_all, done), 0)
+        closed = asyncio.Event()
+        writer.index_page(store, 1, index)
+        try:
+            for number, (data, queues) in enumerate(records):  # as AddressPager._write
+                if len(queues) > 1:
+                    index.routes[number] = data[HEAD.size : HEAD.size + 8 * len(queues)]
+                writer.submit(store, 1, data, True, None)
+                while store.appends <= number:  # one append each
+                    await asyncio.sleep(0.01)
+            writer.close_page(store, 1, closed.set)
+            await asyncio.wait_for(closed.wait(), 10)
+        finally:
+            writer.stop()
+
+    def run_all(done: list[Any]) -> None:
+        for completion in done:
+            completion()
+
+    asyncio.run(write())
+    assert index.size == 0  # nothing sealed
+    buf = store.read(1)
+    assert not any(HEAD.unpack_from(buf, p)[3] & INDEX for _s, p, _e in iter_frames(buf))
+    walked = _read_run(store, 1, 0, len(buf), OTHER)
+    assert walked.ids == [4] and walked.datas == [b"r4 for both"]
 
 
 # ------------------------------------------------------------------ brokers
