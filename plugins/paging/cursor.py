@@ -658,7 +658,7 @@ class QueueCursor:
 
         def done(window: _Window | _Run) -> None:
             self._reading = False
-            if window.__class__ is _Run and window.indexed:  # type: ignore[union-attr]
+            if isinstance(window, _Run) and window.indexed:
                 self.indexed_reads += 1
             # the visible bytes are whole frames: a read that ends short met a damaged one
             window.cut = window.end < end

@@ -64,9 +64,10 @@ def describe(
 
 
 def _page_line(buf: bytes) -> str:
-    """What a page holds: its records, and whether it ends with an index and summary."""
+    """What a page holds: its messages, and whether it ends with an index and summary."""
     flags = [record.HEAD.unpack_from(buf, start)[3] for _f, start, _e in iter_frames(buf)]
-    line = f"{len(flags)} records, {len(buf)} bytes"
+    messages = sum(1 for flag in flags if not flag & (record.INDEX | record.SUMMARY))
+    line = f"{messages} messages, {len(buf)} bytes"
     extra = [
         name
         for flag, name in ((record.INDEX, "index"), (record.SUMMARY, "summary"))

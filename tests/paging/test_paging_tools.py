@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,8 @@ def test_print_export_import_and_compact_keep_paged_messages(tmp_path: Path) -> 
     assert "# pages of 'tools'" in printed
     assert "queue 'tools': 50 durable messages in pages" in printed
     assert "(with its index and summary)" in printed  # closed pages: read past both
+    per_page = [int(n) for n in re.findall(r"(\d+) messages, \d+ bytes", printed)]
+    assert sum(per_page) == 60  # the messages written (acknowledged or not), not the trailers
     assert "CURSOR_ACK" in printed
 
     backup = tmp_path / "backup.jsonl"
