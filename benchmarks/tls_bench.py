@@ -31,8 +31,8 @@ sys.path.insert(0, str(HERE.parent))  # the repository, for the test helpers' CA
 
 from run_perf import free_port, scow_command, stop, wait_listening  # noqa: E402
 
-from scow.core.scram import Credential, ScramClient, ScramServer  # noqa: E402
-from scow.core.users import add_user  # noqa: E402
+from scow.core.security.scram import Credential, ScramClient, ScramServer  # noqa: E402
+from scow.core.security.users import add_user  # noqa: E402
 from scow.protocols.amqp.sasl import sasl_frame  # noqa: E402
 from scow.protocols.amqp.sasl_client import read_frame  # noqa: E402
 from tests.security.helpers import make_pki, scram_login  # noqa: E402

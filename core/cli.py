@@ -19,8 +19,8 @@ from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
 from scow.core.model import derived_global_max_size
 from scow.core.plugins import PluginManager, describe_plugins, installed_plugins
-from scow.core.scram import DEFAULT_ITERATIONS
-from scow.core.users import UsersFileError, add_user, read_users, remove_user
+from scow.core.security.scram import DEFAULT_ITERATIONS
+from scow.core.security.users import UsersFileError, add_user, read_users, remove_user
 
 
 def command_group(

@@ -28,10 +28,10 @@ from scow.core import app
 from scow.core import logging as scow_logging
 from scow.core.broker import Broker
 from scow.core.config import Config, load_config, read_plugin_list, to_toml
-from scow.core.journal_suite import JournalConformance
-from scow.core.page_store_suite import PageStoreConformance
+from scow.core.conformance.journal import JournalConformance
+from scow.core.conformance.page_store import PageStoreConformance
+from scow.core.conformance.stream_store import StreamStoreConformance
 from scow.core.plugins import PluginManager
-from scow.core.stream_store_suite import StreamStoreConformance
 
 __all__ = [
     "BrokerProcess",

@@ -41,7 +41,7 @@ from scow.core.disk_monitor import is_no_space
 from scow.core.model import StorageFull
 
 from .errors import JournalError
-from .files import FileState, JFile, fsync_dir, read_block, write_header
+from .files import FileState, JFile, UpdatedRecord, fsync_dir, read_block, write_header
 from .format import (
     DATA_START,
     FILE_HEADER,
@@ -440,8 +440,6 @@ def _install(
     prep_where: dict[int, JFile],
 ) -> None:
     """Point the live bookkeeping at the copies (lock taken here); all or nothing."""
-    from .journal import _Rec  # the journal module imports this one
-
     old_set = set(old)
     with j._lock:
         expected = sum(f.pos for f in old)
@@ -489,7 +487,7 @@ def _install(
                     rec_plan.append((rid, cadd, None, None))
                     moved += 1
                 continue
-            assert isinstance(st, _Rec)
+            assert isinstance(st, UpdatedRecord)
             add = st.add
             if add in old_set:
                 add = cadd
@@ -530,7 +528,7 @@ def _install(
                 add.pos += 1
                 continue
             st = records[rid]
-            assert isinstance(st, _Rec)
+            assert isinstance(st, UpdatedRecord)
             st.add = add
             st.upd = upd
             st.repl = repl or None

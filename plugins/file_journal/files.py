@@ -1,4 +1,5 @@
-"""Journal files on disk: the in-memory `JFile`, creating, recycling and listing files."""
+"""Journal files on disk: the in-memory `JFile` (and `UpdatedRecord`, the files a record
+with updates lives in), creating, recycling and listing files."""
 
 from __future__ import annotations
 
@@ -57,6 +58,23 @@ class JFile:
             f"JFile({self.name}, epoch={self.epoch}, state={self.state.name}, "
             f"pos={self.pos}, neg={sorted(f.epoch for f in self.neg)})"
         )
+
+
+class UpdatedRecord:
+    """A live record that has updates (a record with only an add is just its `JFile`)."""
+
+    __slots__ = ("add", "repl", "upd")
+
+    def __init__(self, add: JFile) -> None:
+        self.add = add
+        self.upd: list[JFile] = []
+        self.repl: dict[int, JFile] | None = None
+
+    def files(self) -> list[JFile]:
+        out = [self.add, *self.upd]
+        if self.repl:
+            out.extend(self.repl.values())
+        return out
 
 
 def fsync_dir(directory: str) -> None:

@@ -55,6 +55,7 @@ from .errors import JournalError
 from .files import (
     FileState,
     JFile,
+    UpdatedRecord,
     create_file,
     fsync_dir,
     list_files,
@@ -99,23 +100,6 @@ _DELETE_TX = int(Kind.DELETE_TX)
 
 # lifecycle
 _NEW, _OPEN, _CLOSING, _STOPPED = 0, 1, 2, 3
-
-
-class _Rec:
-    """A live record that has updates (a record with only an add is just its `JFile`)."""
-
-    __slots__ = ("add", "repl", "upd")
-
-    def __init__(self, add: JFile) -> None:
-        self.add = add
-        self.upd: list[JFile] = []
-        self.repl: dict[int, JFile] | None = None
-
-    def files(self) -> list[JFile]:
-        out = [self.add, *self.upd]
-        if self.repl:
-            out.extend(self.repl.values())
-        return out
 
 
 class _Tx:
@@ -192,7 +176,7 @@ class FileJournal:
         self._writer_stop = False  # writer: exit once the buffer is empty
 
         # live state
-        self._records: dict[int, JFile | _Rec] = {}
+        self._records: dict[int, JFile | UpdatedRecord] = {}
         self._txs: dict[int, _Tx] = {}
         self._files: list[JFile] = []  # DATA files by epoch; the last one is written
         self._free: collections.deque[JFile] = collections.deque()
@@ -670,12 +654,17 @@ class FileJournal:
                 self._cond.notify()
 
     def _attach(
-        self, record_id: int, st: JFile | _Rec, record_type: int, replaceable: bool, f: JFile
+        self,
+        record_id: int,
+        st: JFile | UpdatedRecord,
+        record_type: int,
+        replaceable: bool,
+        f: JFile,
     ) -> None:
         """Record that `f` holds an update of `record_id` (the caller counts f.pos)."""
         if st.__class__ is JFile:
-            st = self._records[record_id] = _Rec(st)
-        assert isinstance(st, _Rec)
+            st = self._records[record_id] = UpdatedRecord(st)
+        assert isinstance(st, UpdatedRecord)
         if replaceable:
             if st.repl is None:
                 st.repl = {}
@@ -686,7 +675,7 @@ class FileJournal:
         else:
             st.upd.append(f)
 
-    def _kill(self, st: JFile | _Rec, f: JFile) -> None:
+    def _kill(self, st: JFile | UpdatedRecord, f: JFile) -> None:
         """A delete in `f` removed the record `st`: release its files, remember them."""
         if st.__class__ is JFile:
             st.pos -= 1
@@ -1304,7 +1293,7 @@ class FileJournal:
                 continue
             add = where[st.add]  # type: ignore[union-attr]
             add.pos += 1
-            rec = _Rec(add)
+            rec = UpdatedRecord(add)
             for i in st.upds:  # type: ignore[union-attr]
                 g = where[i]
                 g.pos += 1

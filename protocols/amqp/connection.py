@@ -12,7 +12,7 @@ import structlog
 from scow.core.ha import failover_server_list
 from scow.core.model import BrokerError, ConnectionInfo, ResourceLimitExceeded
 from scow.core.security import Principal
-from scow.core.tls import subject_name
+from scow.core.security.tls import subject_name
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.links import ConsumerLink, ProducerLink
 from scow.protocols.amqp.management import MANAGEMENT_NODE, ManagementLink

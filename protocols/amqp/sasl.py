@@ -16,9 +16,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from scow.core.scram import MECHANISM as SCRAM_SHA_256
-from scow.core.scram import ScramError, ScramServer
 from scow.core.security import Principal, Security
+from scow.core.security.scram import MECHANISM as SCRAM_SHA_256
+from scow.core.security.scram import ScramError, ScramServer
 from scow.protocols.amqp import codec
 
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.config import ConfigError, parse_host_port
-from scow.core.tls import server_context
+from scow.core.security.tls import server_context
 from scow.protocols.amqp.connection import AmqpConnection
 
 if TYPE_CHECKING:

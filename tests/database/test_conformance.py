@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from scow.core.journal_suite import JournalConformance, MakeJournal
-from scow.core.large_message_store_suite import LargeMessageStoreConformance
-from scow.core.large_message_store_suite import OpenStore as OpenLargeMessageStore
-from scow.core.page_store_suite import OpenStore, PageStoreConformance
-from scow.core.stream_store_suite import OpenStore as OpenStreamStore
-from scow.core.stream_store_suite import StreamStoreConformance
+from scow.core.conformance.journal import JournalConformance, MakeJournal
+from scow.core.conformance.large_message_store import LargeMessageStoreConformance
+from scow.core.conformance.large_message_store import OpenStore as OpenLargeMessageStore
+from scow.core.conformance.page_store import OpenStore, PageStoreConformance
+from scow.core.conformance.stream_store import OpenStore as OpenStreamStore
+from scow.core.conformance.stream_store import StreamStoreConformance
 from scow.plugins.database_store.journal import DatabaseJournal
 from scow.plugins.database_store.large_messages import DatabaseLargeMessageStore
 from scow.plugins.database_store.page_store import DatabasePageStore

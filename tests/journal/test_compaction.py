@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scow.core.journal_suite import Model
+from scow.core.conformance.journal import Model
 from scow.plugins.file_journal import COMPACTION_STAGES, ControlFileError, FileJournal
 
 from .helpers import load, open_journal, run_child, settings, valid_records, wait_until

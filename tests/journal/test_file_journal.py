@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from scow.core.conformance.journal import JournalConformance
 from scow.core.interfaces import RecordInfo
-from scow.core.journal_suite import JournalConformance
 from scow.plugins.file_journal import FileJournal, JournalSettings
 
 from .helpers import SMALL_FILE, load, open_journal, settings, wait_until

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scow.core.journal_suite import JournalConformance
+from scow.core.conformance.journal import JournalConformance
 from scow.plugins.memory_journal import MemoryJournal
 
 

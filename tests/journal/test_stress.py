@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from scow.core.journal_suite import Model
+from scow.core.conformance.journal import Model
 from scow.plugins.file_journal import COMPACTION_STAGES, FileJournal
 
 from .helpers import load, settings

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from scow.core.conformance.journal import Completions
 from scow.core.interfaces import RecordInfo
-from scow.core.journal_suite import Completions
 from scow.plugins.file_journal import FileJournal, JournalError, writer
 from scow.plugins.file_journal.writer import probe_direct_io
 

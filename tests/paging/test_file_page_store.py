@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from scow.core.conformance.page_store import OpenStore, PageStoreConformance, records_of
 from scow.core.page_frames import HEADER_SIZE, frame, frame_all, iter_frames, valid_length
-from scow.core.page_store_suite import OpenStore, PageStoreConformance, records_of
 from scow.plugins.paging import store as store_module
 from scow.plugins.paging.store import FilePageStore, discover, folder_name, open_store
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scow.core.full_policy_suite import FullPolicyConformance
+from scow.core.conformance.full_policy import FullPolicyConformance
 
 
 class TestDropPolicy(FullPolicyConformance):

@@ -10,7 +10,7 @@ from proton import ConnectionException, Message, Timeout
 from proton.reactor import Selector
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender, SendException
 
-from scow.core.protocol_suite import ProtocolConformance, Received
+from scow.core.conformance.protocol import ProtocolConformance, Received
 from scow.core.testing import BrokerThread
 
 #: How long a send may wait for credit before it counts as held back (BLOCK).

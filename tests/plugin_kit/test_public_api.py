@@ -58,11 +58,11 @@ def _scow_imports(path: Path) -> list[str]:
 #: Modules a third-party plugin's tests may import besides the API: the testing kit.
 TEST_KIT = {
     "scow.core.testing",
-    "scow.core.journal_suite",
-    "scow.core.page_store_suite",
-    "scow.core.queue_type_suite",
-    "scow.core.full_policy_suite",
-    "scow.core.protocol_suite",
+    "scow.core.conformance.journal",
+    "scow.core.conformance.page_store",
+    "scow.core.conformance.queue_type",
+    "scow.core.conformance.full_policy",
+    "scow.core.conformance.protocol",
 }
 
 

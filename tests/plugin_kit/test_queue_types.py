@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scow.core.queue_type_suite import QueueTypeConformance
+from scow.core.conformance.queue_type import QueueTypeConformance
 from scow.core.testing import DEFAULT_PLUGINS
 
 

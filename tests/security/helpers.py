@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from scow.core.scram import Credential, ScramClient
-from scow.core.users import User, write_users
+from scow.core.security.scram import Credential, ScramClient
+from scow.core.security.users import User, write_users
 from scow.protocols.amqp import codec
 from scow.protocols.amqp.sasl import sasl_frame
 from scow.protocols.amqp.sasl_client import mechanisms, read_frame

@@ -10,9 +10,9 @@ import pytest
 from proton import Connection, ConnectionException, Delivery, Message, Transport
 
 from scow.core import cli
-from scow.core.scram import Credential, ScramClient, ScramError, ScramServer
+from scow.core.security.scram import Credential, ScramClient, ScramError, ScramServer
+from scow.core.security.users import UsersFileError, add_user, read_users
 from scow.core.testing import wait_for
-from scow.core.users import UsersFileError, add_user, read_users
 from scow.protocols.amqp.sasl import SASL_HEADER, sasl_frame
 from scow.protocols.amqp.sasl_client import read_frame
 from tests.security.helpers import scram_login

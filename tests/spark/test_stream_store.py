@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from scow.core import StreamStoreBackend, hookimpl
-from scow.core.stream_store_suite import OpenStore, StreamStoreConformance
+from scow.core.conformance.stream_store import OpenStore, StreamStoreConformance
 from scow.core.testing import broker_config, scow_command, write_config
 from scow.plugins.spark.segments import FileStreamStore, open_store
 from tests.spark.conftest import PLUGINS, publish, stream, wait_stream

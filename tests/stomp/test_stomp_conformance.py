@@ -10,7 +10,7 @@ import pytest
 import stomp
 from stomp_helpers import PLUGINS, Recorder
 
-from scow.core.protocol_suite import ProtocolConformance, Received
+from scow.core.conformance.protocol import ProtocolConformance, Received
 from scow.core.testing import BrokerThread, wait_for
 
 #: Headers a MESSAGE frame carries about itself, not the message's properties.

@@ -10,8 +10,8 @@ import pytest
 from proton import Message
 
 from scow.core import LargeMessageStore, LargeMessageStoreBackend, hookimpl
+from scow.core.conformance.large_message_store import LargeMessageStoreConformance, OpenStore
 from scow.core.large_message_files import FileArrival, FileLargeMessageStore
-from scow.core.large_message_store_suite import LargeMessageStoreConformance, OpenStore
 from tests.wire.helpers import connected, receive, send
 
 

@@ -6,7 +6,7 @@ import pytest
 from proton import Delivery, Message
 from proton.utils import BlockingConnection, SendException
 
-from scow.core.full_policy_suite import FullPolicyConformance
+from scow.core.conformance.full_policy import FullPolicyConformance
 from scow.core.testing import DEFAULT_PLUGINS
 
 PLUGINS = [*DEFAULT_PLUGINS, "example-policy"]

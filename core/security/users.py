@@ -9,7 +9,7 @@ A TOML file, one table per user, written by `scow user add/remove`:
     stored-key = "base64"
     server-key = "base64"
 
-Only the credential is kept (see `scow.core.scram`): from it both SASL PLAIN and
+Only the credential is kept (see `scow.core.security.scram`): from it both SASL PLAIN and
 SCRAM-SHA-256 logins are checked. The broker reads the file again when it changes, so
 users added while it runs can log in at once.
 """
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scow.core.scram import DEFAULT_ITERATIONS, Credential
+from scow.core.security.scram import DEFAULT_ITERATIONS, Credential
 
 _NAME = re.compile(r"[^\x00-\x20\x7f]{1,255}")
 _HEADER = (

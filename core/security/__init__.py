@@ -10,6 +10,9 @@ grant each permission to roles, and for an address the most specific matching pa
 decides on its own (a permission it does not list is refused). With no security settings
 at all, every client may do everything (the embedded default). Every login, refusal and
 management action goes to the audit log, a structlog stream of its own.
+
+The package also holds the user store (`users`: the users file), SCRAM credentials
+(`scram`) and the TLS contexts of listeners and clients (`tls`).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any
 from scow.core.config import PERMISSIONS, SECURITY_SETTINGS_SECTION, Config, ConfigError
 from scow.core.logging import audit_logger
 from scow.core.model import ResourceLimitExceeded, Unauthorized
-from scow.core.scram import Credential
-from scow.core.users import UsersFile, UsersFileError
+from scow.core.security.scram import Credential
+from scow.core.security.users import UsersFile, UsersFileError
 from scow.core.wildcard import HierarchicalRepository
 
 __all__ = ["ANONYMOUS", "PERMISSIONS", "Principal", "Security"]
