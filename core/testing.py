@@ -42,6 +42,7 @@ __all__ = [
     "amqp_client",
     "broker_config",
     "wait_for",
+    "wait_for_async",
 ]
 
 T = TypeVar("T")
@@ -69,6 +70,20 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
         time.sleep(interval)
+
+
+async def wait_for_async(
+    condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+) -> Any:
+    """`wait_for` inside a running event loop: polls without blocking it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        await asyncio.sleep(interval)
 
 
 def broker_config(

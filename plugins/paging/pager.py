@@ -103,7 +103,7 @@ class AddressPager:
         self._open_txs: dict[int, list[list[Any]]] = {}
         self._advancing = False
         #: A `check_now` is due at the end of this loop pass (`check`).
-        self.check_due = False
+        self._check_due = False
         #: Transactions whose records are committed (recovered ones included).
         self.committed_txs: set[int] = set()
         #: Framed bytes in the pages still stored.
@@ -211,6 +211,7 @@ class AddressPager:
             self._no_room(None)
         if self.manager.pagers.get(self.address.name) is self:
             del self.manager.pagers[self.address.name]
+        self.paging = False  # a `check_now` due this loop pass has nothing left to end
         for page in list(self.pages):
             self.manager.delete_page(self, page, self.pages.pop(page))
         if self._store is not None:
@@ -549,13 +550,14 @@ class AddressPager:
         every acknowledgement while the address pages, where once for a socket read's
         acknowledgements says the same (the address's limits and blocked producers are
         looked at by the broker at each acknowledgement; this only decides when page
-        mode ends, before the next message is routed)."""
-        if not self.check_due:
-            self.check_due = True
+        mode ends: messages routed earlier in the same pass, from other sockets, still go
+        to pages, in order)."""
+        if not self._check_due:
+            self._check_due = True
             self.manager.loop.call_soon(self._check_due_now)
 
     def _check_due_now(self) -> None:
-        self.check_due = False
+        self._check_due = False
         self.check_now()
 
     def check_now(self) -> None:

@@ -110,7 +110,13 @@ class Client:
                 raise ClientError(f"{endpoint.host}:{endpoint.port}: {exc}") from None
         sock.settimeout(None)
         self.sock = sock
-        self.engine = engine.Engine(max_frame=_MAX_FRAME, idle_timeout_ms=0, server=False)
+        # Asking for frames at least every `timeout` has a broker that is up send a
+        # heartbeat every half of it (when its own idle-timeout is on), so a wait that
+        # times out can tell a silent broker from a slow answer. The client never ticks
+        # proton, so it neither enforces this nor sends heartbeats of its own.
+        self.engine = engine.Engine(
+            max_frame=_MAX_FRAME, idle_timeout_ms=round(endpoint.timeout * 1000), server=False
+        )
         engine.stop_events(self.engine)
         self.transport = self.engine.transport
         self.connection = self.engine.connection
@@ -121,8 +127,9 @@ class Client:
         #: Links closed, freed once the broker has answered (`_close_link`).
         self._closing: list[Any] = []
         self.closed = False
-        #: When the connection was opened and when the broker's last bytes came: a wait
-        #: that times out says both (a broker that went silent, or one slow to answer).
+        #: When the connection was opened and when the broker's last bytes were read: a
+        #: wait that times out says both (a broker that went silent, or one slow to answer
+        #: whose heartbeats still came).
         self._opened_at = self._heard_at = time.monotonic()
         engine.client_open(self.connection, f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.session = engine.new_session(self.connection)

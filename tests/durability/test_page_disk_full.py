@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scow.core.page_frames import iter_frames
+from scow.core.testing import wait_for_async
 from scow.plugins.paging.store import FilePageStore
 from scow.plugins.paging.writer import PageWriter
 from tests.tmpfs import fill
@@ -22,14 +23,6 @@ def numbered(n: int) -> bytes:
 def records(store: FilePageStore, page: int) -> list[bytes]:
     data = store.read(page)
     return [data[start:end] for _frame, start, end in iter_frames(data)]
-
-
-async def until(condition: Callable[[], object], what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run_writer(small_fs: Path, scenario: Callable[..., object]) -> None:
@@ -58,15 +51,15 @@ def test_appends_refused_by_a_full_disk_wait_and_land_in_order(small_fs: Path) -
         filler = fill(small_fs)
         for n in range(20):
             writer.submit(store, 1, numbered(n), True, lambda n=n: done.append(n))
-        await until(lambda: holds == [True], "producers held back")
+        await wait_for_async(lambda: holds == [True], what="producers held back")
         assert done == []  # nothing confirmed that is not on disk
         filler.unlink()
-        await until(lambda: holds == [True, False], "producers let go")
-        await until(lambda: len(done) == 20, "the completions")
+        await wait_for_async(lambda: holds == [True, False], what="producers let go")
+        await wait_for_async(lambda: len(done) == 20, what="the completions")
         assert done == list(range(20))
         assert records(store, 1) == [numbered(n) for n in range(20)]
         writer.submit(store, 1, b"after", True, None)  # the writer goes on
-        await until(lambda: records(store, 1)[-1:] == [b"after"], "a later write")
+        await wait_for_async(lambda: records(store, 1)[-1:] == [b"after"], what="a later write")
 
     run_writer(small_fs, scenario)
 
@@ -75,14 +68,14 @@ def test_deleting_an_older_page_frees_the_room_a_held_append_needs(small_fs: Pat
     async def scenario(writer: PageWriter, store: FilePageStore, holds: list, done: list):
         for n in range(40):  # page 0: 320 kB
             writer.submit(store, 0, numbered(n), False, None)
-        await until(lambda: len(records(store, 0)) == 40, "page 0")
+        await wait_for_async(lambda: len(records(store, 0)) == 40, what="page 0")
         fill(small_fs)
         for n in range(10):
             writer.submit(store, 1, numbered(n), True, lambda n=n: done.append(n))
-        await until(lambda: holds == [True], "producers held back")
+        await wait_for_async(lambda: holds == [True], what="producers held back")
         writer.delete(store, 0)  # a consumer finished page 0: not held behind page 1
-        await until(lambda: holds == [True, False], "producers let go")
-        await until(lambda: len(done) == 10, "the completions")
+        await wait_for_async(lambda: holds == [True, False], what="producers let go")
+        await wait_for_async(lambda: len(done) == 10, what="the completions")
         assert store.page_numbers() == [1]
         assert records(store, 1) == [numbered(n) for n in range(10)]
 

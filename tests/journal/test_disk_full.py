@@ -16,6 +16,7 @@ import pytest
 from scow.core import disk_monitor
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.model import MemoryLimits, ResourceLimitExceeded, StorageFull
+from scow.core.testing import wait_for_async
 from scow.plugins.file_journal import FileJournal
 from tests.tmpfs import fill
 
@@ -168,22 +169,15 @@ def test_the_disk_monitor_blocks_producers_while_the_journal_has_no_room(
         try:
             filler = fill(small_fs)
             add_until_refused(journal, 1, [])
-            await until(lambda: limits.disk_full)
+            await wait_for_async(lambda: limits.disk_full)
             assert limits.reasons == ["disk"]
             assert "journal" in (monitor.problem() or "")
             os.unlink(filler)
-            await until(lambda: not limits.disk_full)
+            await wait_for_async(lambda: not limits.disk_full)
             journal.append_add(30_000, HELD, BODY, sync=True)
         finally:
             await loop.run_in_executor(None, journal.stop)
             await monitor.stop()
-
-    async def until(condition) -> None:
-        for _ in range(1000):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("timed out")
 
     asyncio.run(scenario())
 

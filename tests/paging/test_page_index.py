@@ -15,14 +15,14 @@ import pytest
 from proton import Message
 
 from scow.core.page_frames import HEADER_SIZE, iter_frames
-from scow.core.testing import BrokerThread
+from scow.core.testing import BrokerThread, wait_for_async
 from scow.plugins.paging import index as page_index
 from scow.plugins.paging.cursor import _read_run, _Run
 from scow.plugins.paging.index import PageIndex
 from scow.plugins.paging.record import DURABLE, HEAD, INDEX, LARGE, SUMMARY, encode, encode_summary
 from scow.plugins.paging.store import FilePageStore
 from scow.plugins.paging.writer import PageWriter
-from tests.paging.test_page_summaries import FAST_JOURNAL, PAGE_ALWAYS, PLUGINS, _restartable
+from tests.paging.helpers import FAST_JOURNAL, PAGE_ALWAYS, PLUGINS, restartable_broker
 from tests.wire.helpers import bulk_send, connected, consume_all, receive
 
 QUEUE = 7
@@ -273,8 +273,7 @@ def test_a_page_with_a_refused_append_gets_no_index(tmp_path: Path) -> None:
                 if len(queues) > 1:
                     index.routes[number] = data[HEAD.size : HEAD.size + 8 * len(queues)]
                 writer.submit(store, 1, data, True, None)
-                while store.appends <= number:  # one append each
-                    await asyncio.sleep(0.01)
+                await wait_for_async(lambda n=number: store.appends > n, what="one append each")
             writer.close_page(store, 1, closed.set)
             await asyncio.wait_for(closed.wait(), 10)
         finally:
@@ -310,7 +309,7 @@ def _cursor(broker: BrokerThread, queue: str) -> dict[str, Any]:
 def test_closed_pages_are_read_through_their_index_live_and_after_a_restart(
     tmp_path: Path,
 ) -> None:
-    broker = _restartable(tmp_path, "first")
+    broker = restartable_broker(tmp_path, "first")
     try:
         bulk_send(broker.url, "q", 200, durable)
         with connected(broker.url) as conn:
@@ -320,7 +319,7 @@ def test_closed_pages_are_read_through_their_index_live_and_after_a_restart(
         broker.stop()
     # ~11 pages read: all but the last one or two (still open, or not yet indexed) by index
     assert live["page-reads-indexed"] >= live["page-reads"] - 2 > 5
-    broker = _restartable(tmp_path, "second")
+    broker = restartable_broker(tmp_path, "second")
     try:
         with connected(broker.url) as conn:
             got = _numbers(receive(conn.create_receiver("q", credit=10), 100))
@@ -345,9 +344,10 @@ def test_pages_cut_in_the_middle_of_their_index_lose_no_acknowledged_message(
 ) -> None:
     """A page whose index was being written when the broker was killed: its messages
     are read by the walk, the acknowledged ones stay acknowledged, none is lost."""
-    broker = scow_broker_process(
-        plugins=PLUGINS, sections=FAST_JOURNAL, address_settings=PAGE_ALWAYS
-    )
+    # `other` stays in memory: its durable send goes through the messages journal after
+    # the acknowledgements (a paged one is synced to its page and the bindings journal)
+    settings = {**PAGE_ALWAYS, "other": {"max-size-bytes": -1}}
+    broker = scow_broker_process(plugins=PLUGINS, sections=FAST_JOURNAL, address_settings=settings)
     bulk_send(broker.url, "cut", 200, durable)
     with connected(broker.url) as conn:
         receiver = conn.create_receiver("cut", credit=10)
@@ -364,6 +364,6 @@ def test_pages_cut_in_the_middle_of_their_index_lose_no_acknowledged_message(
         length = struct.unpack_from(">I", data, at)[0]
         page.write_bytes(data[: at + HEADER_SIZE + length // 2])
     restarted = scow_broker_process(
-        plugins=PLUGINS, sections=FAST_JOURNAL, address_settings=PAGE_ALWAYS, port=broker.port
+        plugins=PLUGINS, sections=FAST_JOURNAL, address_settings=settings, port=broker.port
     )
     assert _numbers(consume_all(restarted.url, "cut")) == list(range(30, 200))

@@ -17,26 +17,16 @@ from proton.reactor import Copy, Selector
 from scow.core.message import Message as StoredMessage
 from scow.core.page_frames import iter_frames
 from scow.core.selector import SelectorFilter, compile_selector, value_key
-from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
+from scow.core.testing import wait_for
 from scow.plugins.paging.record import HEAD, SUMMARY
 from scow.plugins.paging.scan import durable_records
 from scow.plugins.paging.store import FilePageStore
 from scow.plugins.paging.summary import PageSummary
 from scow.protocols.amqp import codec
 from scow.protocols.amqp.format import AmqpMessageFormat
+from tests.paging.helpers import FAST_JOURNAL, PAGE_ALWAYS, PLUGINS, restartable_broker
 from tests.wire.helpers import bulk_send, connected, receive
 
-PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "paging"]
-FAST_JOURNAL = {"journal": {"journal-file-size": "1MiB", "journal-buffer-timeout": 500000}}
-#: Everything pages, in pages of ~9 messages of 500 bytes; queues stay for the statistics.
-PAGE_ALWAYS = {
-    "#": {
-        "max-size-bytes": 0,
-        "page-size-bytes": 5_000,
-        "auto-delete-queues": False,
-        "auto-delete-addresses": False,
-    }
-}
 BLUE = 300  # ~33 pages of blue messages, then a few red ones
 
 
@@ -144,20 +134,13 @@ def test_browser_with_a_selector_skips_pages_and_sees_the_matches_once(scow_brok
     assert broker.queue_stats("colors")["message-count"] == BLUE + 5  # browsing takes none
 
 
-def _restartable(tmp_path, name: str) -> BrokerThread:
-    config = broker_config(
-        tmp_path / "data", plugins=PLUGINS, sections=FAST_JOURNAL, address_settings=PAGE_ALWAYS
-    )
-    return BrokerThread(write_config(tmp_path / f"{name}.toml", config)).start()
-
-
 def test_page_summaries_survive_a_restart(tmp_path):
-    broker = _restartable(tmp_path, "first")
+    broker = restartable_broker(tmp_path, "first")
     try:
         bulk_send(broker.url, "colors", BLUE + 5, lambda i: colored(i, durable=True))
     finally:
         broker.stop()
-    broker = _restartable(tmp_path, "second")
+    broker = restartable_broker(tmp_path, "second")
     try:
         assert take_matching(broker, "colors", "color = 'red'", len(RED)) == RED
         assert cursor_stats(broker, "colors")["pages-skipped"] >= 25

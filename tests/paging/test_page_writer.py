@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from scow.core.page_frames import HEADER_SIZE, iter_frames
+from scow.core.testing import wait_for_async
 from scow.plugins.paging import index as page_index
 from scow.plugins.paging.index import PageIndex
 from scow.plugins.paging.record import encode
@@ -77,8 +78,8 @@ def test_a_closing_page_s_index_is_sealed_after_its_records(tmp_path: Path) -> N
 
                 writer.close_page(store, page, done)
             await asyncio.wait_for(closed.wait(), 10)
-            while writer.backlog:  # taken back on the loop as the writer reports it
-                await asyncio.sleep(0.01)
+            # taken back on the loop as the writer reports it
+            await wait_for_async(lambda: not writer.backlog, what="the writer's backlog to empty")
             return sealed
         finally:
             writer.stop()

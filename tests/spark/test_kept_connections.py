@@ -153,3 +153,27 @@ def test_a_call_to_a_broker_gone_silent_times_out_saying_how_long_it_was_silent(
         if broker.proc is not None:
             broker.proc.send_signal(signal.SIGCONT)
         broker.kill()
+
+
+def test_a_call_to_a_broker_that_is_up_but_does_not_answer_times_out_saying_it_was_heard(
+    tmp_path: Path,
+):
+    """The other half of the silent-broker test: a broker that is up sends heartbeats
+    while the client waits (the client asks for frames every `timeout`), so a wait that
+    times out says the broker was heard within half of it."""
+    from scow.plugins.spark.client import Client, ClientError, Endpoint
+
+    port = free_port()
+    tables = broker_config(tmp_path / "data", plugins=PLUGINS, port=port)
+    broker = BrokerProcess(write_config(tmp_path / "scow.toml", tables), port, tmp_path / "log")
+    broker.start()
+    try:
+        client = Client(Endpoint.parse(broker.url, timeout=2.0))
+        with pytest.raises(ClientError) as raised:
+            client.wait(lambda: False, "an answer that never comes")
+        message = str(raised.value)
+        heard = float(message.split("last sent anything ")[1].split(" s ago")[0])
+        assert heard < 1.5, message  # a heartbeat every 1 s
+        client.close()
+    finally:
+        broker.kill()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scow.core.disk_monitor import DiskMonitor
 from scow.core.model import MemoryLimits
-from scow.core.testing import wait_for
+from scow.core.testing import wait_for, wait_for_async
 from scow.plugins.spark.segments import FileStreamStore
 from scow.plugins.spark.writer import StreamWriter, Written
 from tests.tmpfs import fill
@@ -178,24 +178,17 @@ def test_the_disk_monitor_blocks_producers_while_a_stream_write_is_held(
         log = open_log(directory, writes)
         try:
             log.append(0, 0, body(0, 1000), 0)
-            await until(lambda: writes.count() == 1)
+            await wait_for_async(lambda: writes.count() == 1)
             filler = fill(small_fs)
             log.append(1, 1, body(1, 8000), 1)
-            await until(lambda: limits.disk_full)
+            await wait_for_async(lambda: limits.disk_full)
             assert limits.reasons == ["disk"]
             assert "stream 's'" in (monitor.problem() or "")
             os.unlink(filler)
-            await until(lambda: not limits.disk_full)  # resumed by itself
+            await wait_for_async(lambda: not limits.disk_full)  # resumed by itself
             assert writes.tokens == [0, 1]
         finally:
             await loop.run_in_executor(None, log.close)
             await monitor.stop()
-
-    async def until(condition) -> None:  # type: ignore[no-untyped-def]
-        for _ in range(1000):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("timed out")
 
     asyncio.run(scenario())
