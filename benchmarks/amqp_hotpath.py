@@ -29,7 +29,7 @@ from scow.core import app
 from scow.core.testing import broker_config, write_config
 from scow.protocols.amqp import engine
 from scow.protocols.amqp.connection import AmqpConnection
-from scow.protocols.amqp.perf import make_message
+from scow.protocols.amqp.perf.messages import make_message
 
 CREDIT = 1000  # the consumer's window, as `scow perf client` gives it
 ROUNDS = 7

@@ -29,7 +29,7 @@ from typing import Any
 from scow.core import app
 from scow.core.testing import broker_config, write_config
 from scow.protocols.amqp.format import AMQP_FORMAT
-from scow.protocols.amqp.perf import id_offset, make_message
+from scow.protocols.amqp.perf.messages import id_offset, make_message
 
 #: `--control`'s property: the size of `_AMQ_DUPL_ID`, another name.
 CONTROL = "_AMQ_DUPL_IX"
