@@ -176,10 +176,7 @@ class PageStore(Protocol):
 
     # Optional: `read_unchecked(page, offset) -> bytes`, the page's bytes from `offset`
     # with no frame checked (a torn or corrupt tail included), for a reader that checks
-    # each frame's CRC as it parses it; without it such a reader uses `read`. And
-    # `read_into(page, offset, buffer) -> mmap | bytes`, the same read into `buffer` (a
-    # private anonymous map, resized to the bytes read), for a thread that reads page
-    # after page without a page-sized allocation each time (the paging cursor's reader).
+    # each frame's CRC as it parses it; without it such a reader uses `read`.
 
     def delete(self, page: int) -> None:
         """Remove a page; deleting a missing page does nothing."""

@@ -20,9 +20,7 @@ pages still hold for it from before such queues were kept out of pages (`drain_t
 from __future__ import annotations
 
 import asyncio
-import mmap
 import struct
-import threading
 from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -54,9 +52,6 @@ SCAN_BATCH = 5000
 DRAIN_BATCH = 1024
 #: A page frame's payload length, the first field of its header.
 _FRAME_LENGTH = struct.Struct(">I")
-#: Each reader thread's buffer for the pages it reads (`_page_reader`): what `_read_run`
-#: makes of a page keeps nothing of it, so the next page is read into the same memory.
-_buffers = threading.local()
 
 
 def _covers(read: _Window | _Run, page: int, offset: int) -> bool:
@@ -213,9 +208,9 @@ def _read_run(
     frames are walked (`_walked_run`). Nothing is made per record but its bytes and a few
     ints: its `Message` and `PagedRef` are made by the loop as it hands them over
     (`QueueCursor._refs`). The page is read with one `pread` (which lets go of the GIL
-    while it copies) into the thread's buffer (`_page_reader`), not mapped: a page file
-    cut short by something else while mapped would kill the broker with SIGBUS."""
-    read = _page_reader(store)
+    while it copies), not mapped: a page file cut short by something else while mapped
+    would kill the broker with SIGBUS."""
+    read = getattr(store, "read_unchecked", store.read)
     if index_at:
         buf = read(page, 0)  # the index's CRC covers the page from its first byte
         columns = page_index.read(buf, index_at)
@@ -232,35 +227,7 @@ def _read_run(
     return run
 
 
-def _page_reader(store: PageStore) -> Callable[[int, int], bytes | mmap.mmap]:
-    """How `_read_run` reads a page from an offset: into the calling thread's buffer when
-    the store can (`FilePageStore.read_into`), so a drain reads page after page with no
-    page-sized allocation each time; else the store's bytes as stored, or its `read`."""
-    read_into = getattr(store, "read_into", None)
-    if read_into is None:
-        return getattr(store, "read_unchecked", store.read)
-    buffer = getattr(_buffers, "page", None)
-    if buffer is None:
-        buffer = _buffers.page = _new_buffer()
-
-    def read(page: int, offset: int) -> bytes | mmap.mmap:
-        try:
-            return read_into(page, offset, buffer)
-        except BufferError:  # a view of it outlived a read that failed: a new one
-            _buffers.page = _new_buffer()
-            return read_into(page, offset, _buffers.page)
-
-    return read
-
-
-def _new_buffer() -> mmap.mmap:
-    # private: a shared anonymous map cannot grow (its pages past the first size fault)
-    return mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
-
-
-def _walked_run(
-    buf: bytes | mmap.mmap, base: int, page: int, offset: int, end: int, queue_id: int
-) -> _Run:
+def _walked_run(buf: bytes, base: int, page: int, offset: int, end: int, queue_id: int) -> _Run:
     """`_read_run` by a walk of the frames of `buf` (the page from byte `base` on), each
     checked as `page_frames.valid_length` would (the store's `read_unchecked` leaves
     that to this one walk), with one unpack per record: ends at the first frame that is
@@ -312,12 +279,7 @@ def _walked_run(
 
 
 def _indexed_run(
-    buf: bytes | mmap.mmap,
-    columns: page_index.Columns,
-    page: int,
-    offset: int,
-    end: int,
-    queue_id: int,
+    buf: bytes, columns: page_index.Columns, page: int, offset: int, end: int, queue_id: int
 ) -> _Run:
     """`_read_run` from a page's checked index (`buf`: the page from its first byte):
     the records from `offset` up to `end` routed to `queue_id`, taken a column at a time
@@ -1321,5 +1283,5 @@ def _priority(message: Message) -> int:
     return min(max(message.priority, 0), 9)
 
 
-def _ids(buf: bytes | mmap.mmap, at: int, n: int) -> tuple[int, ...]:
+def _ids(buf: bytes, at: int, n: int) -> tuple[int, ...]:
     return struct.unpack_from(f">{n}Q", buf, at)

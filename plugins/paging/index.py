@@ -32,7 +32,6 @@ exact frame where a corrupt page ends.
 
 from __future__ import annotations
 
-import mmap
 import struct
 import sys
 from array import array
@@ -184,7 +183,7 @@ class Columns:
         self.txs: dict[int, int] = {}
 
 
-def read(buf: bytes | mmap.mmap, at: int) -> Columns | None:
+def read(buf: bytes, at: int) -> Columns | None:
     """The columns of the index whose frame starts at `at` in `buf` (the page from its
     first byte), once its own CRC and the CRC of every byte before it check out; None
     when anything does not (the caller walks the frames)."""

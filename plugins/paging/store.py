@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
@@ -26,8 +24,6 @@ from scow.core.model import StorageFull
 from scow.core.page_frames import crc32, frame_all, valid_length
 
 log = structlog.get_logger("scow.paging")
-
-_T = TypeVar("_T")
 
 ADDRESS_FILE = "address.txt"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -47,33 +43,6 @@ def folder_name(address: str) -> str:
 def _os_error(exc: OSError, path: Path | str, doing: str) -> OSError:
     """`exc` again, saying which file and what for (os.write and fsync errors name neither)."""
     return OSError(exc.errno, f"{path}: {doing}: {exc.strerror}")
-
-
-def _pread(fd: int, size: int, offset: int) -> bytes:
-    """`size` bytes of `fd` from `offset` (fewer if it is shorter now)."""
-    data = os.pread(fd, size, offset)
-    if 0 < len(data) < size:  # one pread returns at most ~2 GiB on Linux
-        parts = [data]
-        got = len(data)
-        while got < size and (more := os.pread(fd, size - got, offset + got)):
-            parts.append(more)
-            got += len(more)
-        data = b"".join(parts)
-    return data
-
-
-def _pread_into(buffer: mmap.mmap, fd: int, size: int, offset: int) -> mmap.mmap | None:
-    """`_pread` into `buffer`, resized to the bytes read; None if there were none."""
-    buffer.resize(size)
-    got = 0
-    with memoryview(buffer) as view:
-        while got < size and (more := os.preadv(fd, [view[got:]], offset + got)):
-            got += more
-    if not got:
-        return None
-    if got < size:
-        buffer.resize(got)  # the file was cut short meanwhile: nothing stale past its end
-    return buffer
 
 
 def _existing(path: Path) -> Path:
@@ -319,32 +288,29 @@ class FilePageStore:
         """The page's bytes from `offset` as they are on disk, with one pread: `read`
         less the check of each frame, for a reader that checks frames as it parses
         them (the paging cursor), so each page is walked once, not twice."""
-        return self._read_with(page, offset, _pread) or b""
-
-    def read_into(self, page: int, offset: int, buffer: mmap.mmap) -> mmap.mmap | bytes:
-        """`read_unchecked` into `buffer` (a private anonymous map, resized to the bytes read),
-        which is returned: a thread that reads page after page and keeps nothing of
-        `buffer` between reads allocates nothing per read (a fresh page-sized `bytes`
-        per read is a fresh stretch of the C heap, faulted in as the kernel copies).
-        A page that does not exist, or has nothing from `offset`, reads as b""."""
-        return self._read_with(page, offset, partial(_pread_into, buffer)) or b""
-
-    def _read_with(self, page: int, offset: int, read: Callable[[int, int, int], _T]) -> _T | None:
-        """`read(fd, size, offset)` of the page's `size` bytes from `offset`; None if there
-        are none."""
         if offset < 0:
             raise ValueError(f"page store of {self.address!r}: read offset {offset} is negative")
         path = self._path(page)
         fd = self._open_to_read(path)
         if fd is None:
-            return None
+            return b""
         try:
             want = os.fstat(fd).st_size - offset
-            return read(fd, want, offset) if want > 0 else None
+            if want <= 0:
+                return b""
+            data = os.pread(fd, want, offset)
+            if 0 < len(data) < want:  # one pread returns at most ~2 GiB on Linux
+                parts = [data]
+                got = len(data)
+                while got < want and (more := os.pread(fd, want - got, offset + got)):
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
         except OSError as exc:
             raise _os_error(exc, path, f"reading from byte {offset}") from exc
         finally:
             os.close(fd)
+        return data
 
     @staticmethod
     def _open_to_read(path: Path) -> int | None:

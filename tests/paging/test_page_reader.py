@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 from scow.core.message import MessageKind, kind_of
 from scow.core.page_frames import frame, iter_frames
-from scow.plugins.paging import cursor
 from scow.plugins.paging.cursor import QueueCursor, _read_run
 from scow.plugins.paging.record import encode, encode_summary
 from scow.plugins.paging.store import FilePageStore
@@ -155,38 +154,4 @@ def test_a_store_without_unchecked_reads_is_read_the_same_with_page_offsets(
     assert [ref.message.data for ref in _refs(run)] == [b"m"] * 3
     assert list(run.nexts) == [*offsets[2:], len(store.read(1))]
     assert run.end == len(store.read(1))
-    store.close()
-
-
-def test_pages_read_into_the_threads_buffer_keep_their_own_bytes_and_no_stale_ones(
-    tmp_path: Path,
-) -> None:
-    """The reader reads every page into one buffer of its thread: a run keeps its
-    messages' bytes after the buffer holds another page, and a shorter page read after
-    a longer one ends where its file ends, with none of the longer page's frames."""
-    store = FilePageStore(tmp_path, "a")
-    store.append(1, [encode(i, 0, 0, True, 4, [QUEUE], b"long %d" % i * 50) for i in range(20)])
-    store.append(2, [encode(100, 0, 0, True, 4, [QUEUE], b"short")])
-    first = _read(store)
-    second = _read_run(store, 2, 0, 1 << 40, QUEUE)  # type: ignore[arg-type]
-    assert [ref.message.id for ref in _refs(second)] == [100]
-    assert second.end == len(store.read(2))
-    assert [ref.message.data for ref in _refs(first)] == [b"long %d" % i * 50 for i in range(20)]
-    assert all(type(data) is bytes for data in first.datas + second.datas)
-    assert [ref.message.id for ref in _refs(_read(store))] == list(range(20))
-    store.close()
-
-
-def test_a_view_of_the_reader_buffer_left_behind_does_not_stop_the_next_read(
-    tmp_path: Path,
-) -> None:
-    """A view of the thread's buffer kept past a read (as a failed read's traceback
-    would keep one) stops the buffer from being resized: the next read takes a new one."""
-    store = FilePageStore(tmp_path, "a")
-    store.append(1, [encode(i, 0, 0, True, 4, [QUEUE], b"m%d" % i) for i in range(3)])
-    _read(store)
-    kept = memoryview(cursor._buffers.page)
-    store.append(1, [encode(3, 0, 0, True, 4, [QUEUE], b"m3")])
-    assert [ref.message.data for ref in _refs(_read(store))] == [b"m0", b"m1", b"m2", b"m3"]
-    kept.release()
     store.close()
