@@ -58,18 +58,22 @@ DEFAULT_PLUGINS = (
 )
 
 
+def _checked(condition: Callable[[], Any], deadline: float, timeout: float, what: str) -> Any:
+    """`condition()`; AssertionError when it is falsy past `deadline`."""
+    value = condition()
+    if not value and time.monotonic() > deadline:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+    return value
+
+
 def wait_for(
     condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = ""
 ) -> Any:
     """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+    while not (value := _checked(condition, deadline, timeout, what)):
         time.sleep(interval)
+    return value
 
 
 async def wait_for_async(
@@ -77,13 +81,9 @@ async def wait_for_async(
 ) -> Any:
     """`wait_for` inside a running event loop: polls without blocking it."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+    while not (value := _checked(condition, deadline, timeout, what)):
         await asyncio.sleep(interval)
+    return value
 
 
 def broker_config(
