@@ -353,6 +353,7 @@ class CutProxy:
         self._after: bytes | None = None
         self._between = False
         self._links: list[_Link] = []
+        self._cutting = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
@@ -379,7 +380,10 @@ class CutProxy:
             return
         self._sockets.append(server)
         link = _Link()
-        self._links.append(link)
+        with self._cutting:  # a cut that fell while this one was being made holds it too
+            self._links.append(link)
+            if not self._new.is_set():
+                link.flowing.clear()
         for args in ((client, server, link, True), (server, client, link, False)):
             threading.Thread(target=self._pump, args=args, daemon=True).start()
 
@@ -403,11 +407,12 @@ class CutProxy:
             dst.shutdown(socket.SHUT_WR)
 
     def _hold(self) -> None:
-        if self.cut_at is None:
-            self.cut_at = time.time()
-        self._new.clear()
-        for link in self._links:
-            link.flowing.clear()
+        with self._cutting:
+            if self.cut_at is None:
+                self.cut_at = time.time()
+            self._new.clear()
+            for link in self._links:
+                link.flowing.clear()
 
     def cut(self, *, after: bytes | None = None, between_transactions: bool = False) -> None:
         if after is not None:
