@@ -127,10 +127,12 @@ class Client:
         #: Links closed, freed once the broker has answered (`_close_link`).
         self._closing: list[Any] = []
         self.closed = False
-        #: When the connection was opened and when the broker's last bytes were read: a
-        #: wait that times out says both (a broker that went silent, or one slow to answer
-        #: whose heartbeats still came).
+        #: When the connection was opened, when the broker's last bytes were read and how
+        #: much it has read: a wait that times out says all three (a broker that went
+        #: silent, one slow to answer whose heartbeats still came, or one that kept
+        #: sending what did not answer the wait).
         self._opened_at = self._heard_at = time.monotonic()
+        self._heard_bytes = self._heard_reads = 0
         engine.client_open(self.connection, f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.session = engine.new_session(self.connection)
         self._management: tuple[Any, Any, str] | None = None
@@ -174,6 +176,8 @@ class Client:
             raise ClientError("the broker closed the connection")
         engine.transport_push(self.transport, self._in, got)
         self._heard_at = time.monotonic()
+        self._heard_bytes += got
+        self._heard_reads += 1
         return True
 
     def _check_connection(self) -> None:
@@ -200,7 +204,8 @@ class Client:
                     f"timed out after {self.endpoint.timeout} s: {what} (the broker "
                     f"{self.endpoint.host}:{self.endpoint.port} last sent anything "
                     f"{now - self._heard_at:.1f} s ago, on a connection opened "
-                    f"{now - self._opened_at:.1f} s ago)"
+                    f"{now - self._opened_at:.1f} s ago that has read {self._heard_bytes} "
+                    f"bytes in {self._heard_reads} reads)"
                 )
             self._pump(0.05)
 

@@ -174,6 +174,8 @@ def test_a_call_to_a_broker_that_is_up_but_does_not_answer_times_out_saying_it_w
         message = str(raised.value)
         heard = float(message.split("last sent anything ")[1].split(" s ago")[0])
         assert heard < 1.5, message  # a heartbeat every 1 s
+        reads = int(message.split(" bytes in ")[1].split(" reads")[0])
+        assert reads >= 2, message  # the broker's open, and at least one heartbeat
         client.close()
     finally:
         broker.kill()
