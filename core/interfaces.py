@@ -338,8 +338,12 @@ class Consumer(Protocol):
     def credit(self) -> int:
         """How many more messages it can take right now."""
 
-    def deliver(self, ref: MessageRef) -> None:
-        """Hand over one message; the queue will hear its outcome later."""
+    def deliver(self, ref: MessageRef) -> bool | None:
+        """Hand over one message; the queue will hear its outcome later.
+
+        True when it takes no more for now whatever its credit (its connection's output
+        is full): a queue handing over a batch stops there, and the consumer calls the
+        queue's `dispatch()` again once it can take more."""
 
     def detach(self, reason: str) -> None:
         """The broker ends the subscription (its queue is deleted): give back what is

@@ -168,8 +168,7 @@ class StandardQueue:
             ref.consumer = consumer
             self.delivering += 1
             self.delivering_bytes += size
-            deliver(ref)
-            credit -= 1
+            credit = 0 if deliver(ref) else credit - 1
         for entry in entries[taken:]:
             self.memory_bytes += len(entry.message.data)
             self._messages.append(entry)  # no value to supersede: checked above
@@ -285,9 +284,8 @@ class StandardQueue:
                 ref.consumer = consumer
                 self.delivering += 1
                 self.delivering_bytes += len(ref.message.data)
-                consumer.deliver(ref)
-                if n > 1:
-                    break  # round robin: one message per consumer per turn
+                if consumer.deliver(ref) or n > 1:
+                    break  # it takes no more now; or round robin: one per consumer per turn
 
     def _dispatch_filtered(self) -> None:
         consumers = self._consumers

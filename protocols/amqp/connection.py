@@ -31,6 +31,12 @@ log = structlog.get_logger("scow.amqp")
 #: beyond which none is added (asyncio calls `pause_writing` past its own limit).
 STREAM_BUDGET = 4 << 20
 STREAM_BUFFERED = 2 << 20
+#: Bytes of messages consumer links may hand to proton between two writes to the socket.
+#: Past it they take no more until the output is written, and while the socket's write
+#: buffer is full (asyncio's `pause_writing`) none at all: a consumer that grants much
+#: credit and then stops reading (frozen, or on a stalled network) costs the broker this
+#: and its socket's buffers, not a copy of every message its credit covers.
+OUTPUT_ROOM = 1 << 20
 
 
 def _monotonic_ms() -> int:
@@ -81,6 +87,10 @@ class AmqpConnection(asyncio.Protocol):
         #: Consumer links streaming a large message from its file, fed as output drains.
         self.streams: list[ConsumerLink] = []
         self._writing_paused = False
+        #: Bytes consumer links may still hand over before the next write (`OUTPUT_ROOM`),
+        #: and the links that found none: they are offered messages again once there is.
+        self.out_room = OUTPUT_ROOM
+        self.held_links: list[ConsumerLink] = []
         #: What holds the socket's input back (see `hold_input`).
         self._input_holders: set[object] = set()
         #: Milliseconds the input was held before now, and since when it is held now,
@@ -201,11 +211,28 @@ class AmqpConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        self.out_room = 0  # the peer does not read: no more deliveries until it does
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._room_again()
         if self.streams:
             self.mark_dirty()
+
+    def hold_delivery(self, link: ConsumerLink) -> None:
+        """`link` found no room for output (see `OUTPUT_ROOM`): offer it messages again
+        once there is."""
+        if link not in self.held_links:
+            self.held_links.append(link)
+
+    def _room_again(self) -> None:
+        """The output was written: links may hand over `OUTPUT_ROOM` bytes more, and
+        those that waited for it are served as a credit grant would serve them."""
+        self.out_room = OUTPUT_ROOM
+        held, self.held_links = self.held_links, []
+        for link in held:
+            if not (link.closed or self.closed):
+                link.on_flow()
 
     def _close_socket(self) -> None:
         if self.socket is not None and not self.socket.is_closing():
@@ -260,6 +287,8 @@ class AmqpConnection(asyncio.Protocol):
                 return
             if self.streams:
                 self.mark_dirty()  # more to stream: after the loop has served the others
+        if self.out_room < OUTPUT_ROOM and not self._writing_paused:
+            self._room_again()  # what they handed over is written: links may send more
         self._schedule_tick()
 
     def _write_output(self) -> bool:

@@ -657,6 +657,9 @@ class ConsumerLink:
         engine.open_link(link, address=address, dynamic=source.dynamic)
 
     def credit(self) -> int:
+        if self.conn.out_room <= 0:  # the output waits to be written (OUTPUT_ROOM)
+            self.conn.hold_delivery(self)
+            return 0
         if self.stream is not None:
             return 0
         credit: int = engine.link_credit(self.link)
@@ -665,10 +668,12 @@ class ConsumerLink:
             return credit if credit < room else max(room, 0)
         return credit
 
-    def deliver(self, ref: MessageRef) -> None:
+    def deliver(self, ref: MessageRef) -> bool:
+        """Send `ref`; True once the connection's output has no room for more (see
+        `Consumer.deliver`)."""
         if self.stream is not None:
             self.backlog.append(ref)
-            return
+            return False
         message: Message = ref.message
         self._tag += 1
         _TAG.pack_into(self._tag_view, 0, self._tag)
@@ -681,10 +686,11 @@ class ConsumerLink:
             data = fmt.for_delivery(message, count)
         if message.data.__class__ is LargeHead:
             self._begin_stream(ref, data, message.data.body)  # type: ignore[attr-defined]
-            return
+            return False
         link = self.link
         delivery = engine.new_delivery(link, self._tag_struct)
-        engine.link_send(link, data, len(data))
+        size = len(data)
+        engine.link_send(link, data, size)
         engine.link_advance(link)
         if self.browse:
             engine.delivery_settle(delivery)
@@ -696,6 +702,12 @@ class ConsumerLink:
         conn = self.conn
         if not conn.dirty:  # mark_dirty's test, inlined: per message
             conn.mark_dirty()
+        room = conn.out_room - size
+        conn.out_room = room
+        if room > 0:
+            return False
+        conn.hold_delivery(self)
+        return True
 
     def _begin_stream(self, ref: MessageRef, head: bytes, body: LargeBody) -> None:
         """Start the delivery of a large message: its head now, its body from its file
@@ -792,13 +804,22 @@ class ConsumerLink:
     def on_flow(self) -> None:
         self.queue.dispatch()
         if engine.link_get_drain(self.link) and not holds_drain(self.queue, self):
-            engine.link_drained(self.link)
+            self._answer_drain()
 
     def drain_ready(self) -> None:
         """The queue has what it held this link's drain for (see `holds_drain`)."""
         if engine.link_get_drain(self.link):
-            engine.link_drained(self.link)
+            self._answer_drain()
             self.conn.mark_dirty()
+
+    def _answer_drain(self) -> None:
+        """The queue has nothing more for the credit: drain it, unless the output had
+        no room (the queue may have more; the connection calls `on_flow` again once
+        there is room)."""
+        if self.conn.out_room > 0:
+            engine.link_drained(self.link)
+        else:
+            self.conn.hold_delivery(self)
 
     def on_disposition(self, delivery: Any) -> None:
         state = engine.delivery_remote_state(delivery)

@@ -566,35 +566,20 @@ class TxConsumer(_Client, TransactionHandler):
         else:
             transaction.abort()
 
-    def on_transaction_committed(self, event: Any) -> None:
+    def _ended(self, kind: str) -> None:
         self.log.write(
-            "tx-committed",
-            lane=self.lane.name,
-            queue=self.lane.address,
-            batch=self.batch,
-            ids=self.ids,
+            kind, lane=self.lane.name, queue=self.lane.address, batch=self.batch, ids=self.ids
         )
         self.busy = False
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self._ended("tx-committed")
 
     def on_transaction_aborted(self, event: Any) -> None:
-        self.log.write(
-            "tx-aborted",
-            lane=self.lane.name,
-            queue=self.lane.address,
-            batch=self.batch,
-            ids=self.ids,
-        )
-        self.busy = False
+        self._ended("tx-aborted")
 
     def on_transaction_commit_failed(self, event: Any) -> None:
-        self.log.write(
-            "tx-commit-failed",
-            lane=self.lane.name,
-            queue=self.lane.address,
-            batch=self.batch,
-            ids=self.ids,
-        )
-        self.busy = False
+        self._ended("tx-commit-failed")
 
     def on_transaction_declare_failed(self, event: Any) -> None:
         self.log.write("tx-declare-failed", lane=self.lane.name)

@@ -1,0 +1,96 @@
+"""A consumer that stops reading its socket (a frozen process, a stalled network) after
+granting much credit costs `scow run` a bounded buffer, not a copy of every message its
+credit covers; others are served meanwhile, and once it reads again it gets everything.
+
+Before the fix, 100,000 x 1 KiB on a queue and a consumer with credit for all of them that
+did not read took the broker from 159 to 631 MiB: every message was encoded into the
+connection's output at once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from proton import Message
+
+from scow.core.testing import amqp_client, wait_for
+from tests.system.topology import BrokerSpec
+
+QUEUE = "stalled"
+COUNT = 20_000
+BODY = 2048
+
+#: The consumer, in a process of its own: credit for every message, one received (so
+#: the credit went out), then nothing read until a line comes on stdin; then the rest,
+#: each accepted, and how many came in order.
+CONSUMER = """
+import sys
+from proton.utils import BlockingConnection
+
+url, queue, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+conn = BlockingConnection(url)
+receiver = conn.create_receiver(queue, credit=count)
+seqs = [receiver.receive(timeout=30).properties["seq"]]
+receiver.accept()
+print("attached", flush=True)
+sys.stdin.readline()  # the socket is not read meanwhile
+while len(seqs) < count:
+    seqs.append(receiver.receive(timeout=30).properties["seq"])
+    receiver.accept()
+conn.close()
+print("received", len(seqs), "in order" if seqs == list(range(count)) else "out of order")
+"""
+
+
+def _delivering(broker) -> int:
+    return int(broker.api(f"/api/queues/{QUEUE}").get("delivering-count", 0))
+
+
+def test_a_consumer_that_stops_reading_costs_a_bounded_buffer_and_then_gets_everything(
+    system_broker, tmp_path: Path
+):
+    broker = system_broker(BrokerSpec(broker={"global-max-size": -1}))
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(QUEUE)
+        for seq in range(COUNT):
+            sender.send(Message(body=b"x" * BODY, properties={"seq": seq}), timeout=False)
+        sender.send(Message(body=b"last", properties={"seq": COUNT}))  # waits for all
+    wait_for(lambda: broker.api(f"/api/queues/{QUEUE}")["message-count"] == COUNT + 1, 30)
+    filled = broker.rss_kib()
+
+    script = tmp_path / "consumer.py"
+    script.write_text(CONSUMER)
+    consumer = subprocess.Popen(
+        [sys.executable, str(script), broker.url, QUEUE, str(COUNT)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert consumer.stdout is not None and consumer.stdin is not None
+        assert consumer.stdout.readline().strip() == "attached"
+        # while it reads nothing, the broker hands it no more than its output can hold
+        wait_for(lambda: _delivering(broker) > 1, 10, what="deliveries to the stalled consumer")
+        deadline, most = time.monotonic() + 3, 0
+        while time.monotonic() < deadline:
+            most = max(most, _delivering(broker))
+            time.sleep(0.1)
+        grown = (broker.rss_kib() - filled) / 1024
+        print(f"stalled: {most} delivering, broker grew {grown:.1f} MiB")
+        assert most < COUNT // 4, f"{most} of {COUNT} messages handed to a consumer that reads none"
+        assert grown < 32, f"the broker grew {grown:.0f} MiB for a consumer that reads nothing"
+        # others are served meanwhile
+        with amqp_client(broker) as other:
+            other.create_sender("others").send(Message(body="hi"))
+            receiver = other.create_receiver("others")
+            assert receiver.receive(timeout=10).body == "hi"
+            receiver.accept()
+
+        out, _ = consumer.communicate("read\n", timeout=120)
+    finally:
+        consumer.kill()
+    assert out.strip().splitlines()[-1] == f"received {COUNT} in order"
+    assert broker.api(f"/api/queues/{QUEUE}")["message-count"] == 1  # the last one
