@@ -80,6 +80,8 @@ class AmqpConnection(asyncio.Protocol):
         #: Output is waiting and a flush is scheduled (`mark_dirty`).
         self.dirty = False
         self._timer: asyncio.TimerHandle | None = None
+        #: Closes the connection if its AMQP open has not come in time (handshake-timeout).
+        self._handshake: asyncio.TimerHandle | None = None
         self._opened = False
         self._admitted = False
         #: Bytes of partial (still arriving) messages held by this connection's links.
@@ -114,6 +116,27 @@ class AmqpConnection(asyncio.Protocol):
             certificate_name=subject_name(tls.getpeercert()) if tls is not None else None,
         )
         self.server.connections.add(self)
+        if self.server.handshake_timeout:
+            self._handshake = asyncio.get_running_loop().call_later(
+                self.server.handshake_timeout / 1000, self._handshake_expired
+            )
+
+    def _handshake_expired(self) -> None:
+        self._handshake = None
+        if self.closed or self.socket is None:
+            return
+        log.info(
+            "connection closed",
+            remote=self.info.remote,
+            reason=f"no AMQP open within handshake-timeout ({self.server.handshake_timeout} ms)",
+            stage="SASL" if self.principal is None else "open",
+        )
+        self.socket.abort()
+
+    def _end_handshake(self) -> None:
+        if self._handshake is not None:
+            self._handshake.cancel()
+            self._handshake = None
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -438,6 +461,7 @@ class AmqpConnection(asyncio.Protocol):
             )
 
     def _on_open(self) -> None:
+        self._end_handshake()
         connection = self.engine.connection
         self.container_id = engine.remote_container(connection)
         self.info.container_id = self.container_id
@@ -498,6 +522,7 @@ class AmqpConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self._end_handshake()
         if self._timer is not None:
             self._timer.cancel()
         for tx in self.transactions.values():

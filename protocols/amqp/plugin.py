@@ -41,6 +41,16 @@ SECTION = ConfigSection(
             minimum=0,
         ),
         Setting(
+            "handshake-timeout",
+            int,
+            10000,
+            "Close a connection whose AMQP open has not come this long (ms) after it "
+            "connected: one that sends nothing, or stops during SASL, would hold its "
+            "socket for ever (Artemis's handshake-timeout). 0 turns it off.",
+            kind="duration-ms",
+            minimum=0,
+        ),
+        Setting(
             "max-frame-size",
             int,
             131072,

@@ -46,6 +46,7 @@ class AmqpServer:
         self.listen_tls = [parse_host_port(item) for item in settings["listen-tls"]]
         self.tls_settings = tls
         self.idle_timeout = int(settings["idle-timeout"])
+        self.handshake_timeout = int(settings["handshake-timeout"])
         self.max_frame_size = int(settings["max-frame-size"])
         self.sasl_mechanisms = list(settings["sasl-mechanisms"])
         self.producer_credit = int(settings["producer-credit"])
@@ -84,8 +85,16 @@ class AmqpServer:
     ) -> list[tuple[str, int]]:
         # TLS stays in the transport (asyncio's, or uvloop's): the protocol sees plain
         # bytes, so the per-message path is the same engine calls with or without it.
+        # a TLS handshake that does not finish in handshake-timeout ends there too (the
+        # connection's own timer starts once it is done)
+        tls_timeout = self.handshake_timeout / 1000 if context and self.handshake_timeout else None
         server = await asyncio.get_running_loop().create_server(
-            lambda: AmqpConnection(self), host or None, port, reuse_address=True, ssl=context
+            lambda: AmqpConnection(self),
+            host or None,
+            port,
+            reuse_address=True,
+            ssl=context,
+            ssl_handshake_timeout=tls_timeout,
         )
         self._servers.append(server)
         return [sock.getsockname()[:2] for sock in server.sockets]

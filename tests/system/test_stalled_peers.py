@@ -1,14 +1,21 @@
-"""A consumer that stops reading its socket (a frozen process, a stalled network) after
-granting much credit costs `scow run` a bounded buffer, not a copy of every message its
-credit covers; others are served meanwhile, and once it reads again it gets everything.
+"""Peers that stall, as `scow run` meets them.
 
+A consumer that stops reading its socket (a frozen process, a stalled network) after
+granting much credit costs the broker a bounded buffer, not a copy of every message its
+credit covers; others are served meanwhile, and once it reads again it gets everything.
 Before the fix, 100,000 x 1 KiB on a queue and a consumer with credit for all of them that
 did not read took the broker from 159 to 631 MiB: every message was encoded into the
 connection's output at once.
+
+A client that connects and never finishes its handshake (sends nothing, or stops during
+SASL, in the clear or over TLS) is closed after `handshake-timeout`: before, idle-timeout
+did not apply until SASL was done, and such a socket was held for ever.
 """
 
 from __future__ import annotations
 
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -94,3 +101,38 @@ def test_a_consumer_that_stops_reading_costs_a_bounded_buffer_and_then_gets_ever
         consumer.kill()
     assert out.strip().splitlines()[-1] == f"received {COUNT} in order"
     assert broker.api(f"/api/queues/{QUEUE}")["message-count"] == 1  # the last one
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the broker closed `sock` (what it sent before is read and dropped)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return False
+    except (ConnectionResetError, ssl.SSLEOFError):
+        return True
+
+
+def test_a_client_that_does_not_finish_its_handshake_is_closed_after_handshake_timeout(
+    system_broker, pki
+):
+    broker = system_broker(
+        BrokerSpec(amqp={"handshake-timeout": 1000}, tls=(pki.server_cert, pki.server_key))
+    )
+    with amqp_client(broker) as conn:  # opened first: it outlives the others' timeout
+        silent = socket.create_connection(("127.0.0.1", broker.port))
+        in_sasl = socket.create_connection(("127.0.0.1", broker.port))
+        in_sasl.sendall(b"AMQP\x03\x01\x00\x00")  # the SASL header, then nothing
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        over_tls = context.wrap_socket(
+            socket.create_connection(("127.0.0.1", broker.tls_port)), server_hostname="localhost"
+        )
+        raw_tls = socket.create_connection(("127.0.0.1", broker.tls_port))  # no TLS hello
+        stalled = {"silent": silent, "in SASL": in_sasl, "over TLS": over_tls, "raw TLS": raw_tls}
+        for name, sock in stalled.items():
+            wait_for(lambda sock=sock: _closed_by_peer(sock), 10, what=f"the {name} socket closed")
+        conn.create_sender("after").send(Message(body="still served"))
+    assert len(broker.log_lines("no AMQP open within handshake-timeout (1000 ms)")) == 3
