@@ -20,13 +20,29 @@ LEVELS = {
 class _Stderr:
     """`sys.stderr` as it is when a line is written, not when logging was configured: a
     program that runs `scow` commands in-process (a test runner capturing output) may
-    replace and close the one that was current then."""
+    replace and close the one that was current then.
+
+    A log whose reader went away (`scow run 2>&1 | tee broker.log`, and tee ended; the
+    terminal closed) costs its lines, never the broker: the write error (EPIPE, EIO) would
+    otherwise surface in whatever the broker was doing when it logged. The lines after it
+    are dropped."""
+
+    lost = False
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        if not self.lost:
+            try:
+                return sys.stderr.write(text)
+            except OSError:
+                self.lost = True
+        return len(text)
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        if not self.lost:
+            try:
+                sys.stderr.flush()
+            except OSError:
+                self.lost = True
 
 
 def configure(log_format: str = "console", level: str = "info") -> None:
