@@ -397,15 +397,23 @@ class Server:
         self._stopped.set()
 
     async def run_forever(self) -> None:
-        """Start, then serve until SIGINT/SIGTERM. An HA member that must hand the store
-        over stops serving and starts afresh in this process, waiting (`os.execv`)."""
+        """Start, then serve until SIGINT, SIGTERM or SIGHUP (a closed terminal: stopped
+        cleanly rather than killed, as a JVM broker's shutdown hooks do). An HA member
+        that must hand the store over stops serving and starts afresh in this process,
+        waiting (`os.execv`)."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        signals: list[str] = []
+
+        def stop_on(sig: signal.Signals) -> None:
+            signals.append(sig.name)
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, stop_on, sig)
         if await self.start(stop) is None:
-            log.info("shutting down")
+            log.info("shutting down", signal=signals[0] if signals else None)
             return
         waits = [asyncio.ensure_future(stop.wait())]
         if self.ha is not None:
@@ -414,7 +422,7 @@ class Server:
         for waiting in waits:
             waiting.cancel()
         if self.ha is None or self.ha.step_down is None:
-            log.info("shutting down")
+            log.info("shutting down", signal=signals[0] if signals else None)
             await self.stop()
             return
         for server in self.protocols.values():  # clients go to the other member at once
