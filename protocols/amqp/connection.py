@@ -27,16 +27,19 @@ log = structlog.get_logger("scow.amqp")
 
 
 #: Bytes of large messages' bodies one flush adds to the output before it lets the loop
-#: serve others (the rest follows in the next flush), and the socket's write buffer
-#: beyond which none is added (asyncio calls `pause_writing` past its own limit).
+#: serve others (the rest follows in the next flush).
 STREAM_BUDGET = 4 << 20
-STREAM_BUFFERED = 2 << 20
 #: Bytes of messages consumer links may hand to proton between two writes to the socket.
 #: Past it they take no more until the output is written, and while the socket's write
-#: buffer is full (asyncio's `pause_writing`) none at all: a consumer that grants much
-#: credit and then stops reading (frozen, or on a stalled network) costs the broker this
-#: and its socket's buffers, not a copy of every message its credit covers.
+#: buffer is full (`WRITE_BUFFER_HIGH`) none at all: a consumer that grants much credit
+#: and then stops reading (frozen, or on a stalled network) costs the broker this and its
+#: socket's buffers, not a copy of every message its credit covers.
 OUTPUT_ROOM = 1 << 20
+#: What asyncio may hold of a socket's output beyond what the kernel took before it calls
+#: `pause_writing` (then nothing more is added: no deliveries, no large message's body),
+#: and `resume_writing` once it is down to a quarter. Well above one flush's output, so a
+#: consumer that reads keeps its socket full (asyncio's own 64 KiB paused a fast drain).
+WRITE_BUFFER_HIGH = 2 << 20
 
 
 def _monotonic_ms() -> int:
@@ -106,6 +109,7 @@ class AmqpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.socket = transport  # type: ignore[assignment]
+        self.socket.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_HIGH // 4)
         peer = transport.get_extra_info("peername")
         self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
         tls = transport.get_extra_info("ssl_object")
@@ -332,11 +336,7 @@ class AmqpConnection(asyncio.Protocol):
         """Add more of the large messages being streamed, as far as the socket has room;
         returns the bytes added."""
         socket = self.socket
-        if (
-            self._writing_paused
-            or socket is None
-            or socket.get_write_buffer_size() > STREAM_BUFFERED
-        ):
+        if self._writing_paused or socket is None:
             return 0
         sent = 0
         for link in list(self.streams):

@@ -87,8 +87,8 @@ def test_a_consumer_that_stops_reading_costs_a_bounded_buffer_and_then_gets_ever
             time.sleep(0.1)
         grown = (broker.rss_kib() - filled) / 1024
         print(f"stalled: {most} delivering, broker grew {grown:.1f} MiB")
-        assert most < COUNT // 4, f"{most} of {COUNT} messages handed to a consumer that reads none"
-        assert grown < 32, f"the broker grew {grown:.0f} MiB for a consumer that reads nothing"
+        assert most < COUNT // 2, f"{most} of {COUNT} messages handed to a consumer that reads none"
+        assert grown < 48, f"the broker grew {grown:.0f} MiB for a consumer that reads nothing"
         # others are served meanwhile
         with amqp_client(broker) as other:
             other.create_sender("others").send(Message(body="hi"))
