@@ -137,6 +137,10 @@ class Client:
         self.session = engine.new_session(self.connection)
         self._management: tuple[Any, Any, str] | None = None
         self._request_id = 0
+        # the open goes now, not with the first request: a broker closes a connection
+        # that has not opened within its handshake-timeout (Scow's and Artemis's: 10 s),
+        # and a client may be made well before it is first used
+        self._flush()
 
     # ------------------------------------------------------------------ I/O
 

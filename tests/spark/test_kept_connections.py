@@ -179,3 +179,31 @@ def test_a_call_to_a_broker_that_is_up_but_does_not_answer_times_out_saying_it_w
         client.close()
     finally:
         broker.kill()
+
+
+def test_a_client_made_before_it_is_used_outlives_the_broker_s_handshake_timeout(
+    tmp_path: Path,
+):
+    """The client sends its open when it is made: a broker closes a connection that has
+    not opened within handshake-timeout, and a client may first be used later than that
+    (spark_bench's was, after a 15 s baseline run)."""
+    import socket
+
+    from scow.plugins.spark.client import Client, Endpoint
+
+    tables = broker_config(
+        tmp_path / "data",
+        plugins=PLUGINS,
+        sections={"amqp": {"handshake-timeout": 300}, "queues": {"s": stream()}},
+    )
+    broker = BrokerThread(write_config(tmp_path / "scow.toml", tables)).start()
+    try:
+        client = Client(Endpoint.parse(broker.url, timeout=10))
+        silent = socket.create_connection(("127.0.0.1", broker.port))  # made just after
+        silent.settimeout(10)
+        assert silent.recv(1) == b""  # closed: the handshake-timeout has passed for both
+        assert client.call("stream", "s", "READ")["next-sequence"] == 0
+        client.close()
+        silent.close()
+    finally:
+        broker.stop()
