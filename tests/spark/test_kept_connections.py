@@ -4,6 +4,7 @@ micro-batches) is replaced, not used to fail a task."""
 
 from __future__ import annotations
 
+import importlib.util
 import select
 from pathlib import Path
 
@@ -20,9 +21,14 @@ from scow.core.testing import (
 from scow.protocols.amqp.codec import encode_message
 from tests.spark.conftest import PLUGINS, stream
 
-pytest.importorskip("pyspark")
+#: The pool of kept connections lives in the data source's module, which needs pyspark;
+#: the client's own tests below do not.
+needs_pyspark = pytest.mark.skipif(
+    importlib.util.find_spec("pyspark") is None, reason="pip install 'scow[spark]'"
+)
 
 
+@needs_pyspark
 def test_a_kept_connection_the_broker_closed_for_idleness_is_replaced(tmp_path: Path):
     from scow.plugins.spark.source import Options, ScowDataSource, pooled
 
@@ -53,6 +59,7 @@ def test_a_kept_connection_the_broker_closed_for_idleness_is_replaced(tmp_path: 
         broker.stop()
 
 
+@needs_pyspark
 def test_a_kept_connection_to_a_broker_killed_and_restarted_is_replaced(tmp_path: Path):
     """Found by CI: a read leaves the broker's last frames (its detach) unread in the
     kept connection; once that broker is gone, the check before the next use read those
