@@ -27,8 +27,8 @@ from scow.core.testing import amqp_client, wait_for
 from tests.system.topology import BrokerSpec
 
 QUEUE = "stalled"
-COUNT = 20_000
-BODY = 2048
+COUNT = 5_000
+BODY = 8192
 
 #: The consumer, in a process of its own: credit for every message, one received (so
 #: the credit went out), then nothing read until a line comes on stdin; then the rest,
