@@ -796,6 +796,8 @@ class ConsumerLink:
             "credit": self.credit(),
             "unsettled": len(self.unsettled),
             "selector": self.filter is not None,
+            # the client has not read what it was sent: its credit waits until it does
+            "output-full": self.conn.out_room <= 0,
         }
 
     def detach(self, reason: str) -> None:

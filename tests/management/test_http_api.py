@@ -214,6 +214,7 @@ def test_connections_show_their_links(managed):
     assert links["producer"]["role"] == "producer" and links["producer"]["address"] == "in"
     assert links["consumer"]["role"] == "consumer" and links["consumer"]["queue"] == "out"
     assert links["consumer"]["credit"] == 7 and links["consumer"]["unsettled"] == 0
+    assert links["consumer"]["output-full"] is False
 
 
 def test_queue_rates_follow_what_is_sent_and_consumed(managed):

@@ -87,6 +87,13 @@ def test_a_consumer_that_stops_reading_costs_a_bounded_buffer_and_then_gets_ever
             time.sleep(0.1)
         grown = (broker.rss_kib() - filled) / 1024
         print(f"stalled: {most} delivering, broker grew {grown:.1f} MiB")
+        stalled = [
+            link
+            for connection in broker.api("/api/connections")
+            for link in connection["links"]
+            if link.get("queue") == QUEUE
+        ]
+        assert [link["output-full"] for link in stalled] == [True]  # what an operator sees
         assert most < COUNT // 2, f"{most} of {COUNT} messages handed to a consumer that reads none"
         assert grown < 48, f"the broker grew {grown:.0f} MiB for a consumer that reads nothing"
         # others are served meanwhile
