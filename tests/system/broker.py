@@ -61,7 +61,7 @@ class SystemBroker(BrokerProcess):
         self.starts += 1
         if self.http_port:
             wait_for(
-                lambda: _listening(self.http_port), timeout, 0.05, "the management API to listen"
+                lambda: listening(self.http_port), timeout, 0.05, "the management API to listen"
             )
         return self
 
@@ -133,6 +133,7 @@ class SystemBroker(BrokerProcess):
         )
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -6,7 +6,6 @@ terminal) drops its log lines and keeps serving."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 
 from proton import Message
@@ -20,6 +19,7 @@ from scow.core.testing import (
     wait_for,
     write_config,
 )
+from tests.system.broker import listening
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 
@@ -63,11 +63,6 @@ def test_data_print_into_a_closed_pipe_ends_quietly(tmp_path):
     assert pipeline.returncode == 141  # 128 + SIGPIPE, what shells expect of such a reader
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def test_run_keeps_serving_when_its_log_reader_goes_away(tmp_path):
     port = free_port()
     config = write_config(
@@ -82,7 +77,7 @@ def test_run_keeps_serving_when_its_log_reader_goes_away(tmp_path):
         assert broker.stderr is not None
         assert broker.stderr.readline()  # its first log line, then the reader goes away
         broker.stderr.close()
-        wait_for(lambda: broker.poll() is not None or _listening(port), 30, what="the listener")
+        wait_for(lambda: broker.poll() is not None or listening(port), 30, what="the listener")
         assert broker.poll() is None, f"scow run exited with {broker.returncode}"
         url = f"amqp://127.0.0.1:{port}"
         conn = BlockingConnection(url, timeout=10)  # each login is a log line nobody reads
