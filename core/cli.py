@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scow.core import app, ha
+import structlog
+
+from scow.core import app, ha, open_files
 from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
 from scow.core.model import derived_global_max_size
@@ -67,6 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         plugins, config = app.load(_config_path(args), _overrides(args))
         broker_cfg = config.section("broker")
         scow_logging.configure(broker_cfg["log-format"], broker_cfg["log-level"])
+        _raise_open_files()
         server = app.Server(plugins, config)
     except app.StartupError as exc:
         print(f"scow: {exc}", file=sys.stderr)
@@ -86,6 +89,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"scow: cannot listen: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _raise_open_files() -> None:
+    """The soft open-file limit up to the hard one, logged with what client sockets get."""
+    before, files = open_files.raise_limit()
+    raised = {"raised-from": before} if files != before else {}
+    structlog.get_logger().info(
+        "open files", limit=files, **raised, client_sockets=open_files.socket_ceiling(files)
+    )
 
 
 def cmd_ha_status(args: argparse.Namespace) -> int:

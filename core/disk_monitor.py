@@ -42,9 +42,25 @@ log = structlog.get_logger("scow.disk")
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
+#: Errors that mean "this process may open no more files" (its limit, or the system's).
+NO_FILES_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
 def is_no_space(exc: BaseException) -> bool:
     """Whether `exc` is a file system refusing a write for lack of space."""
     return isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS
+
+
+def is_no_room(exc: BaseException) -> bool:
+    """Whether `exc` is a file that cannot be made or opened for now: no space for it, or
+    no descriptor left (the open-file limit). Both pass once something is freed, so
+    storage refuses new data and tries again, as for a full disk, rather than failing."""
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS | NO_FILES_ERRNOS
+
+
+def no_room_reason(exc: OSError) -> str:
+    """'file system full' or 'open-file limit reached', for an error `is_no_room` took."""
+    return "open-file limit reached" if exc.errno in NO_FILES_ERRNOS else "file system full"
 
 
 def mount_point(path: str | Path) -> str:

@@ -17,11 +17,15 @@ The package also holds the user store (`users`: the users file), SCRAM credentia
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from scow.core import open_files
 from scow.core.config import PERMISSIONS, SECURITY_SETTINGS_SECTION, Config, ConfigError
 from scow.core.logging import audit_logger
 from scow.core.model import ResourceLimitExceeded, Unauthorized
@@ -32,6 +36,9 @@ from scow.core.wildcard import HierarchicalRepository
 __all__ = ["ANONYMOUS", "PERMISSIONS", "Principal", "Security"]
 
 ANONYMOUS = "anonymous"
+
+#: Seconds between two warnings about sockets refused for the open-file limit.
+SOCKETS_WARNING_PERIOD = 10.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,15 @@ class Security:
         self.enforcing = len(self._grants) > 0
         self.connections = 0
         self._per_user: dict[str, int] = {}
+        #: Client sockets open now, counted from accept (before any login) to close, and
+        #: how many may be: what the open-file limit leaves after storage's reserve.
+        self.sockets = 0
+        self.open_files = open_files.limit()
+        self.max_sockets = open_files.socket_ceiling(self.open_files)
+        #: Sockets refused for that, in all and since the last warning (and its time).
+        self.sockets_refused = 0
+        self._unreported = 0
+        self._reported_at = -SOCKETS_WARNING_PERIOD
 
     @classmethod
     def from_config(cls, config: Config) -> Security:
@@ -170,6 +186,36 @@ class Security:
             )
         self.connections += 1
         self._per_user[name] = held + 1
+
+    def take_socket(self, peer: str) -> bool:
+        """Count an accepted client socket; False when it must be closed at once: the
+        open-file limit leaves no more for client sockets (logged, at most every
+        `SOCKETS_WARNING_PERIOD` seconds, with how many were refused meanwhile)."""
+        if self.sockets < self.max_sockets:
+            self.sockets += 1
+            return True
+        self.sockets_refused += 1
+        self._unreported += 1
+        now = time.monotonic()
+        if now - self._reported_at >= SOCKETS_WARNING_PERIOD:
+            structlog.get_logger().warning(  # the broker's log: an operator's matter
+                "connection refused",
+                peer=peer,
+                limit="open files",
+                refused=self._unreported,
+                reason=(
+                    f"{self.sockets} client sockets open, the most the open-file limit "
+                    f"({self.open_files}) allows with {self.open_files - self.max_sockets} "
+                    "kept for storage; raise it (ulimit -n, systemd's LimitNOFILE) to allow more"
+                ),
+            )
+            self._unreported = 0
+            self._reported_at = now
+        return False
+
+    def socket_closed(self) -> None:
+        """A socket `take_socket` counted is closed."""
+        self.sockets -= 1
 
     def release(self, principal: Principal | None) -> None:
         """A connection `admit` counted has closed."""

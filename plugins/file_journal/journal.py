@@ -45,8 +45,8 @@ from typing import Any
 
 import structlog
 
-from scow.core import disk_monitor
-from scow.core.disk_monitor import is_no_space
+from scow.core import disk_monitor, open_files
+from scow.core.disk_monitor import NO_FILES_ERRNOS, is_no_room, no_room_reason
 from scow.core.interfaces import Completion, LoadResult
 from scow.core.model import StorageFull
 
@@ -749,9 +749,15 @@ class FileJournal:
         self.counters.files_created += 1
         return JFile(path, number, self._file_size)
 
-    def _no_room_for(self, exc: OSError) -> str:
-        """What a failed file creation means, for logs and refusals (no lock needed)."""
-        what = f"a new {self._file_size}-byte journal file"
+    def _no_room_for(self, exc: OSError, what: str = "") -> str:
+        """What a failed file creation (or `what`) means, for logs and refusals (no lock
+        needed)."""
+        what = what or f"a new {self._file_size}-byte journal file"
+        if exc.errno in NO_FILES_ERRNOS:
+            return (
+                f"{self.directory}: cannot open {what}: {exc.strerror} (the open-file limit "
+                f"is {open_files.limit()})"
+            )
         if exc.errno == errno.EDQUOT:  # free bytes do not tell it: say so
             what += f" ({exc.strerror})"
         return disk_monitor.describe_no_room(self.directory, what)
@@ -771,7 +777,7 @@ class FileJournal:
 
     def _storage_full(self) -> StorageFull:
         return StorageFull(
-            f"journal: not stored: {self._no_room}; producers resume once space returns"
+            f"journal: not stored: {self._no_room}; producers resume once it has room again"
         )
 
     def _delete_file(self, f: JFile) -> None:
@@ -797,7 +803,7 @@ class FileJournal:
                 self._check_room()
                 f = self._create(self._next_no)
             except OSError as exc:
-                if not is_no_space(exc):
+                if not is_no_room(exc):
                     raise
                 self._set_no_room(self._no_room_for(exc))
                 self._files_cond.notify()  # the files thread reports it and retries
@@ -1027,13 +1033,13 @@ class FileJournal:
                     writer.write(batch)
                     return
                 except OSError as exc:
-                    if not is_no_space(exc) or self._stopping:
+                    if not is_no_room(exc) or self._stopping:
                         raise
                     if problem is None:
-                        problem = disk_monitor.describe_no_room(self.directory, "a write")
+                        problem = self._no_room_for(exc, "a write")
                         structlog.get_logger().warning(
-                            "journal write refused: file system full; tried again until "
-                            "space returns",
+                            f"journal write refused: {no_room_reason(exc)}; tried again "
+                            "until it has room",
                             directory=self.directory,
                             error=str(exc),
                         )
@@ -1109,7 +1115,7 @@ class FileJournal:
                     try:
                         f = self._new_file()
                     except OSError as exc:
-                        if not is_no_space(exc):
+                        if not is_no_room(exc):
                             raise
                         problem = self._no_room_for(exc)
                         with self._lock:
@@ -1121,7 +1127,8 @@ class FileJournal:
                         if not reported:
                             reported = True
                             log.warning(
-                                "journal file system full: new records refused until space returns",
+                                f"journal {no_room_reason(exc)}: new records refused until "
+                                "it has room again",
                                 directory=self.directory,
                                 reason=problem,
                             )
@@ -1159,11 +1166,11 @@ class FileJournal:
                         if self._should_compact():
                             compactor.compact(self)
                     except OSError as exc:
-                        if not is_no_space(exc):
+                        if not is_no_room(exc):
                             raise
                         # nothing of the live state changed: the next kick tries again
                         structlog.get_logger().warning(
-                            "journal maintenance postponed: file system full",
+                            f"journal maintenance postponed: {no_room_reason(exc)}",
                             directory=self.directory,
                             error=str(exc),
                         )

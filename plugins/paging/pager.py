@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core.disk_monitor import describe_no_room, is_no_space, out_of_space
+from scow.core.disk_monitor import describe_no_room, is_no_room, out_of_space
 from scow.core.interfaces import after_all, stores_own_messages
 from scow.core.large_messages import hold_body, large_body
 from scow.core.message import Message, PagedRef, SharedMessage
@@ -159,7 +159,7 @@ class AddressPager:
         try:
             self._store = self._open_store()
         except (StorageFull, OSError) as exc:
-            if isinstance(exc, OSError) and not is_no_space(exc):
+            if isinstance(exc, OSError) and not is_no_room(exc):
                 raise
             refusal = (
                 exc
@@ -181,12 +181,12 @@ class AddressPager:
         owner = f"page store of address {self.address.name!r}"
         out_of_space(self.manager.directory, owner, problem)
         if problem is None:
-            log.info("page store opened: the file system has room again", address=self.address.name)
+            log.info("page store opened: there is room again", address=self.address.name)
             return
         if self._retry is None:
             log.warning(
-                "page store not opened: file system full; sends to the address refused "
-                "and producers held back until space returns",
+                "page store not opened: no room for its files; sends to the address "
+                "refused and producers held back until there is",
                 address=self.address.name,
                 reason=problem,
             )

@@ -94,7 +94,7 @@ class FilePageStore:
         try:
             self._make_folder()
         except OSError as exc:
-            if not disk_monitor.is_no_space(exc):
+            if not disk_monitor.is_no_room(exc):
                 raise
             raise StorageFull(
                 f"page store of {self.address!r}: not stored: "

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import structlog
 
-from scow.core.disk_monitor import is_no_space
+from scow.core.disk_monitor import is_no_room
 from scow.core.interfaces import Completion, PageStore
 from scow.plugins.paging.index import PageIndex
 
@@ -177,16 +177,16 @@ class PageWriter:
                 stalled = not stalled
                 if stalled:
                     log.warning(
-                        "page write refused: file system full; producers held back and "
-                        "the write retried until space returns",
+                        "page write refused: no room for it; producers held back and "
+                        "the write retried until there is",
                         error=self._no_room,
                     )
                 else:
-                    log.info("page writes go on: the file system has room again")
+                    log.info("page writes go on: there is room again")
                 self._loop.call_soon_threadsafe(self._set_stalled, stalled)
             if stopping and self._held:
                 log.error(
-                    "page records not written at shutdown: file system full",
+                    "page records not written at shutdown: no room for them",
                     records=sum(1 for item in self._held if item[2] is not None),
                     error=self._no_room,
                 )
@@ -210,7 +210,7 @@ class PageWriter:
             try:
                 store.append(page, list(records))
             except (OSError, ValueError) as exc:
-                if not (isinstance(exc, OSError) and is_no_space(exc)):
+                if not (isinstance(exc, OSError) and is_no_room(exc)):
                     # one store refusing must not stop the writes of every other address:
                     # these records stay unwritten (their producers get no outcome)
                     log.exception("page write failed", page=page, records=len(records))

@@ -108,10 +108,15 @@ class AmqpConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ socket side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.socket = transport  # type: ignore[assignment]
-        self.socket.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_HIGH // 4)
         peer = transport.get_extra_info("peername")
         self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if not self.security.take_socket(self.info.remote):  # storage keeps its files
+            self.closed = True
+            self.engine.free()
+            transport.abort()
+            return
+        self.socket = transport  # type: ignore[assignment]
+        self.socket.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_HIGH // 4)
         tls = transport.get_extra_info("ssl_object")
         self.sasl = SaslServer(
             mechanisms=self.server.sasl_mechanisms,
@@ -531,6 +536,7 @@ class AmqpConnection(asyncio.Protocol):
         for link in list(self.links):
             self._drop_link(link, remote_closed=False)
         self.server.connections.discard(self)
+        self.security.socket_closed()
         if self._admitted:
             self.security.release(self.principal)
         if self._opened:

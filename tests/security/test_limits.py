@@ -5,6 +5,8 @@ Past each limit the peer gets a clear AMQP error and everyone else is served.
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from proton import ConnectionException, Message
 
@@ -31,6 +33,19 @@ def test_max_connections_refuses_the_next_with_resource_limit_exceeded(secured):
         assert "max-connections (2)" in description
     round_trip(broker.url)  # the two went away: room again
     assert any(r.get("limit") == "max-connections" for r in broker.audit())
+
+
+def test_a_socket_past_what_the_open_file_limit_leaves_is_closed_at_once(scow_broker):
+    broker = scow_broker()
+    security = broker.broker.security
+    assert security.max_sockets > 100  # the open-file limit less storage's reserve
+    security.max_sockets = 1
+    with connected(broker.url):
+        with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as extra:
+            assert extra.recv(64) == b""  # closed, nothing said
+        assert broker.call(lambda: (security.sockets, security.sockets_refused)) == (1, 1)
+    wait_for(lambda: broker.call(lambda: security.sockets) == 0, 10)
+    round_trip(broker.url)  # the first one's socket was given back
 
 
 def test_max_connections_per_user(secured):

@@ -91,6 +91,17 @@ def test_connection_limits_count_stomp_connections(scow_broker, tmp_path):
         seen.wait_receipt("r")
 
 
+def test_a_stomp_socket_past_what_the_open_file_limit_leaves_is_closed_at_once(scow_broker):
+    broker = start(scow_broker)
+    broker.broker.security.max_sockets = 1
+    with client(broker):
+        assert read_until_closed(raw(broker)) == b""  # closed, nothing said
+    wait_for(lambda: broker.call(lambda: broker.broker.security.sockets) == 0, 10)
+    with client(broker) as (conn, seen):  # the first one's socket was given back
+        conn.send("/queue/q", b"x", receipt="r")
+        seen.wait_receipt("r")
+
+
 def test_client_ack_acknowledges_every_earlier_message(scow_broker):
     broker = start(scow_broker)
     with client(broker) as (conn, seen):

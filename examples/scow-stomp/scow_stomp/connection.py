@@ -132,9 +132,13 @@ class StompConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ socket side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.socket = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if not self.broker.security.take_socket(self.info.remote):  # storage keeps its files
+            self.closed = True
+            transport.abort()
+            return
+        self.socket = transport  # type: ignore[assignment]
         self.server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -318,6 +322,7 @@ class StompConnection(asyncio.Protocol):
             subscription.close(remove_subscription=False)
         self.subscriptions.clear()
         self.server.connections.discard(self)
+        self.broker.security.socket_closed()
         if self._admitted:
             self.broker.security.release(self.principal)
         if self.connected:

@@ -1,0 +1,119 @@
+"""The open-file limit, as `scow run` meets it under a storm of connections.
+
+Every client socket is a file descriptor, and so is every file the broker's storage opens.
+Before, `scow run` kept the soft limit it was given (often 1024, here 64) and let client
+sockets take all of it: a few hundred sockets that connected and said nothing (a
+reconnect loop, a port scan, clients started at once) left the journal unable to make
+its next file. It then failed for good ("journal failed; no more appends") and the broker
+served on storing nothing: every later durable send and acknowledgement was refused until
+a restart.
+
+Now `scow run` raises its soft limit to the hard one and keeps a reserve of it from client
+sockets: a socket beyond that is closed as soon as it is accepted, and logged.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from proton import Delivery, Message
+
+from scow.core.testing import amqp_client, scow_command, wait_for
+from tests.system.topology import BrokerSpec
+
+#: The hard limit the broker runs under, and the soft one it is started with.
+FILES, SOFT = 256, 64
+#: Sockets the broker may keep with that limit: 256 less the reserve of 100.
+CLIENT_SOCKETS = 156
+QUEUE = "storm"
+COUNT, BODY = 2_000, 4096  # 8 MiB through 1 MiB journal files: new files are needed
+
+
+def _limited_scow(tmp_path: Path) -> str:
+    wrapper = tmp_path / "scow-limited"
+    wrapper.write_text(
+        f'#!/bin/bash\nulimit -Sn {SOFT} && ulimit -Hn {FILES} && exec {scow_command()} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def _open_files_limits(pid: int) -> list[str]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            return line.split()[3:5]
+    raise AssertionError("no 'Max open files' in /proc/<pid>/limits")
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_connection_storm_leaves_storage_the_files_it_needs(system_broker, tmp_path: Path):
+    broker = system_broker(
+        BrokerSpec(amqp={"handshake-timeout": 120_000}), command=_limited_scow(tmp_path)
+    )
+    assert _open_files_limits(broker.pid) == [str(FILES), str(FILES)]  # soft raised to hard
+    assert broker.api("/api/broker")["max-client-sockets"] == CLIENT_SOCKETS
+
+    with amqp_client(broker) as conn:  # connected before the storm
+        sender = conn.create_sender(QUEUE)
+        storm = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(FILES)]
+        try:
+            for sock in storm:
+                sock.sendall(b"AMQP\x03\x01\x00\x00")  # the SASL header, then nothing
+            refused = FILES - (CLIENT_SOCKETS - 1)  # the sender has one
+            closed: set[int] = set()
+
+            def all_refused() -> bool:
+                closed.update(
+                    i for i, s in enumerate(storm) if i not in closed and _closed_by_peer(s)
+                )
+                return len(closed) >= refused
+
+            wait_for(all_refused, 30, what=f"{refused} sockets closed by the broker")
+            assert len(closed) == refused
+            figures = broker.api("/api/broker")
+            assert figures["client-sockets"] == CLIENT_SOCKETS
+            assert figures["client-sockets-refused"] == refused
+
+            # the journal still makes the files it needs: every durable message is stored
+            deliveries = [
+                sender.send(
+                    Message(body=b"x" * BODY, durable=True, properties={"seq": seq}), timeout=False
+                )
+                for seq in range(COUNT - 1)
+            ]
+            deliveries.append(
+                sender.send(
+                    Message(body=b"last", durable=True, properties={"seq": COUNT - 1}), timeout=60
+                )
+            )
+            wait_for(lambda: all(d.settled for d in deliveries), 60, what="every send settled")
+            assert {d.remote_state for d in deliveries} == {Delivery.ACCEPTED}
+        finally:
+            for sock in storm:
+                sock.close()
+
+    wait_for(lambda: broker.api("/api/broker")["client-sockets"] == 0, 30, what="sockets closed")
+    with amqp_client(broker) as conn:  # room again once the storm is gone
+        receiver = conn.create_receiver(QUEUE, credit=500)
+        seqs = []
+        for _ in range(COUNT):
+            seqs.append(receiver.receive(timeout=30).properties["seq"])
+            receiver.accept()
+    assert seqs == list(range(COUNT))
+    assert not broker.log_lines("journal failed")
+    (warning,) = broker.log_lines("connection refused")  # one warning per 10 s, not per socket
+    assert "limit='open files'" in warning and f"open-file limit ({FILES})" in warning
+    (opened,) = broker.log_lines("open files ")
+    assert f"limit={FILES}" in opened and f"raised-from={SOFT}" in opened
