@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from scow.core import app, ha, open_files
+from scow.core import app, critical, ha, open_files
 from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
 from scow.core.model import derived_global_max_size
@@ -70,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         broker_cfg = config.section("broker")
         scow_logging.configure(broker_cfg["log-format"], broker_cfg["log-level"])
         _raise_open_files()
+        critical.on_storage_failure(critical.halt)
         server = app.Server(plugins, config)
     except app.StartupError as exc:
         print(f"scow: {exc}", file=sys.stderr)

@@ -45,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from scow.core import disk_monitor, open_files
+from scow.core import critical, disk_monitor, open_files
 from scow.core.disk_monitor import NO_FILES_ERRNOS, is_no_room, no_room_reason
 from scow.core.interfaces import Completion, LoadResult
 from scow.core.model import StorageFull
@@ -918,12 +918,15 @@ class FileJournal:
             "journal failed; no more appends", directory=self.directory, error=repr(exc)
         )
         with self._lock:
-            if self._failed is None:
+            first = self._failed is None
+            if first:
                 self._failed = exc
             self._done_cond.notify_all()
             self._cond.notify_all()
             self._maint_cond.notify_all()
             self._files_cond.notify_all()
+        if first and not self._stopping:
+            critical.storage_failed(f"journal {self.directory}", exc)
 
     def _take(self) -> Batch | None:
         """Wait for work, let the buffer fill until the timeout, take a batch."""
