@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import structlog
 
+from scow.core import critical
 from scow.core.disk_monitor import is_no_room
 from scow.core.interfaces import Completion, PageStore
 from scow.plugins.paging.index import PageIndex
@@ -170,8 +171,9 @@ class PageWriter:
                 stopping = self._stopping
             try:
                 self._write(batch)
-            except OSError:
+            except OSError as exc:
                 log.exception("page write failed")
+                critical.storage_failed("page writer", exc)
                 raise
             if bool(self._held) != stalled:
                 stalled = not stalled
@@ -212,8 +214,11 @@ class PageWriter:
             except (OSError, ValueError) as exc:
                 if not (isinstance(exc, OSError) and is_no_room(exc)):
                     # one store refusing must not stop the writes of every other address:
-                    # these records stay unwritten (their producers get no outcome)
+                    # these records stay unwritten (their producers get no outcome), and
+                    # an I/O error is the broker's end (`scow.core.critical`)
                     log.exception("page write failed", page=page, records=len(records))
+                    if isinstance(exc, OSError):
+                        critical.storage_failed(f"page store of address {store.address!r}", exc)
                     index = self._indexes.get((id(store), page))
                     if index is not None:
                         index.spoiled = True
