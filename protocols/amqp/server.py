@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("scow.amqp")
 
+#: Connections the kernel queues until the broker accepts them (it caps this at
+#: net.core.somaxconn). asyncio's 100 overflowed when hundreds of clients connected at once
+#: (a restart, a reconnect loop): the kernel dropped their SYNs and each such client waited
+#: a second or more for its retransmission.
+LISTEN_BACKLOG = 4096
+
 
 def _version() -> str:
     try:
@@ -93,6 +99,7 @@ class AmqpServer:
             host or None,
             port,
             reuse_address=True,
+            backlog=LISTEN_BACKLOG,
             ssl=context,
             ssl_handshake_timeout=tls_timeout,
         )

@@ -13,6 +13,10 @@ from scow.core import Broker, parse_host_port
 from scow_stomp.connection import StompConnection
 from scow_stomp.destinations import Destinations
 
+#: Connections the kernel queues until they are accepted (capped at net.core.somaxconn):
+#: many clients at once wait in it rather than for their dropped SYN's retransmission.
+LISTEN_BACKLOG = 4096
+
 log = structlog.get_logger("scow.stomp")
 
 #: The encoding STOMP messages are converted to (see `scow_stomp.convert`).
@@ -55,7 +59,11 @@ class StompServer:
         loop = asyncio.get_running_loop()
         for host, port in self.listen:
             server = await loop.create_server(
-                lambda: StompConnection(self), host or None, port, reuse_address=True
+                lambda: StompConnection(self),
+                host or None,
+                port,
+                reuse_address=True,
+                backlog=LISTEN_BACKLOG,
             )
             self._servers.append(server)
             self.bound += [sock.getsockname()[:2] for sock in server.sockets]
