@@ -19,7 +19,7 @@ import structlog
 from scow.core import app, critical, ha, open_files
 from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
-from scow.core.model import derived_global_max_size
+from scow.core.model import derived_global_max_size, memory_limit
 from scow.core.plugins import PluginManager, describe_plugins, installed_plugins
 from scow.core.security.scram import DEFAULT_ITERATIONS
 from scow.core.security.users import UsersFileError, add_user, read_users, remove_user
@@ -70,6 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         broker_cfg = config.section("broker")
         scow_logging.configure(broker_cfg["log-format"], broker_cfg["log-level"])
         _raise_open_files()
+        if broker_cfg["global-max-size"] == -1:
+            structlog.get_logger().info(
+                "global-max-size derived", bytes=derived_global_max_size(), memory=memory_limit()
+            )
         critical.on_storage_failure(critical.halt)
         server = app.Server(plugins, config)
     except app.StartupError as exc:
@@ -163,7 +167,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     if config.section("broker")["global-max-size"] == -1:
         print(
             f"# global-max-size = -1 derives {derived_global_max_size()} bytes here "
-            "(1/16 of physical memory, at most 128 MiB)"
+            "(1/16 of the memory this process may use, at most 128 MiB)"
         )
     print(to_toml(config.effective()))
     return 0

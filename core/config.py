@@ -327,7 +327,8 @@ BROKER_SECTION = ConfigSection(
             (int, str),
             -1,
             "Memory (estimated bytes) all addresses together may hold before each applies its "
-            "address-full-policy; -1 derives it: 1/16 of physical memory, at most 128MiB.",
+            "address-full-policy; -1 derives it: 1/16 of the memory the broker may use "
+            "(physical memory, or its cgroup's limit in a container), at most 128MiB.",
             kind="size",
             minimum=-1,
         ),

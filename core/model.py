@@ -6,6 +6,7 @@ import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scow.core.interfaces import keeps_durable_copy
@@ -80,16 +81,52 @@ class Unauthorized(BrokerError):
 
 
 def derived_global_max_size() -> int:
-    """`global-max-size` when left at -1: 1/16 of physical memory, at most 128 MiB.
+    """`global-max-size` when left at -1: 1/16 of the memory this process may use
+    (`memory_limit`), at most 128 MiB.
 
     Estimated memory counts each message's bytes plus MEMORY_OVERHEAD, so this bounds
     the process at roughly that much above its idle size, whatever the message size.
     """
+    return min(memory_limit() // 16, 128 << 20)
+
+
+def memory_limit() -> int:
+    """The memory this process may use: physical memory, or less where its cgroup (a
+    container's memory limit, systemd's `MemoryMax=`) says so, as a JVM sizes its heap."""
     try:
         physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         physical = 2 << 30
-    return min(physical // 16, 128 << 20)
+    return min(physical, cgroup_memory_limit() or physical)
+
+
+def cgroup_memory_limit(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> int | None:
+    """The lowest memory limit on this process's cgroup and its ancestors (cgroup v2's
+    `memory.max`, v1's `memory.limit_in_bytes`); None where there is none or no cgroups."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if not controllers:  # v2: one hierarchy
+            base, name = Path(root), "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = Path(root) / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        own = Path(path.lstrip("/"))
+        for group in (own, *own.parents):
+            try:
+                text = (base / group / name).read_text().strip()
+            except OSError:  # not mounted here, or a level without the file
+                continue
+            if text.isdigit():  # "max": no limit at this level
+                limits.append(int(text))
+    return min(limits, default=None)
 
 
 class MemoryLimits:
