@@ -5,15 +5,19 @@ live records in journal order, updates attached to their record, replaceable upd
 collapsed, transactions buffered until their COMMIT. Each file is read up to its first
 invalid record (see `format`); what stops the read is reported in `Replay.stops`.
 
-When a file stops at a record whose CRC fails (or whose header is damaged) instead of at
-zeros, a stale record or its EOF marker, the rest of that file is ignored and a warning
-names the file and offset; the following files are read normally. Transactions with
-records in the ignored part fail their COMMIT's count check and are dropped whole.
+When a file meets a record whose CRC fails (or whose header is damaged) instead of zeros, a
+stale record or its EOF marker, reading goes on at the next valid record of that file (one
+of its epoch whose CRC holds), as Artemis's journal does, and a warning names the file,
+the offset and the bytes skipped: a flipped bit costs the record it hit, not the rest of
+its file. With no valid record after the damage, the rest of the file is ignored (said in
+the warning). Transactions with records in a skipped part fail their COMMIT's count check
+and are dropped whole.
 """
 
 from __future__ import annotations
 
 import gc
+import struct
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -120,6 +124,31 @@ def classify_stop(buf: bytes | bytearray | memoryview, off: int, epoch: int) -> 
     return "corrupt"
 
 
+#: Where a record header holds its file's epoch (see `format.RECORD_HEADER`).
+_EPOCH_AT = 8
+_EPOCH = struct.Struct("<I")
+
+
+def next_valid_record(buf: bytes | bytearray, start: int, epoch: int) -> int | None:
+    """The offset of the first whole record of `epoch` at or after `start` whose CRC holds
+    (a damaged record's successor), or None. Candidates are found by the epoch's bytes."""
+    mv = memoryview(buf)
+    end = len(buf)
+    needle = _EPOCH.pack(epoch)
+    at = start + _EPOCH_AT
+    while (at := buf.find(needle, at, end - HEADER_SIZE + _EPOCH_AT + len(needle))) >= 0:
+        off = at - _EPOCH_AT
+        at += 1
+        crc, kind, _rt, _fl, _ep, length, _id, _tx = RECORD_HEADER.unpack_from(mv, off)
+        if (
+            0 < kind <= MAX_KIND
+            and HEADER_SIZE <= length <= end - off
+            and zlib.crc32(mv[off + 4 : off + length]) == crc
+        ):
+            return off
+    return None
+
+
 class Replay:
     """Journal state rebuilt from files; `run()` reads them, then read the attributes."""
 
@@ -199,48 +228,62 @@ class Replay:
         count = 0
         written = 0
         reason = ""
-        while off + HEADER_SIZE <= end:
-            crc, kind, rtype, flags, ep, length, rid, tx = unpack(buf, off)
-            if (
-                ep != epoch
-                or kind == 0
-                or kind > MAX_KIND
-                or length < HEADER_SIZE
-                or off + length > end
-            ):
-                break
-            if crc32(mv[off + 4 : off + length]) != crc:
-                break
-            count += 1
-            if kind == _ADD:
-                written += 1
-                if rid > max_id:
-                    max_id = rid
-                if rid not in idx:
-                    idx[rid] = len(infos)
-                    infos_append(
-                        RecordInfo(rid, rtype, bytes(mv[off + HEADER_SIZE : off + length]))
-                    )
-                    where_append(f)
-            elif kind == _UPDATE:
-                written += 1
-                if rid > max_id:
-                    max_id = rid
-                self._update(rid, rtype, flags, bytes(mv[off + HEADER_SIZE : off + length]), f)
-            elif kind == _DELETE:
-                self._delete(rid, f, fneg)
-            elif kind == _EOF:
-                reason = "eof"
-                break
-            elif kind != _PAD:
-                if kind in (_ADD_TX, _UPDATE_TX):
+        while True:
+            while off + HEADER_SIZE <= end:
+                crc, kind, rtype, flags, ep, length, rid, tx = unpack(buf, off)
+                if (
+                    ep != epoch
+                    or kind == 0
+                    or kind > MAX_KIND
+                    or length < HEADER_SIZE
+                    or off + length > end
+                ):
+                    break
+                if crc32(mv[off + 4 : off + length]) != crc:
+                    break
+                count += 1
+                if kind == _ADD:
                     written += 1
                     if rid > max_id:
                         max_id = rid
-                self._tx_record(
-                    kind, rid, rtype, flags, tx, mv[off + HEADER_SIZE : off + length], f, fneg
-                )
-            off += length
+                    if rid not in idx:
+                        idx[rid] = len(infos)
+                        infos_append(
+                            RecordInfo(rid, rtype, bytes(mv[off + HEADER_SIZE : off + length]))
+                        )
+                        where_append(f)
+                elif kind == _UPDATE:
+                    written += 1
+                    if rid > max_id:
+                        max_id = rid
+                    self._update(rid, rtype, flags, bytes(mv[off + HEADER_SIZE : off + length]), f)
+                elif kind == _DELETE:
+                    self._delete(rid, f, fneg)
+                elif kind == _EOF:
+                    reason = "eof"
+                    break
+                elif kind != _PAD:
+                    if kind in (_ADD_TX, _UPDATE_TX):
+                        written += 1
+                        if rid > max_id:
+                            max_id = rid
+                    self._tx_record(
+                        kind, rid, rtype, flags, tx, mv[off + HEADER_SIZE : off + length], f, fneg
+                    )
+                off += length
+            if reason or classify_stop(buf, off, epoch) not in ("corrupt", "truncated"):
+                break
+            resume = next_valid_record(buf, off + 1, epoch)
+            if resume is None:
+                break
+            self._log.warning(
+                "journal file damaged: skipped to its next valid record",
+                file=f.path,
+                offset=off,
+                skipped=resume - off,
+                records_read=count,
+            )
+            off = resume
         self.max_id = max_id
         self.records_read += count
         self.written[f] = self.written.get(f, 0) + written
@@ -249,7 +292,8 @@ class Replay:
             reason = classify_stop(buf, off, epoch)
             if reason == "corrupt" or (reason == "truncated" and not last):
                 self._log.warning(
-                    "journal file damaged: ignoring the rest of the file",
+                    "journal file damaged: ignoring the rest of the file (no valid record "
+                    "after it)",
                     file=f.path,
                     offset=off,
                     reason=reason,

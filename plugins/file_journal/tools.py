@@ -22,6 +22,7 @@ from .format import (
     Kind,
     decode_file_header,
 )
+from .replay import next_valid_record
 from .settings import JournalSettings
 
 
@@ -52,7 +53,9 @@ def iter_records(
 
     A file is walked while record headers look sane (known kind, plausible length), so
     the records left over from an earlier use of a recycled file are listed too, marked
-    invalid ("stale epoch"); recovery never reads past the first invalid record.
+    invalid ("stale epoch"), as is what follows them. After a damaged record ("crc
+    mismatch", "truncated") the walk goes on at the file's next valid record, as recovery
+    does (`replay.next_valid_record`).
     """
     for _number, path in list_files(directory, prefix, ext):
         buf = read_whole(path)
@@ -93,7 +96,11 @@ def iter_records(
                 reason,
             )
             if reason in ("truncated", "crc mismatch"):
-                break
+                resume = next_valid_record(buf, off + 1, file_epoch)
+                if resume is None:
+                    break
+                off, still_valid = resume, True
+                continue
             off += length
 
 

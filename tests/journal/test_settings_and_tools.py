@@ -129,6 +129,7 @@ def test_iter_records_marks_damaged_records_invalid(tmp_path: Path) -> None:
     assert [(v.record_id, v.valid, v.reason) for v in views if v.kind == "ADD"] == [
         (1, True, ""),
         (2, False, "crc mismatch"),
+        (3, True, ""),  # read on past the damage, as recovery reads
     ]
 
 

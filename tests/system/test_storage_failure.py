@@ -15,7 +15,7 @@ import shutil
 import pytest
 from proton import ConnectionException, Message
 
-from scow.core.testing import amqp_client
+from scow.core.testing import amqp_client, wait_for
 from tests.system.topology import PAGING, BrokerSpec
 
 EXIT_STORAGE_FAILED = 74
@@ -57,3 +57,37 @@ def test_storage_that_fails_for_good_ends_scow_run_with_status_74(
         receiver = conn.create_receiver("other")
         assert receiver.receive(timeout=10).body == "after"
         receiver.accept()
+
+
+def test_a_flipped_byte_in_a_journal_file_costs_one_message_not_the_rest_of_the_file(
+    system_broker,
+):
+    """Before, recovery ignored the rest of a file after a damaged record: one flipped
+    byte in the middle of the first 1 MiB file lost 177 of 600 acknowledged messages."""
+    broker = system_broker(BrokerSpec(queues={QUEUE: {"routing-type": "ANYCAST"}}))
+    assert broker.data_dir is not None
+    count = 600
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(QUEUE)
+        for seq in range(count):
+            sender.send(Message(body=b"x" * 3000, durable=True, properties={"seq": seq}))
+    assert broker.stop() == 0
+    first = sorted((broker.data_dir / "journal").glob("*.scow"))[0]
+    with first.open("r+b") as f:  # bit rot in the middle of a sealed file
+        f.seek(first.stat().st_size // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 0xFF]))
+
+    broker.start()
+    with amqp_client(broker) as conn:
+        receiver = conn.create_receiver(QUEUE, credit=count)
+        seqs = []
+        while len(seqs) < count - 1:
+            seqs.append(receiver.receive(timeout=10).properties["seq"])
+            receiver.accept()
+    wait_for(lambda: broker.api(f"/api/queues/{QUEUE}")["message-count"] == 0, 10)
+    assert len(set(range(count)) - set(seqs)) == 1  # the one the byte was in
+    assert seqs == sorted(seqs)
+    (warning,) = broker.log_lines("journal file damaged")
+    assert "skipped to its next valid record" in warning and first.name in warning
