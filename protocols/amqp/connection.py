@@ -470,12 +470,18 @@ class AmqpConnection(asyncio.Protocol):
         connection = self.engine.connection
         self.container_id = engine.remote_container(connection)
         self.info.container_id = self.container_id
+        wanted, floor = self.engine.remote_idle_timeout(), self.server.min_peer_idle_timeout
+        if 0 < wanted < floor:
+            self._refuse_open(
+                "amqp:invalid-field",
+                f"idle-time-out {wanted} ms is below the broker's min-peer-idle-timeout "
+                f"({floor} ms): ask for {floor} ms or more, or 0 for none",
+            )
+            return
         try:
             self.security.admit(self.principal)
         except ResourceLimitExceeded as exc:
-            log.info("connection refused", remote=self.info.remote, reason=exc.description)
-            engine.open_connection(connection, self.server.container_id, {})
-            engine.close_connection(connection, exc.condition, exc.description)
+            self._refuse_open(exc.condition, exc.description)
             return
         self._admitted = True
         properties: dict[str, Any] = {
@@ -489,6 +495,12 @@ class AmqpConnection(asyncio.Protocol):
         engine.open_connection(connection, self.server.container_id, properties)
         self._opened = True
         self.server.hooks.scow_connection_opened(info=self.info)
+
+    def _refuse_open(self, condition: str, description: str) -> None:
+        log.info("connection refused", remote=self.info.remote, reason=description)
+        connection = self.engine.connection
+        engine.open_connection(connection, self.server.container_id, {})
+        engine.close_connection(connection, condition, description)
 
     def _on_link_open(self, link: Any) -> None:
         if not self._admitted or engine.link_session(link) not in self.sessions:

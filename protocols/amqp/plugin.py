@@ -51,6 +51,16 @@ SECTION = ConfigSection(
             minimum=0,
         ),
         Setting(
+            "min-peer-idle-timeout",
+            int,
+            1000,
+            "A client whose open asks for an idle-time-out below this (ms) is refused "
+            "(amqp:invalid-field): the broker would owe it a frame every half of it (1 ms: "
+            "2,000 a second), so a few such clients would take a core. 0 turns it off.",
+            kind="duration-ms",
+            minimum=0,
+        ),
+        Setting(
             "max-frame-size",
             int,
             131072,

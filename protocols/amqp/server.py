@@ -53,6 +53,7 @@ class AmqpServer:
         self.tls_settings = tls
         self.idle_timeout = int(settings["idle-timeout"])
         self.handshake_timeout = int(settings["handshake-timeout"])
+        self.min_peer_idle_timeout = int(settings["min-peer-idle-timeout"])
         self.max_frame_size = int(settings["max-frame-size"])
         self.sasl_mechanisms = list(settings["sasl-mechanisms"])
         self.producer_credit = int(settings["producer-credit"])
