@@ -48,7 +48,6 @@ def reserve(files: int) -> int:
     return min(max(RESERVE_MIN, files * RESERVE_PERCENT // 100), files // 2)
 
 
-def socket_ceiling(files: int | None = None) -> int:
-    """Client sockets that may be open at once under a limit of `files` (default: ours)."""
-    files = limit() if files is None else files
+def socket_ceiling(files: int) -> int:
+    """Client sockets that may be open at once under an open-file limit of `files`."""
     return files - reserve(files)

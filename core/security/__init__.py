@@ -83,8 +83,8 @@ class Security:
         #: Client sockets open now, counted from accept (before any login) to close, and
         #: how many may be: what the open-file limit leaves after storage's reserve.
         self.sockets = 0
-        self.open_files = open_files.limit()
-        self.max_sockets = open_files.socket_ceiling(self.open_files)
+        self.file_limit = open_files.limit()
+        self.max_sockets = open_files.socket_ceiling(self.file_limit)
         #: Sockets refused for that, in all and since the last warning (and its time).
         self.sockets_refused = 0
         self._unreported = 0
@@ -205,7 +205,7 @@ class Security:
                 refused=self._unreported,
                 reason=(
                     f"{self.sockets} client sockets open, the most the open-file limit "
-                    f"({self.open_files}) allows with {self.open_files - self.max_sockets} "
+                    f"({self.file_limit}) allows with {self.file_limit - self.max_sockets} "
                     "kept for storage; raise it (ulimit -n, systemd's LimitNOFILE) to allow more"
                 ),
             )
