@@ -53,10 +53,12 @@ SECTION = ConfigSection(
         Setting(
             "min-peer-idle-timeout",
             int,
-            1000,
+            100,
             "A client whose open asks for an idle-time-out below this (ms) is refused "
             "(amqp:invalid-field): the broker would owe it a frame every half of it (1 ms: "
-            "2,000 a second), so a few such clients would take a core. 0 turns it off.",
+            "2,000 a second), so a few such clients would take a core. Clients built on "
+            "proton ask for half their heartbeat setting (1 s asks for 500 ms). 0 turns "
+            "it off.",
             kind="duration-ms",
             minimum=0,
         ),
