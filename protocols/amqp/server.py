@@ -111,6 +111,10 @@ class AmqpServer:
         for server in self._servers:
             server.close()
         for connection in list(self.connections):
+            # the client hears why (a cue to reconnect elsewhere), as far as its socket
+            # takes the close frame now: what it has not read is dropped with the socket
+            connection.close_forced("the broker is shutting down")
+            connection.flush()
             if connection.socket is not None:
                 connection.socket.abort()
             connection.connection_lost(None)

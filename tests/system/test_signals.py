@@ -1,17 +1,25 @@
 """`scow run` stops cleanly on SIGINT (Ctrl-C), SIGTERM (a service manager) and SIGHUP (the
 terminal it ran in was closed): status 0, the signal named in its log, and its journal
 found closed cleanly at the next start with every durable message in it. Before, SIGHUP
-killed it on the spot (Python's default), as SIGKILL would."""
+killed it on the spot (Python's default), as SIGKILL would.
+
+The clients connected then are told why they lose their connection: an AMQP close with
+`amqp:connection:forced` ("the broker is shutting down"), which a client such as Qpid
+JMS takes as its cue to reconnect elsewhere. Before, their sockets were cut and they saw
+a framing error ("connection aborted").
+"""
 
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 from proton import Message
 
 from scow.core.testing import amqp_client, broker_processes
-from tests.wire.helpers import consume_all
+from tests.security import frames
+from tests.wire.helpers import AMQP_HEADER, close_condition, consume_all
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 
@@ -34,3 +42,25 @@ def test_run_stops_cleanly_on_a_signal(tmp_path, sig):
         restarted = broker.log_path.read_text()[len(log) :]
         assert "not stopped cleanly" not in restarted, restarted
         assert [m.body for m in consume_all(broker.url, "kept")] == ["durable"]
+
+
+def test_clients_connected_at_a_stop_are_told_the_broker_is_shutting_down(tmp_path):
+    with broker_processes(tmp_path) as start:
+        broker = start(plugins=PLUGINS)
+        assert broker.proc is not None
+        clients = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(3)]
+        for sock in clients:
+            sock.sendall(AMQP_HEADER + frames.open_())
+            sock.settimeout(10)
+            assert sock.recv(8) == AMQP_HEADER
+        broker.proc.send_signal(signal.SIGTERM)
+        assert broker.proc.wait(30) == 0
+        for sock in clients:
+            heard = b""
+            while chunk := sock.recv(65536):
+                heard += chunk
+            sock.close()
+            assert close_condition(AMQP_HEADER + heard) == (
+                "amqp:connection:forced",
+                "the broker is shutting down",
+            )
