@@ -102,6 +102,16 @@ def test_a_stomp_socket_past_what_the_open_file_limit_leaves_is_closed_at_once(s
         seen.wait_receipt("r")
 
 
+def test_a_stopping_broker_tells_its_stomp_clients_why(scow_broker):
+    broker = start(scow_broker)
+    sock = raw(broker)
+    sock.sendall(b"CONNECT\naccept-version:1.2\nhost:x\n\n\x00")
+    assert sock.recv(65536).startswith(b"CONNECTED")
+    broker.stop()
+    heard = read_until_closed(sock)
+    assert heard.startswith(b"ERROR") and b"the broker is shutting down" in heard
+
+
 def test_client_ack_acknowledges_every_earlier_message(scow_broker):
     broker = start(scow_broker)
     with client(broker) as (conn, seen):

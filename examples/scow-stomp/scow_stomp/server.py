@@ -73,6 +73,7 @@ class StompServer:
         for server in self._servers:
             server.close()
         for connection in list(self.connections):
+            connection.close_forced("the broker is shutting down")  # an ERROR frame first
             if connection.socket is not None:
                 connection.socket.abort()
             connection.connection_lost(None)
