@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from scow.core import hookimpl
+from scow.core import logging as scow_logging
 from scow.core.address_settings import ADDRESS_FULL_POLICIES
 from scow.core.broker import Broker
 from scow.core.config import (
@@ -441,6 +442,7 @@ def restart_to_wait() -> None:
     process waits for the store like a member that just started.
     """
     log.info("ha: restarting to wait for the store")
+    scow_logging.drain()  # the log writer's thread does not survive the exec
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -68,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         plugins, config = app.load(_config_path(args), _overrides(args))
         broker_cfg = config.section("broker")
-        scow_logging.configure(broker_cfg["log-format"], broker_cfg["log-level"])
+        scow_logging.configure(broker_cfg["log-format"], broker_cfg["log-level"], background=True)
         _raise_open_files()
         if broker_cfg["global-max-size"] == -1:
             structlog.get_logger().info(
@@ -77,8 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         critical.on_storage_failure(critical.halt)
         server = app.Server(plugins, config)
     except app.StartupError as exc:
-        print(f"scow: {exc}", file=sys.stderr)
-        return 2
+        return _stopped_by(str(exc), 2)
     try:
         import uvloop
 
@@ -88,12 +87,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         runner(server.run_forever())
     except (app.StartupError, ConfigError) as exc:
-        print(f"scow: {exc}", file=sys.stderr)
-        return 2
+        return _stopped_by(str(exc), 2)
     except OSError as exc:
-        print(f"scow: cannot listen: {exc}", file=sys.stderr)
-        return 1
+        return _stopped_by(f"cannot listen: {exc}", 1)
+    scow_logging.drain()
     return 0
+
+
+def _stopped_by(problem: str, status: int) -> int:
+    """`scow run` ends for `problem`: said after the log lines still waiting to be written."""
+    scow_logging.drain()
+    print(f"scow: {problem}", file=sys.stderr)
+    return status
 
 
 def _raise_open_files() -> None:

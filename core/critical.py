@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import structlog
 
+from scow.core import logging as scow_logging
+
 #: `scow run`'s exit status after a storage failure (sysexits' EX_IOERR).
 EXIT_STORAGE_FAILED = 74
 
@@ -46,6 +48,7 @@ def storage_failed(what: str, error: BaseException) -> None:
 def halt() -> None:
     """End the process now, with `EXIT_STORAGE_FAILED`, as a crash would (nothing more is
     written: what is on disk is what the next start recovers)."""
+    scow_logging.drain(1.0)  # the log's last lines, this failure's among them
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a log reader gone, a closed stream
             stream.flush()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -45,12 +46,83 @@ class _Stderr:
                 self.lost = True
 
 
-def configure(log_format: str = "console", level: str = "info") -> None:
+class _Background:
+    """Log lines handed to a thread of their own, which writes them to `_Stderr`: a log
+    reader that stalls (`scow run 2>&1 | less`, paused; a log shipper behind) blocks that
+    thread, never the broker's event loop. While lines wait, those past `MAX_WAITING`
+    bytes are dropped, and a line saying how many follows the ones written before them."""
+
+    #: Bytes of lines that may wait for a stalled reader.
+    MAX_WAITING = 1 << 20
+
+    def __init__(self) -> None:
+        self._out = _Stderr()
+        self._cond = threading.Condition()
+        self._lines: list[str] = []
+        self._waiting = 0  # bytes in `_lines` and in the write under way
+        self._dropped = 0
+        threading.Thread(target=self._run, name="log writer", daemon=True).start()
+
+    def write(self, text: str) -> int:
+        with self._cond:
+            if self._waiting + len(text) > self.MAX_WAITING:
+                self._dropped += 1
+            else:
+                self._lines.append(text)
+                self._waiting += len(text)
+                self._cond.notify_all()
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to do here: the writer flushes what it writes."""
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until every line taken is written; False if the reader
+        did not take them in time."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._waiting == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._lines)
+                lines, self._lines = self._lines, []
+                dropped, self._dropped = self._dropped, 0
+            text = "".join(lines)
+            if dropped:
+                text += f"scow: {dropped} log lines dropped: the log's reader did not keep up\n"
+            self._out.write(text)
+            self._out.flush()
+            with self._cond:
+                self._waiting -= sum(map(len, lines))
+                self._cond.notify_all()
+
+
+#: The sink `configure(background=True)` installed, if any.
+_background: _Background | None = None
+
+
+def drain(timeout: float = 5.0) -> None:
+    """Before the process ends: let the log writer write what waits (at most `timeout` s
+    of a stalled reader)."""
+    if _background is not None:
+        _background.drain(timeout)
+
+
+def configure(
+    log_format: str = "console", level: str = "info", *, background: bool = False
+) -> None:
+    """structlog for this process; `background`: lines written by a thread of their own
+    (`scow run`: a stalled log reader must not stall the broker)."""
+    global _background
     renderer: structlog.typing.Processor
     if log_format == "json":
         renderer = structlog.processors.JSONRenderer()
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    if background and _background is None:
+        _background = _Background()
+    sink: _Stderr | _Background = _background if background and _background else _Stderr()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -59,7 +131,8 @@ def configure(log_format: str = "console", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(cast(TextIO, _Stderr())),
+        # one write per line (`print` writes the text and its newline apart)
+        logger_factory=structlog.WriteLoggerFactory(cast(TextIO, sink)),
         cache_logger_on_first_use=False,
     )
 

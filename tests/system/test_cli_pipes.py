@@ -1,12 +1,21 @@
 """The commands that print end quietly when their reader goes away (`scow data print |
 head`), as a program killed by SIGPIPE would, while `scow run` ignores SIGPIPE: a broker
 whose log reader goes away (`scow run 2>&1 | tee broker.log`, and tee ends; a closed
-terminal) drops its log lines and keeps serving."""
+terminal) drops its log lines and keeps serving.
+
+A log reader that stalls (`scow run 2>&1 | less`, paused; a log shipper that fell behind)
+must not stall the broker either. Before, once the pipe's 64 KiB were full the broker's
+next log line blocked its event loop, and every client with it: about 500 connections'
+log lines in, no client could connect. Now lines are written by a thread of their own;
+while the reader does not take them, those past 1 MiB waiting are dropped, and a line
+says how many once it reads again."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import threading
 
 from proton import Message
 from proton.utils import BlockingConnection
@@ -19,7 +28,10 @@ from scow.core.testing import (
     wait_for,
     write_config,
 )
+from scow.protocols.amqp.codec import UInt
+from tests.security import frames
 from tests.system.broker import listening
+from tests.wire.helpers import AMQP_HEADER, exchange
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
 
@@ -93,3 +105,37 @@ def test_run_keeps_serving_when_its_log_reader_goes_away(tmp_path):
         assert broker.wait(30) == 0
     finally:
         broker.kill()
+
+
+def test_run_keeps_serving_while_its_log_reader_stalls(tmp_path):
+    port = free_port()
+    config = write_config(
+        tmp_path / "scow.toml", broker_config(tmp_path / "data", plugins=PLUGINS, port=port)
+    )
+    unread, log = os.pipe()  # a reader that takes nothing until the end
+    broker = subprocess.Popen(
+        [scow_command(), "run", "--config", str(config)], stdout=log, stderr=log
+    )
+    os.close(log)
+    try:
+        wait_for(lambda: broker.poll() is not None or listening(port), 30, what="the listener")
+        # each refused open is a log line: 8,000 of them, 1.7 MB, 26 full pipes
+        greedy = AMQP_HEADER + frames.performative(frames.OPEN, ["x", None, None, None, UInt(1)])
+        for _ in range(8_000):
+            exchange(port, greedy, timeout=10)
+        conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=10)  # still served
+        conn.create_sender("q").send(Message(body="served", durable=True))
+        conn.close()
+        assert broker.poll() is None, f"scow run exited with {broker.returncode}"
+        read: list[bytes] = []
+        reader = threading.Thread(target=lambda: read.extend(iter(os.fdopen(unread, "rb"))))
+        reader.start()  # the reader takes lines again: the broker says what it dropped
+        notice = "log lines dropped: the log's reader did not keep up"
+        wait_for(lambda: notice.encode() in b"".join(read), 30, what="the dropped lines' count")
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(30) == 0
+        reader.join(30)
+    finally:
+        broker.kill()
+    text = b"".join(read).decode()
+    assert "shutting down" in text[text.index(notice) :]  # lines after it are written
