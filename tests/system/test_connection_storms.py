@@ -17,7 +17,7 @@ backlog of 4,096 they take 0.6 s.
 
 Heartbeats on demand: a client's open names the idle-time-out it enforces, and the broker
 owes it a frame every half of it. Fifty clients asking for 1 ms kept `scow run` at 99 % of
-a core sending 100,000 empty frames a second. Now an idle-time-out below
+a core sending about 90,000 empty frames a second. Now an idle-time-out below
 `[amqp] min-peer-idle-timeout` (100 ms) is refused at open, naming the minimum.
 """
 
