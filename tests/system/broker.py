@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,16 @@ def listening(port: int) -> bool:
     """Whether something accepts connections on 127.0.0.1:`port`."""
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the broker closed `sock` (what it sent before is read and dropped)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except (BlockingIOError, ssl.SSLWantReadError):
+        return False
+    except (ConnectionResetError, ssl.SSLEOFError):
+        return True

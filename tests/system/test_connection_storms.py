@@ -32,6 +32,7 @@ from proton import Delivery, Message
 from scow.core.testing import amqp_client, scow_command, wait_for
 from scow.protocols.amqp.codec import UInt
 from tests.security import frames
+from tests.system.broker import closed_by_peer
 from tests.system.topology import BrokerSpec
 from tests.wire.helpers import AMQP_HEADER, close_condition, exchange
 
@@ -59,18 +60,6 @@ def _open_files_limits(pid: int) -> list[str]:
     raise AssertionError("no 'Max open files' in /proc/<pid>/limits")
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
-    sock.setblocking(False)
-    try:
-        while sock.recv(4096):
-            pass
-        return True
-    except BlockingIOError:
-        return False
-    except ConnectionResetError:
-        return True
-
-
 def test_a_connection_storm_leaves_storage_the_files_it_needs(system_broker, tmp_path: Path):
     broker = system_broker(
         BrokerSpec(amqp={"handshake-timeout": 120_000}), command=_limited_scow(tmp_path)
@@ -89,7 +78,7 @@ def test_a_connection_storm_leaves_storage_the_files_it_needs(system_broker, tmp
 
             def all_refused() -> bool:
                 closed.update(
-                    i for i, s in enumerate(storm) if i not in closed and _closed_by_peer(s)
+                    i for i, s in enumerate(storm) if i not in closed and closed_by_peer(s)
                 )
                 return len(closed) >= refused
 

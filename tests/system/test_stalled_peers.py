@@ -24,6 +24,7 @@ from pathlib import Path
 from proton import Message
 
 from scow.core.testing import amqp_client, wait_for
+from tests.system.broker import closed_by_peer
 from tests.system.topology import BrokerSpec
 
 QUEUE = "stalled"
@@ -110,19 +111,6 @@ def test_a_consumer_that_stops_reading_costs_a_bounded_buffer_and_then_gets_ever
     assert broker.api(f"/api/queues/{QUEUE}")["message-count"] == 1  # the last one
 
 
-def _closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the broker closed `sock` (what it sent before is read and dropped)."""
-    sock.setblocking(False)
-    try:
-        while sock.recv(4096):
-            pass
-        return True
-    except (BlockingIOError, ssl.SSLWantReadError):
-        return False
-    except (ConnectionResetError, ssl.SSLEOFError):
-        return True
-
-
 def test_a_client_that_does_not_finish_its_handshake_is_closed_after_handshake_timeout(
     system_broker, pki
 ):
@@ -140,6 +128,6 @@ def test_a_client_that_does_not_finish_its_handshake_is_closed_after_handshake_t
         raw_tls = socket.create_connection(("127.0.0.1", broker.tls_port))  # no TLS hello
         stalled = {"silent": silent, "in SASL": in_sasl, "over TLS": over_tls, "raw TLS": raw_tls}
         for name, sock in stalled.items():
-            wait_for(lambda sock=sock: _closed_by_peer(sock), 10, what=f"the {name} socket closed")
+            wait_for(lambda sock=sock: closed_by_peer(sock), 10, what=f"the {name} socket closed")
         conn.create_sender("after").send(Message(body="still served"))
     assert len(broker.log_lines("no AMQP open within handshake-timeout (1000 ms)")) == 3
