@@ -66,6 +66,15 @@ def add_until_refused(journal: FileJournal, first: int, done: list[int]) -> tupl
     raise AssertionError("the journal never refused a record on a full file system")
 
 
+def add_several_files(journal: FileJournal) -> list[int]:
+    """Once there is room again: ids 20,000-20,199 added and flushed (several more files)."""
+    later = list(range(20_000, 20_200))
+    for rid in later:
+        journal.append_add(rid, HELD, BODY, sync=True)
+    journal.flush()
+    return later
+
+
 def test_full_file_system_refuses_new_records_and_the_journal_goes_on(small_fs: Path) -> None:
     journal = open_on(small_fs / "journal")
     done: list[int] = []
@@ -90,10 +99,7 @@ def test_full_file_system_refuses_new_records_and_the_journal_goes_on(small_fs: 
 
         filler.unlink()
         wait_until(lambda: journal.stats()["no-room"] is None, what="room again")
-        later = list(range(20_000, 20_200))  # several more files
-        for rid in later:
-            journal.append_add(rid, HELD, BODY, sync=True)
-        journal.flush()
+        later = add_several_files(journal)
     finally:
         journal.stop()
     assert [r.id for r in load(small_fs / "journal", journal_file_size=FILE).records] == [

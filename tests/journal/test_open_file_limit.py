@@ -17,7 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .helpers import load, wait_until
-from .test_disk_full import BODY, FILE, HELD, add_until_refused, open_on, use_the_last_spare
+from .test_disk_full import (
+    FILE,
+    add_several_files,
+    add_until_refused,
+    open_on,
+    use_the_last_spare,
+)
 
 
 @contextlib.contextmanager
@@ -54,10 +60,7 @@ def test_no_descriptor_left_refuses_new_records_and_the_journal_goes_on(tmp_path
         wait_until(lambda: journal.stats()["no-room"] is None, what="room again")
         journal.flush()
         assert sorted(done) == more
-        later = list(range(20_000, 20_200))  # several more files
-        for rid in later:
-            journal.append_add(rid, HELD, BODY, sync=True)
-        journal.flush()
+        later = add_several_files(journal)
     finally:
         journal.stop()
     records = load(tmp_path / "journal", journal_file_size=FILE).records
