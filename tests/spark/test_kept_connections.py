@@ -7,16 +7,14 @@ from __future__ import annotations
 import importlib.util
 import select
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from scow.core.testing import (
-    BrokerProcess,
     BrokerThread,
-    broker_config,
-    free_port,
+    broker_processes,
     wait_for,
-    write_config,
 )
 from scow.protocols.amqp.codec import encode_message
 from tests.spark.conftest import PLUGINS, stream
@@ -28,35 +26,32 @@ needs_pyspark = pytest.mark.skipif(
 )
 
 
+def _stream_broker(scow_broker: Any, amqp: dict[str, Any] | None = None) -> BrokerThread:
+    """A broker in this process with the stream `s`, and `amqp` settings."""
+    return scow_broker(plugins=PLUGINS, sections={"amqp": amqp or {}, "queues": {"s": stream()}})
+
+
 @needs_pyspark
-def test_a_kept_connection_the_broker_closed_for_idleness_is_replaced(tmp_path: Path):
+def test_a_kept_connection_the_broker_closed_for_idleness_is_replaced(scow_broker):
     from scow.plugins.spark.source import Options, ScowDataSource, pooled
 
-    tables = broker_config(
-        tmp_path / "data",
-        plugins=PLUGINS,
-        sections={"amqp": {"idle-timeout": 300}, "queues": {"s": stream()}},
-    )
-    broker = BrokerThread(write_config(tmp_path / "scow.toml", tables)).start()
-    try:
-        options = Options.parse({"url": broker.url, "queues": "s"})
-        first = pooled(options)
-        assert first.call("stream", "s", "READ")["next-sequence"] == 0
-        reader = ScowDataSource({"url": broker.url, "queues": "s"}).streamReader(None)
-        assert reader.initialOffset() == {"s": 0}
-        driver = reader._clients[0]
-        # both stay silent past the broker's idle-timeout: it closes them
-        for kept in (first, driver):
-            wait_for(lambda c=kept: select.select([c.sock], [], [], 0)[0], what="a close")
-        second = pooled(options)
-        assert second is not first and first.closed
-        assert second.call("stream", "s", "READ")["next-sequence"] == 0
-        assert reader.latestOffset({"s": 0}, reader.getDefaultReadLimit()) == {"s": 0}
-        assert reader._clients[0] is not driver
-        second.close()
-        reader.stop()
-    finally:
-        broker.stop()
+    broker = _stream_broker(scow_broker, {"idle-timeout": 300})
+    options = Options.parse({"url": broker.url, "queues": "s"})
+    first = pooled(options)
+    assert first.call("stream", "s", "READ")["next-sequence"] == 0
+    reader = ScowDataSource({"url": broker.url, "queues": "s"}).streamReader(None)
+    assert reader.initialOffset() == {"s": 0}
+    driver = reader._clients[0]
+    # both stay silent past the broker's idle-timeout: it closes them
+    for kept in (first, driver):
+        wait_for(lambda c=kept: select.select([c.sock], [], [], 0)[0], what="a close")
+    second = pooled(options)
+    assert second is not first and first.closed
+    assert second.call("stream", "s", "READ")["next-sequence"] == 0
+    assert reader.latestOffset({"s": 0}, reader.getDefaultReadLimit()) == {"s": 0}
+    assert reader._clients[0] is not driver
+    second.close()
+    reader.stop()
 
 
 @needs_pyspark
@@ -67,13 +62,8 @@ def test_a_kept_connection_to_a_broker_killed_and_restarted_is_replaced(tmp_path
     connection failed its task ("the broker closed the connection")."""
     from scow.plugins.spark.source import Options, pooled
 
-    port = free_port()
-    tables = broker_config(
-        tmp_path / "data", plugins=PLUGINS, sections={"queues": {"s": stream()}}, port=port
-    )
-    config = write_config(tmp_path / "scow.toml", tables)
-    broker = BrokerProcess(config, port, tmp_path / "broker.log").start()
-    try:
+    with broker_processes(tmp_path) as start:
+        broker = start(plugins=PLUGINS, sections={"queues": {"s": stream()}})
         options = Options.parse({"url": broker.url, "queues": "s"})
         first = pooled(options)
         first.send("s", [encode_message(b"one")])
@@ -88,8 +78,6 @@ def test_a_kept_connection_to_a_broker_killed_and_restarted_is_replaced(tmp_path
         assert second is not first and first.closed
         assert second.call("stream", "s", "READ")["next-sequence"] == 1
         second.close()
-    finally:
-        broker.kill()
 
 
 def _links(client) -> int:
@@ -102,30 +90,26 @@ def _links(client) -> int:
     return count
 
 
-def test_a_kept_connection_holds_no_link_of_the_reads_it_served(tmp_path: Path):
+def test_a_kept_connection_holds_no_link_of_the_reads_it_served(scow_broker):
     """Every read opens a link: a connection kept for a worker's life must let each go
     (a link closed and never freed stayed in proton, ~3 KB a read), including a read
     left early with its next round already asked for."""
     from scow.plugins.spark.client import READ_CREDIT, Client, Endpoint
 
-    tables = broker_config(tmp_path / "data", plugins=PLUGINS, sections={"queues": {"s": stream()}})
-    broker = BrokerThread(write_config(tmp_path / "scow.toml", tables)).start()
-    try:
-        client = Client(Endpoint.parse(broker.url))
-        count = 3 * READ_CREDIT  # a round's packs (~128 KiB) hold two each at most
-        client.send("s", [encode_message(b"%d" % n + b"x" * (70 << 10)) for n in range(count)])
-        wait_for(lambda: client.call("stream", "s", "READ")["next-sequence"] == count)
-        before = _links(client)
-        for _ in range(5):
-            assert len([m for batch in client.read("s", 0, count) for m in batch]) == count
-            left = client.read("s", 0, count)
-            assert len(next(left)) < count  # the next round is on its way
-            left.close()
+    broker = _stream_broker(scow_broker)
+    client = Client(Endpoint.parse(broker.url))
+    count = 3 * READ_CREDIT  # a round's packs (~128 KiB) hold two each at most
+    client.send("s", [encode_message(b"%d" % n + b"x" * (70 << 10)) for n in range(count)])
+    wait_for(lambda: client.call("stream", "s", "READ")["next-sequence"] == count)
+    before = _links(client)
+    for _ in range(5):
         assert len([m for batch in client.read("s", 0, count) for m in batch]) == count
-        assert _links(client) <= before + 2  # the last reads' links, until answered
-        client.close()
-    finally:
-        broker.stop()
+        left = client.read("s", 0, count)
+        assert len(next(left)) < count  # the next round is on its way
+        left.close()
+    assert len([m for batch in client.read("s", 0, count) for m in batch]) == count
+    assert _links(client) <= before + 2  # the last reads' links, until answered
+    client.close()
 
 
 def test_a_call_to_a_broker_gone_silent_times_out_saying_how_long_it_was_silent(
@@ -138,13 +122,8 @@ def test_a_call_to_a_broker_gone_silent_times_out_saying_how_long_it_was_silent(
 
     from scow.plugins.spark.client import Client, ClientError, Endpoint
 
-    port = free_port()
-    tables = broker_config(
-        tmp_path / "data", plugins=PLUGINS, sections={"queues": {"s": stream()}}, port=port
-    )
-    broker = BrokerProcess(write_config(tmp_path / "scow.toml", tables), port, tmp_path / "log")
-    broker.start()
-    try:
+    with broker_processes(tmp_path) as start:  # SIGKILL at the end ends it stopped too
+        broker = start(plugins=PLUGINS, sections={"queues": {"s": stream()}})
         client = Client(Endpoint.parse(broker.url, timeout=1.0))
         assert client.call("stream", "s", "READ")["next-sequence"] == 0
         assert broker.proc is not None
@@ -156,10 +135,6 @@ def test_a_call_to_a_broker_gone_silent_times_out_saying_how_long_it_was_silent(
         silent = float(message.split("last sent anything ")[1].split(" s ago")[0])
         assert 1.0 <= silent < 10
         client.close()
-    finally:
-        if broker.proc is not None:
-            broker.proc.send_signal(signal.SIGCONT)
-        broker.kill()
 
 
 def test_a_call_to_a_broker_that_is_up_but_does_not_answer_times_out_saying_it_was_heard(
@@ -170,11 +145,8 @@ def test_a_call_to_a_broker_that_is_up_but_does_not_answer_times_out_saying_it_w
     times out says the broker was heard within half of it."""
     from scow.plugins.spark.client import Client, ClientError, Endpoint
 
-    port = free_port()
-    tables = broker_config(tmp_path / "data", plugins=PLUGINS, port=port)
-    broker = BrokerProcess(write_config(tmp_path / "scow.toml", tables), port, tmp_path / "log")
-    broker.start()
-    try:
+    with broker_processes(tmp_path) as start:
+        broker = start(plugins=PLUGINS)
         client = Client(Endpoint.parse(broker.url, timeout=2.0))
         with pytest.raises(ClientError) as raised:
             client.wait(lambda: False, "an answer that never comes")
@@ -184,12 +156,10 @@ def test_a_call_to_a_broker_that_is_up_but_does_not_answer_times_out_saying_it_w
         reads = int(message.split(" bytes in ")[1].split(" reads")[0])
         assert reads >= 2, message  # the broker's open, and at least one heartbeat
         client.close()
-    finally:
-        broker.kill()
 
 
 def test_a_client_made_before_it_is_used_outlives_the_broker_s_handshake_timeout(
-    tmp_path: Path,
+    scow_broker,
 ):
     """The client sends its open when it is made: a broker closes a connection that has
     not opened within handshake-timeout, and a client may first be used later than that
@@ -198,19 +168,11 @@ def test_a_client_made_before_it_is_used_outlives_the_broker_s_handshake_timeout
 
     from scow.plugins.spark.client import Client, Endpoint
 
-    tables = broker_config(
-        tmp_path / "data",
-        plugins=PLUGINS,
-        sections={"amqp": {"handshake-timeout": 300}, "queues": {"s": stream()}},
-    )
-    broker = BrokerThread(write_config(tmp_path / "scow.toml", tables)).start()
-    try:
-        client = Client(Endpoint.parse(broker.url, timeout=10))
-        silent = socket.create_connection(("127.0.0.1", broker.port))  # made just after
-        silent.settimeout(10)
-        assert silent.recv(1) == b""  # closed: the handshake-timeout has passed for both
-        assert client.call("stream", "s", "READ")["next-sequence"] == 0
-        client.close()
-        silent.close()
-    finally:
-        broker.stop()
+    broker = _stream_broker(scow_broker, {"handshake-timeout": 300})
+    client = Client(Endpoint.parse(broker.url, timeout=10))
+    silent = socket.create_connection(("127.0.0.1", broker.port))  # made just after
+    silent.settimeout(10)
+    assert silent.recv(1) == b""  # closed: the handshake-timeout has passed for both
+    assert client.call("stream", "s", "READ")["next-sequence"] == 0
+    client.close()
+    silent.close()
