@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from scow.core.testing import BrokerProcess, wait_for
+from scow.core.testing import BrokerProcess, scow_command, wait_for
 
 
 def describe_status(returncode: int) -> str:
@@ -151,3 +151,11 @@ def closed_by_peer(sock: socket.socket) -> bool:
         return False
     except (ConnectionResetError, ssl.SSLEOFError):
         return True
+
+
+def scow_behind(path: Path, prelude: str) -> str:
+    """A program at `path` that runs the shell line `prelude` (a limit, a cgroup) and then
+    becomes the installed `scow` with its arguments: a `command` for `SystemBroker`."""
+    path.write_text(f'#!/bin/bash\n{prelude}\nexec {scow_command()} "$@"\n')
+    path.chmod(0o755)
+    return str(path)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from proton import Delivery, Message
 
-from scow.core.testing import amqp_client, scow_command, wait_for
+from scow.core.testing import amqp_client, wait_for
 from scow.protocols.amqp.codec import UInt
 from tests.security import frames
-from tests.system.broker import closed_by_peer
+from tests.system.broker import closed_by_peer, scow_behind
 from tests.system.topology import BrokerSpec
 from tests.wire.helpers import AMQP_HEADER, close_condition, exchange
 
@@ -44,15 +44,6 @@ QUEUE = "storm"
 COUNT, BODY = 2_000, 4096  # 8 MiB through 1 MiB journal files: new files are needed
 
 
-def _limited_scow(tmp_path: Path) -> str:
-    wrapper = tmp_path / "scow-limited"
-    wrapper.write_text(
-        f'#!/bin/bash\nulimit -Sn {SOFT} && ulimit -Hn {FILES} && exec {scow_command()} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
 def _open_files_limits(pid: int) -> list[str]:
     for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
         if line.startswith("Max open files"):
@@ -62,7 +53,8 @@ def _open_files_limits(pid: int) -> list[str]:
 
 def test_a_connection_storm_leaves_storage_the_files_it_needs(system_broker, tmp_path: Path):
     broker = system_broker(
-        BrokerSpec(amqp={"handshake-timeout": 120_000}), command=_limited_scow(tmp_path)
+        BrokerSpec(amqp={"handshake-timeout": 120_000}),
+        command=scow_behind(tmp_path / "scow-limited", f"ulimit -Sn {SOFT} && ulimit -Hn {FILES}"),
     )
     assert _open_files_limits(broker.pid) == [str(FILES), str(FILES)]  # soft raised to hard
     assert broker.api("/api/broker")["max-client-sockets"] == CLIENT_SOCKETS

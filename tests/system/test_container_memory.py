@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from scow.core.testing import scow_command
+from tests.system.broker import scow_behind
 from tests.system.topology import BrokerSpec
 
 MiB = 1 << 20
@@ -67,12 +68,8 @@ def memory_cgroup() -> Iterator[Path]:
 def test_a_broker_in_a_memory_limited_cgroup_sizes_itself_by_the_limit_and_pages(
     system_broker, memory_cgroup: Path, tmp_path: Path
 ):
-    wrapper = tmp_path / "scow-in-cgroup"
-    wrapper.write_text(
-        f'#!/bin/bash\necho $$ > {memory_cgroup}/cgroup.procs\nexec {scow_command()} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    broker = system_broker(BrokerSpec(global_max_size="-1"), command=str(wrapper))
+    command = scow_behind(tmp_path / "scow-in-cgroup", f"echo $$ > {memory_cgroup}/cgroup.procs")
+    broker = system_broker(BrokerSpec(global_max_size="-1"), command=command)
     try:
         assert broker.api("/api/broker")["global-max-size"] == LIMIT // 16
         (derived,) = broker.log_lines("global-max-size derived")
