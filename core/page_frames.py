@@ -3,7 +3,8 @@
 A frame is `>II` (payload length, CRC-32 of the payload) and the payload. Reading
 stops at the first frame that is incomplete, zero (unwritten) or fails its CRC, so a torn
 or corrupt tail is never taken for data. That is also why a record cannot be empty: its
-frame would read as zero fill.
+frame would read as zero fill. A frame damaged on disk after it was written (a flipped
+bit) need not cost the frames after it: `next_valid_frame` finds where they resume.
 
 This is on the paging read path (every paged message passes through it), so it yields
 positions rather than payloads: callers slice only what they need. The CRC is zlib's
@@ -13,6 +14,7 @@ CRC-32 as ISA-L computes it (the same values, some 30 times faster on 1 KiB reco
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Final
@@ -23,6 +25,7 @@ _HEADER = struct.Struct(">II")
 HEADER_SIZE: Final = _HEADER.size
 #: The largest payload a frame's 32-bit length can describe.
 MAX_RECORD_SIZE: Final = 0xFFFF_FFFF
+_NONZERO = re.compile(rb"[^\x00]")
 
 
 def _unframeable(index: int, record: bytes) -> ValueError:
@@ -102,3 +105,50 @@ def valid_length(buf: bytes | memoryview, offset: int = 0) -> int:
             break
         end = stop
     return end
+
+
+def next_valid_frame(buf: bytes | memoryview, damaged: int) -> int | None:
+    """Where valid frames resume after the frame at `damaged`, which is not valid (see
+    `valid_length`); None when none follows (a torn tail, zero fill).
+
+    Every later offset is a candidate, taken when a whole frame starts there and its CRC
+    holds (a chance match is one in 2**32); runs of zeros, unwritten space, are passed
+    over in one search. The damaged frame's own length is not trusted: bit rot in it
+    would skip the frames it no longer ends at.
+    """
+    view = memoryview(buf)
+    size = len(view)
+    unpack = _HEADER.unpack_from
+    at = damaged + 1
+    while at + HEADER_SIZE < size:
+        length, crc = unpack(view, at)
+        if length == 0:  # a candidate's length has a non-zero byte among its first four
+            found = _NONZERO.search(view, at)
+            if found is None:
+                return None
+            at = max(at + 1, found.start() - 3)
+            continue
+        end = at + HEADER_SIZE + length
+        if end <= size and crc32(view[at + HEADER_SIZE : end]) == crc:
+            return at
+        at += 1
+    return None
+
+
+def salvaged_frames(
+    buf: bytes | memoryview,
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """Every valid frame of `buf` as `iter_frames` gives them, read on past damaged
+    frames at `next_valid_frame`; and the (start, end) of each damaged stretch passed
+    over. A tail where no valid frame follows (torn, zero fill) is neither."""
+    frames: list[tuple[int, int, int]] = []
+    damaged: list[tuple[int, int]] = []
+    at = 0
+    while True:
+        frames.extend(iter_frames(buf, at))
+        at = frames[-1][2] if frames and frames[-1][2] > at else at
+        resume = next_valid_frame(buf, at)
+        if resume is None:
+            return frames, damaged
+        damaged.append((at, resume))
+        at = resume

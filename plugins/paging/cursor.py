@@ -34,9 +34,17 @@ import structlog
 from scow.core.large_messages import hold_body
 from scow.core.message import Message, MessageKind, PagedRef, kind_of
 from scow.core.page_frames import HEADER_SIZE as FRAME_HEADER
-from scow.core.page_frames import crc32, valid_length
+from scow.core.page_frames import crc32, next_valid_frame, valid_length
 from scow.plugins.paging import index as page_index
-from scow.plugins.paging.record import DURABLE, HEAD, LARGE, UNREADABLE, head_of, message_data
+from scow.plugins.paging.record import (
+    DURABLE,
+    HEAD,
+    LARGE,
+    UNREADABLE,
+    UNREADABLE_REST,
+    head_of,
+    message_data,
+)
 from scow.plugins.paging.selecting import RecordFilter
 
 if TYPE_CHECKING:
@@ -392,8 +400,6 @@ class QueueCursor:
         self._next_expiry: dict[int, int] = {}
         #: browser -> (page, offset) it has seen the pages up to
         self._browsing: dict[Consumer, tuple[int, int]] = {}
-        #: (page, offset) of the damaged frames whose loss has been logged
-        self._damaged: set[tuple[int, int]] = set()
         #: The page of each message settled since the last loop pass (`settle`).
         self._settled: list[int] = []
 
@@ -548,21 +554,30 @@ class QueueCursor:
         return run is not None and run.covers(self.page, self.offset) and deliverable() == 0
 
     def _past_damage(self, page: int, offset: int, end: int) -> int:
-        """Where to read on from a frame damaged on disk after it was written: the frames
-        after it cannot be found, so from the end of what is visible of the page (read
-        again, the frame would stop the reader there for good). The loss is logged once,
-        by whichever reader (the position, a browser, a look-ahead) meets it first."""
-        if (page, offset) not in self._damaged:
-            self._damaged.add((page, offset))
+        """Where to read on from a frame damaged on disk after it was written: its page's
+        next valid frame (`page_frames.next_valid_frame`), else the end of what is
+        visible of the page (read again, the frame would stop the reader there for
+        good). Recovery notes the frames damaged before the start (`PageInfo.damaged`);
+        others are found and logged by the first reader (a cursor's position, a browser,
+        a look-ahead, of any of the address's queues) to meet them: a read of the page on
+        the loop, as rare as bit rot."""
+        info = self.pager.pages.get(page)
+        damaged = info.damaged if info is not None else {}
+        resume = damaged.get(offset)
+        if resume is None:
+            read = getattr(self.pager.store, "read_unchecked", None)  # `read` stops here
+            found = None if read is None else next_valid_frame(read(page, offset), 0)
+            resume = end if found is None or offset + found > end else offset + found
+            damaged[offset] = resume
             log.error(
-                UNREADABLE,
+                UNREADABLE if resume < end else UNREADABLE_REST,
                 address=self.pager.address.name,
                 queue=self.queue.name,
                 page=page,
                 offset=offset,
-                bytes_lost=end - offset,
+                bytes_lost=resume - offset,
             )
-        return end
+        return resume
 
     def _selected_out(self, page: int) -> bool:
         """True when every consumer with credit has a selector and the page's summary

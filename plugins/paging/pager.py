@@ -74,6 +74,9 @@ class PageInfo:
     index_at: int = 0
     #: Bytes written after `size` when it closed (its index and summary records).
     trailer: int = 0
+    #: Frames found damaged on disk (at recovery, or by a reader; logged then): offset ->
+    #: where readers go on (the next valid frame, else the visible end).
+    damaged: dict[int, int] = field(default_factory=dict)
 
     def note_expiration(self, expiration: int) -> None:
         if expiration and (not self.expires or expiration < self.expires):

@@ -77,5 +77,7 @@ def head_of(flags: int, data: memoryview) -> memoryview:
     return data[_LARGE_REF.size :] if flags & LARGE else data
 
 
-#: What the log says of a frame damaged on disk, and the rest of its page with it.
-UNREADABLE = "page records unreadable: a corrupt frame, the rest of the page is lost"
+#: What the log says of a frame damaged on disk: its record is lost, not those after it
+#: (`scow.core.page_frames.next_valid_frame`), unless no valid one follows in its page.
+UNREADABLE = "page record unreadable: a damaged frame; read on at its next valid record"
+UNREADABLE_REST = "page record unreadable: a damaged frame, and no valid record after it"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import structlog
 
 from scow.core.interfaces import PageStore
-from scow.core.page_frames import iter_frames
+from scow.core.page_frames import salvaged_frames
 from scow.plugins.paging.pager import PageInfo
 from scow.plugins.paging.record import (
     DURABLE,
@@ -21,6 +21,7 @@ from scow.plugins.paging.record import (
     LARGE,
     SUMMARY,
     UNREADABLE,
+    UNREADABLE_REST,
     head_of,
     large_ref,
 )
@@ -60,13 +61,14 @@ def durable_records(
     message format's), else none. A page's index (`scow.plugins.paging.index`) is passed
     over as the summary is; where it is goes in `pages` too, for the cursors.
     """
-    # the bytes as stored, so that what a corrupt frame leaves unreadable is reported
+    # the bytes as stored, so that the records after a damaged frame are found
     read = getattr(store, "read_unchecked", store.read)
     for page in store.page_numbers():
         buf = memoryview(read(page))
         info = PageInfo(page, summary=None)
-        frames = list(iter_frames(buf))
-        _report_unreadable(store, page, buf, frames[-1][2] if frames else 0)
+        frames, damaged = salvaged_frames(buf)
+        _report_unreadable(store, page, buf, damaged, frames[-1][2] if frames else 0)
+        info.damaged = dict(damaged)
         if frames and HEAD.unpack_from(buf, frames[-1][1])[3] & SUMMARY:
             _start, pstart, pend = frames.pop()
             info.size = info.visible = pend
@@ -114,18 +116,22 @@ def durable_records(
             pages[page] = info
 
 
-def _report_unreadable(store: PageStore, page: int, buf: memoryview, valid: int) -> None:
-    """Log the records a corrupt frame cuts off (a torn tail was cut when the store
-    opened; zeros are unwritten space): their messages are lost."""
+def _report_unreadable(
+    store: PageStore,
+    page: int,
+    buf: memoryview,
+    damaged: list[tuple[int, int]],
+    valid: int,
+) -> None:
+    """Log each damaged stretch of a page (its records are lost, not those after it),
+    and what follows the last valid frame unless it is zeros (unwritten space; a torn
+    tail was cut when the store opened)."""
+    address = getattr(store, "address", None)
+    for start, resume in damaged:
+        log.error(UNREADABLE, address=address, page=page, offset=start, bytes_lost=resume - start)
     rest = buf[valid:]
     if rest.nbytes and bytes(rest).strip(b"\0"):
-        log.error(
-            UNREADABLE,
-            address=getattr(store, "address", None),
-            page=page,
-            offset=valid,
-            bytes_lost=rest.nbytes,
-        )
+        log.error(UNREADABLE_REST, address=address, page=page, offset=valid, bytes_lost=rest.nbytes)
 
 
 def _rebuilt(

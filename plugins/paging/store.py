@@ -2,9 +2,10 @@
 
 `<paging-directory>/<safe address>-<hash>/` holds `address.txt` (the address, UTF-8) and
 `%09d.page` files of framed records (`scow.core.page_frames`). The hash keeps apart
-addresses whose safe forms are equal ("a/b" and "a:b"). Opening a store cuts a torn or
-corrupt tail off its last page, so appends continue right after the last valid record;
-earlier pages are left as they are, since reads stop at their first bad frame anyway.
+addresses whose safe forms are equal ("a/b" and "a:b"). Opening a store cuts a torn tail
+off its last page (whatever follows its last valid record), so appends continue right
+after it; a damaged frame with valid ones after it is left for the readers to pass over,
+as in earlier pages.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import structlog
 
 from scow.core import disk_monitor
 from scow.core.model import StorageFull
-from scow.core.page_frames import crc32, frame_all, valid_length
+from scow.core.page_frames import crc32, frame_all, salvaged_frames, valid_length
 
 log = structlog.get_logger("scow.paging")
 
@@ -156,7 +157,8 @@ class FilePageStore:
     def _cut_torn_tail(self, page: int) -> None:
         path = self._path(page)
         data = path.read_bytes()
-        valid = valid_length(data)
+        frames = salvaged_frames(data)[0]
+        valid = frames[-1][2] if frames else 0
         if valid < len(data):
             os.truncate(path, valid)
             log.warning(

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from scow.core.conformance.page_store import OpenStore, PageStoreConformance, records_of
-from scow.core.page_frames import HEADER_SIZE, frame, frame_all, iter_frames, valid_length
+from scow.core.page_frames import (
+    HEADER_SIZE,
+    frame,
+    frame_all,
+    iter_frames,
+    next_valid_frame,
+    salvaged_frames,
+    valid_length,
+)
 from scow.plugins.paging import store as store_module
 from scow.plugins.paging.store import FilePageStore, discover, folder_name, open_store
 
@@ -40,10 +48,10 @@ def _bad_crc(record: bytes) -> bytes:
         frame(b"half a record")[:-3],
         frame(b"a header")[: HEADER_SIZE - 2],
         _bad_crc(b"bad crc"),
-        _bad_crc(b"bad crc") + frame(b"valid but after a bad frame"),
+        frame(b"torn")[:-1] + frame(b"a")[:5],
         b"\xff\xff",
     ],
-    ids=["zero-fill", "half-frame", "half-header", "bad-crc", "bad-crc-then-valid", "garbage"],
+    ids=["zero-fill", "half-frame", "half-header", "bad-crc", "two-torn-frames", "garbage"],
 )
 def test_a_torn_tail_is_cut_at_open_and_appends_follow_the_valid_records(
     tmp_path: Path, tail: bytes
@@ -71,6 +79,29 @@ def test_a_torn_tail_is_cut_at_open_and_appends_follow_the_valid_records(
     assert logs == []
     assert records_of(third, 2) == [b"one", b"two", b"three"]
     third.close()
+
+
+def test_a_damaged_frame_with_valid_ones_after_it_is_kept_for_readers_to_pass_over(
+    tmp_path: Path,
+) -> None:
+    """Bit rot in the middle of the last page is not a torn tail: cutting there would
+    throw away every record after it."""
+    store = FilePageStore(tmp_path, "t")
+    store.append(1, [b"one", b"two", b"three"])
+    store.close()
+    path = store.folder / "000000001.page"
+    data = bytearray(path.read_bytes())
+    data[len(frame(b"one")) + HEADER_SIZE] ^= 0xFF  # the first byte of "two"
+    path.write_bytes(data + frame(b"torn")[:-2])
+    with capture_logs() as logs:
+        again = FilePageStore(tmp_path, "t")
+    assert [e["bytes_cut"] for e in logs] == [len(frame(b"torn")) - 2]
+    assert path.read_bytes() == data
+    again.append(1, [b"four"])
+    frames, damaged = salvaged_frames(again.read_unchecked(1))
+    assert damaged == [(len(frame(b"one")), len(frame(b"one")) + len(frame(b"two")))]
+    assert len(frames) == 3
+    again.close()
 
 
 def test_a_last_page_of_garbage_only_is_cut_to_nothing(tmp_path: Path) -> None:
@@ -363,3 +394,27 @@ def test_a_store_opened_without_repair_leaves_a_torn_tail_and_reads_past_it(tmp_
     reader = FilePageStore(tmp_path, "t", repair=False)
     assert records_of(reader, 1) == [b"one"]
     assert path.stat().st_size == size
+
+
+@given(st.lists(st.binary(min_size=1, max_size=100), min_size=1, max_size=20), st.data())
+def test_a_flipped_byte_costs_the_record_it_is_in_and_no_other(
+    records: list[bytes], data: st.DataObject
+) -> None:
+    buf = bytearray(frame_all(records))
+    at = data.draw(st.integers(0, len(buf) - 1))
+    buf[at] ^= data.draw(st.integers(1, 255))
+    hit = next(k for k in range(len(records)) if len(frame_all(records[: k + 1])) > at)
+    frames, damaged = salvaged_frames(buf)
+    assert [bytes(buf[s:e]) for _f, s, e in frames] == records[:hit] + records[hit + 1 :]
+    start = len(frame_all(records[:hit]))
+    if hit < len(records) - 1:
+        assert damaged == [(start, start + len(frame(records[hit])))]
+    else:  # the last one: nothing valid follows, as after a torn tail
+        assert damaged == []
+
+
+def test_a_damaged_stretch_ends_at_the_next_frame_past_zero_fill() -> None:
+    good = frame_all([b"a", b"bb"])
+    assert next_valid_frame(good + b"\x00" * 4096, len(good)) is None
+    assert next_valid_frame(good + b"\x00" * 4096 + frame(b"c"), len(good)) == len(good) + 4096
+    assert next_valid_frame(good + frame(b"ccc")[:-1], len(good)) is None
