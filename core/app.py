@@ -228,6 +228,12 @@ class Server:
                 self.data_lock.acquire()
         except DataDirLocked as exc:
             raise StartupError(f"{exc}, or give this broker its own [broker] data-dir") from None
+        except OSError as exc:  # a read-only volume, a file in the way, no permission
+            raise StartupError(
+                f"data dir {self.data_lock.data_dir} cannot be used: "
+                f"{exc.strerror or exc} ({exc.filename or self.data_lock.path}); "
+                "[broker] data-dir (or --data-dir) must be a directory this user can write"
+            ) from None
         try:
             if self.config.section("broker")["persistence-enabled"]:
                 journal = journal_backend(self.journals, self.config)[0]

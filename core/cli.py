@@ -88,8 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner(server.run_forever())
     except (app.StartupError, ConfigError) as exc:
         return _stopped_by(str(exc), 2)
-    except OSError as exc:
-        return _stopped_by(f"cannot listen: {exc}", 1)
+    except OSError as exc:  # a listener's bind, mostly; the error names its address
+        return _stopped_by(f"cannot start: {exc}", 1)
     scow_logging.drain()
     return 0
 
