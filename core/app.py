@@ -293,6 +293,12 @@ class Server:
             ),
         )
         broker.hooks = self.plugins.hook
+        limits = broker.limits
+        storage.hold_producers(
+            lambda reason, hold: loop.call_soon_threadsafe(
+                limits.block if hold else limits.unblock, reason
+            )
+        )
         try:
             broker.load_persisted_settings()
         except BrokerError as exc:

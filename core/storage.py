@@ -44,6 +44,7 @@ Bindings journal records:
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import threading
@@ -317,6 +318,15 @@ class StorageManager:
     def set_dispatcher(self, dispatch: Callable[[list[Completion]], None]) -> None:
         for journal in self.journals:
             journal.set_dispatcher(dispatch)
+
+    def hold_producers(self, on_backlog: Callable[[str, bool], None]) -> None:
+        """`on_backlog(journal, hold)` whenever a journal that can tell (the file journal)
+        falls too far behind its disk (True) and catches up again (False), from any thread."""
+        for journal in self.journals:
+            hold = getattr(journal, "hold_producers", None)
+            if hold is not None:
+                name = f"journal {getattr(journal, 'directory', '')}".rstrip()
+                hold(functools.partial(on_backlog, name))
 
     # ------------------------------------------------------------------ ids
 

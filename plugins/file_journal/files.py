@@ -33,7 +33,19 @@ class JFile:
     resurrect what those records cancel.
     """
 
-    __slots__ = ("epoch", "fd", "neg", "number", "path", "pos", "size", "state", "used", "written")
+    __slots__ = (
+        "entry_unsynced",
+        "epoch",
+        "fd",
+        "neg",
+        "number",
+        "path",
+        "pos",
+        "size",
+        "state",
+        "used",
+        "written",
+    )
 
     def __init__(self, path: str, number: int, size: int, epoch: int = FREE_EPOCH) -> None:
         self.path = path
@@ -48,6 +60,9 @@ class JFile:
         self.neg: set[JFile] = set()
         self.state = FileState.FREE
         self.fd = -1
+        #: Made without a sync (`create_file`): its directory entry, its size and its
+        #: header are synced with the first records synced in it.
+        self.entry_unsynced = False
 
     @property
     def name(self) -> str:
@@ -94,7 +109,7 @@ def sync_fd(fd: int, datasync: bool) -> None:
         os.fsync(fd)
 
 
-def create_file(path: str, size: int) -> None:
+def create_file(path: str, size: int, *, sync: bool = True) -> None:
     """Create a zero-filled free file atomically (written as `<path>.tmp`, then renamed).
 
     Zero-filling up front means later appends never extend the file, so fdatasync has no
@@ -102,21 +117,29 @@ def create_file(path: str, size: int) -> None:
     The blocks are reserved first (fallocate), so a full file system refuses at once
     instead of after most of the zeros; on any failure the partial file is removed, so a
     full disk is never left fuller.
+
+    Without `sync` (a file made while appends wait for it) nothing waits on the disk:
+    fallocate's blocks read as zeros unwritten, and neither the file nor its directory
+    entry is synced; whoever first syncs records in it syncs the entry too
+    (`JFile.entry_unsynced`).
     """
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        reserved = False
         if _fallocate is not None:
             try:
                 _fallocate(fd, 0, size)
+                reserved = True
             except OSError as exc:
                 if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
                     raise
         os.write(fd, encode_file_header(FREE_EPOCH))
-        done = DATA_START
+        done = DATA_START if sync or not reserved else size
         while done < size:
             done += os.write(fd, _ZEROS[: min(len(_ZEROS), size - done)])
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -124,7 +147,8 @@ def create_file(path: str, size: int) -> None:
         raise
     os.close(fd)
     os.rename(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    if sync:
+        fsync_dir(os.path.dirname(path) or ".")
 
 
 def write_header(path: str, epoch: int) -> None:

@@ -197,6 +197,11 @@ class FileJournal:
         self._force = False
         self._pending = 0
         self._wake_at = _NEVER
+        #: Bytes appended and not yet taken by the writer past which producers are held
+        #: back (`hold_producers`): a disk whose syncs stall must not let them fill memory.
+        self._max_pending = self._file_size
+        self._on_backlog: Callable[[bool], None] | None = None
+        self._holding = False
         self._batch_no = 0
         self._done_no = 0
         self._last_flush = 0.0
@@ -222,6 +227,12 @@ class FileJournal:
         as messages) once the current file is down to its reserve; other adds (bookkeeping
         that consumers need) may use it. By default every add is held back."""
         self._held = frozenset(record_types)
+
+    def hold_producers(self, on_backlog: Callable[[bool], None]) -> None:
+        """`on_backlog(True)` once the writer is a file behind the appends (its disk's
+        syncs stall), `on_backlog(False)` once it has taken them; called from the loop or
+        the writer thread, with the journal's lock held (hand it to the loop)."""
+        self._on_backlog = on_backlog
 
     def load(self) -> LoadResult:
         """Open (creating if needed) and recover; call once, before any append."""
@@ -369,6 +380,8 @@ class FileJournal:
             self._pending += size
             if self._pending >= self._wake_at:
                 self._cond.notify()
+                if self._pending >= self._max_pending:
+                    self._hold()
 
     def append_update(
         self,
@@ -494,8 +507,7 @@ class FileJournal:
                 return
             self._force = True
             target = self._batch_no + 1
-            if self._wake_at < _NEVER:
-                self._cond.notify()
+            self._cond.notify()  # a writer waiting for work takes the batch at once
             self._flush_waiters += 1
             try:
                 while self._done_no < target and self._failed is None:
@@ -634,6 +646,21 @@ class FileJournal:
             self._want_sync = True
         if self._pending >= self._wake_at:
             self._cond.notify()
+            if self._pending >= self._max_pending:
+                self._hold()
+
+    def _hold(self) -> None:
+        """The writer is `_max_pending` bytes behind (lock held): producers wait until it
+        takes them (`_cut`). It is busy meanwhile, so `_wake_at` is `_max_pending`:
+        appends test it as they test whether to wake the writer, at no cost of their own."""
+        if not self._holding and self._on_backlog is not None:
+            self._holding = True
+            structlog.get_logger().warning(
+                "journal behind its disk: producers held until it catches up",
+                directory=self.directory,
+                pending_bytes=self._pending,
+            )
+            self._on_backlog(True)
 
     def _tx_op(
         self, kind: int, tx_id: int, record_id: int, record_type: int, flags: int, data: bytes
@@ -652,6 +679,8 @@ class FileJournal:
                 f.written += 1
             if self._pending >= self._wake_at:
                 self._cond.notify()
+                if self._pending >= self._max_pending:
+                    self._hold()
 
     def _attach(
         self,
@@ -742,12 +771,14 @@ class FileJournal:
                 self.directory,
             )
 
-    def _create(self, number: int) -> JFile:
+    def _create(self, number: int, *, sync: bool = True) -> JFile:
         s = self.settings
         path = os.path.join(self.directory, file_name(s.prefix, number, s.extension))
-        create_file(path, self._file_size)
+        create_file(path, self._file_size, sync=sync)
         self.counters.files_created += 1
-        return JFile(path, number, self._file_size)
+        f = JFile(path, number, self._file_size)
+        f.entry_unsynced = not sync
+        return f
 
     def _no_room_for(self, exc: OSError, what: str = "") -> str:
         """What a failed file creation (or `what`) means, for logs and refusals (no lock
@@ -798,10 +829,12 @@ class FileJournal:
         elif self._no_room is not None:
             raise self._storage_full()
         else:
-            # The files thread fell behind: better a pause than an unbounded buffer.
+            # The files thread fell behind (its syncs may stall): the loop makes the file,
+            # with nothing that waits on the disk, and the writer syncs it with its first
+            # records. Producers are held if the writer falls a file behind (`_hold`).
             try:
                 self._check_room()
-                f = self._create(self._next_no)
+                f = self._create(self._next_no, sync=False)
             except OSError as exc:
                 if not is_no_room(exc):
                     raise
@@ -949,7 +982,7 @@ class FileJournal:
                         break
                     self._wake_at = self._bufsize
                     self._cond.wait(left)
-            self._wake_at = _NEVER
+            self._wake_at = self._max_pending  # busy: appends past it hold producers
             if self._failed is not None:
                 return None
             return self._cut()
@@ -973,6 +1006,12 @@ class FileJournal:
         self._want_sync = self._force = False
         self._pending = 0
         self._last_flush = time.monotonic()
+        if self._holding:
+            self._holding = False
+            structlog.get_logger().info(
+                "journal caught up with its disk: producers resume", directory=self.directory
+            )
+            self._on_backlog(False)  # type: ignore[misc]
         return batch
 
     def _pad_to_alignment(self) -> None:

@@ -20,7 +20,7 @@ import structlog
 
 from scow.core.interfaces import Completion
 
-from .files import JFile, sync_fd
+from .files import JFile, fsync_dir, sync_fd
 from .format import ALIGNMENT
 
 
@@ -179,8 +179,17 @@ class FileWriter:
             dirty, self._dirty = self._dirty, set()
         for f in dirty:
             if f.fd >= 0:
-                sync_fd(f.fd, self.datasync)
-                self.counters.syncs += 1
+                self._sync(f)
+
+    def _sync(self, f: JFile) -> None:
+        """Make what was written to `f` durable, and `f` itself when it was made unsynced."""
+        if f.entry_unsynced:
+            os.fsync(f.fd)  # its size and allocation too, whatever journal-datasync says
+            fsync_dir(os.path.dirname(f.path) or ".")
+            f.entry_unsynced = False
+        else:
+            sync_fd(f.fd, self.datasync)
+        self.counters.syncs += 1
 
     def close(self, f: JFile) -> None:
         """Sync and close a sealed file: later syncs no longer need to cover it."""
@@ -190,8 +199,7 @@ class FileWriter:
         if f.fd >= 0:
             try:
                 if dirty:
-                    sync_fd(f.fd, self.datasync)
-                    self.counters.syncs += 1
+                    self._sync(f)
             finally:
                 os.close(f.fd)
                 f.fd = -1

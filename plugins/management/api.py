@@ -176,6 +176,8 @@ class ManagementApi:
                 "global-max-size": stats["global-max-size"],
                 "messages-in-memory": stats["messages-in-memory"],
                 "disk-full": stats["disk-full"],
+                # what holds producers' credit back: "disk", "journal", "paging", ...
+                "producers-blocked-by": stats["storage-blocked-by"],
                 "disk-usage-percent": _disk_usage(self.data_dir),
                 "max-disk-usage": self.max_disk_usage,
                 "addresses": stats["addresses"],

@@ -54,7 +54,7 @@ def _existing(path: Path) -> Path:
 
 
 def _fsync_path(path: Path) -> None:
-    """Flush a directory's entries (a new or removed file in it) to disk."""
+    """Flush a file, or a directory's entries (a new or removed file in it), to disk."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -62,7 +62,7 @@ def _fsync_path(path: Path) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise _os_error(exc, path, "syncing the directory") from exc
+        raise _os_error(exc, path, "syncing") from exc
 
 
 class FilePageStore:
@@ -83,6 +83,9 @@ class FilePageStore:
         #: Set when a failed append could not be undone: appending after its torn bytes
         #: would write records that no read could reach.
         self._broken: str | None = None
+        #: address.txt and the folders a new store made, in the order the first `sync`
+        #: makes them durable (the file, then the directory entries).
+        self._unsynced_paths: list[Path] = []
         self._open_folder()
         self._pages = self._list_pages()
         if self._pages and repair:
@@ -106,6 +109,10 @@ class FilePageStore:
             ) from exc
 
     def _make_folder(self) -> None:
+        """The folder and its address.txt, made with nothing that waits on the disk (the
+        loop opens a store when an address starts paging, and a stalled disk must not
+        stall it): the first `sync`, which precedes any record's being durable, syncs
+        them."""
         marker = self.folder / ADDRESS_FILE
         created: list[Path] = []  # folders this store makes, whose parents then need a sync
         parent = self.folder
@@ -117,12 +124,13 @@ class FilePageStore:
             stored = marker.read_text(encoding="utf-8") if marker.exists() else None
         except OSError as exc:
             raise _os_error(exc, marker, "opening the page store") from exc
-        if stored is None:
+        if not stored:  # none, or emptied by a crash before the sync that follows it
             self._write_marker(marker)
             # the folder's parent too when an earlier attempt made the folder and then
             # found no room for address.txt
-            for new in reversed(created or [self.folder]):
-                _fsync_path(new.parent)
+            self._unsynced_paths = [marker, self.folder] + [
+                new.parent for new in reversed(created or [self.folder])
+            ]
         elif stored != self.address:
             raise FileExistsError(
                 f"{marker}: holds the pages of address {stored!r}, not of {self.address!r}"
@@ -132,16 +140,12 @@ class FilePageStore:
         # written aside and renamed, so discover() never reads a torn address
         tmp = marker.with_name(ADDRESS_FILE + ".tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(self.address.encode("utf-8"))
-                f.flush()
-                os.fsync(f.fileno())
+            tmp.write_bytes(self.address.encode("utf-8"))
             os.replace(tmp, marker)
         except OSError as exc:
             with contextlib.suppress(OSError):  # no half-written address left behind
                 os.unlink(tmp)
             raise _os_error(exc, marker, "writing the address") from exc
-        _fsync_path(self.folder)
 
     def _list_pages(self) -> list[int]:
         try:
@@ -269,16 +273,20 @@ class FilePageStore:
             os.close(fd)
 
     def sync(self) -> None:
-        """fdatasync the page written since the last sync, and the folder if it changed."""
+        """fdatasync the page written since the last sync, then the folder if it changed
+        (with, the first time, the address.txt and the folders the store made)."""
         if self._unsynced and self._fd is not None:
             try:
                 _fdatasync(self._fd)
             except OSError as exc:
                 raise _os_error(exc, self._path(self._fd_page), "syncing") from exc
             self._unsynced = False
-        if self._folder_unsynced:
-            _fsync_path(self.folder)
-            self._folder_unsynced = False
+        if self._folder_unsynced and not self._unsynced_paths:
+            self._unsynced_paths.append(self.folder)
+        while self._unsynced_paths:
+            _fsync_path(self._unsynced_paths[0])
+            del self._unsynced_paths[0]
+        self._folder_unsynced = False
 
     def read(self, page: int, offset: int = 0) -> bytes:
         """The page's valid frames from `offset`; a half-written append is left out."""

@@ -1,0 +1,131 @@
+"""A disk whose syncs stall (a saturated volume, a throttled cloud disk, an NFS server
+that hiccups), as `scow run` meets it: fsync and fdatasync hang for as long as a flag
+file exists, through a preloaded shim, while everything else works.
+
+Before, the first journal roll with no spare file at hand made one on the event loop and
+synced it there: the whole broker froze for as long as the stall lasted (no management
+API, no non-durable traffic, no heartbeats, so every client timed out). And nothing bounded
+what producers could send ahead of the disk meanwhile but that freeze.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from proton import Message
+
+from scow.core.testing import amqp_client, scow_command, wait_for
+from tests.system.broker import scow_behind
+from tests.system.topology import BrokerSpec
+
+SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+static void wait_while_stalled(void) {
+    const char *flag = getenv("SCOW_TEST_STALL_FLAG");
+    struct stat st;
+    while (flag && stat(flag, &st) == 0) usleep(10000);
+}
+int fsync(int fd) {
+    static int (*real)(int);
+    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    wait_while_stalled();
+    return real(fd);
+}
+int fdatasync(int fd) {
+    static int (*real)(int);
+    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    wait_while_stalled();
+    return real(fd);
+}
+"""
+COUNT, BODY = 20_000, 1024  # 20 MiB: twenty 1 MiB journal files
+MiB = 1 << 20
+
+
+@pytest.fixture
+def stalling_disk(tmp_path: Path) -> tuple[str, Path]:
+    """(a `scow` that syncs through the shim, the flag file that stalls its syncs)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed: the sync-stalling shim cannot be built")
+    source, shim = tmp_path / "stall.c", tmp_path / "libstall.so"
+    source.write_text(SHIM)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(source), "-ldl"], check=True)
+    flag = tmp_path / "stall"
+    prelude = f"export LD_PRELOAD={shim} SCOW_TEST_STALL_FLAG={flag}"
+    return scow_behind(tmp_path / "scow-on-a-slow-disk", prelude), flag
+
+
+def _held_back(broker, by: str) -> bool:
+    return any(r.startswith(by) for r in broker.api("/api/broker")["producers-blocked-by"])
+
+
+def _answers_quickly(broker, *, non_durable: bool) -> None:
+    """The management API, and a non-durable round trip (when its address need not page),
+    each answer within 2 s."""
+    started = time.monotonic()
+    broker.api("/api/broker", timeout=2)
+    if non_durable:
+        with amqp_client(broker, timeout=2) as conn:
+            conn.create_sender("live").send(Message(body="live"), timeout=2)
+            receiver = conn.create_receiver("live")
+            assert receiver.receive(timeout=2).body == "live"
+            receiver.accept()
+    assert time.monotonic() - started < 4
+
+
+@pytest.mark.parametrize(
+    ("memory", "held_by"),
+    [("256MiB", "journal "), ("2MiB", "")],
+    ids=["in-memory", "paging"],
+)
+def test_a_stalled_disk_holds_durable_producers_back_and_nothing_else(
+    system_broker, stalling_disk, memory, held_by
+):
+    """In memory, the journal holds its producers back once it is a file behind; where
+    everything pages (2 MiB of memory), so does the page writer, and non-durable messages
+    wait for the disk too, as they must: they have nowhere else to go."""
+    command, flag = stalling_disk
+    anycast = {"routing-type": "ANYCAST"}
+    spec = BrokerSpec(queues={"durable": anycast, "live": anycast}, global_max_size=memory)
+    broker = system_broker(spec, command=command)
+    in_memory = memory != "2MiB"
+    _answers_quickly(broker, non_durable=True)
+    rss_before = broker.rss_kib() * 1024
+    flag.touch()
+    producer = subprocess.Popen(
+        [
+            *(scow_command(), "perf", "client", "--url", f"{broker.url}/durable", "--json"),
+            *("--mode", "send", "--durable", "--max-pending", "0", "--count", str(COUNT)),
+            *("--size", str(BODY), "--timeout", "120"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _held_back(broker, held_by), 30)
+        for _ in range(5):
+            _answers_quickly(broker, non_durable=in_memory)
+        held = broker.api("/api/queues/durable")["message-count"]
+        assert held < COUNT // 2, held
+        assert broker.rss_kib() * 1024 - rss_before < 64 * MiB
+        assert producer.poll() is None  # none of its sends can be confirmed yet
+        if in_memory:
+            (line,) = broker.log_lines("journal behind its disk")
+            assert "producers held" in line
+    finally:
+        flag.unlink()
+    out, err = producer.communicate(timeout=120)
+    assert producer.returncode == 0, err + out
+    assert json.loads(out)["sent"] == COUNT
+    assert broker.api("/api/queues/durable")["message-count"] == COUNT
+    wait_for(lambda: broker.api("/api/broker")["producers-blocked-by"] == [], 10)
