@@ -32,11 +32,19 @@ import structlog
 from scow.core import disk_monitor
 from scow.core.descriptors import StreamStoreBackend
 from scow.core.interfaces import StreamAppended, StreamContents, StreamRecord, StreamSegment
-from scow.core.page_frames import HEADER_SIZE, frame_all, iter_frames
+from scow.core.page_frames import (
+    HEADER_SIZE,
+    frame_all,
+    iter_frames,
+    next_valid_frame,
+    salvaged_frames,
+)
 from scow.plugins.spark.records import RECORD
 
 log = structlog.get_logger("scow.stream")
 
+#: What the log says of a frame damaged on disk: its record is lost, never delivered.
+UNREADABLE = "stream record unreadable: a damaged frame; read on at its next valid record"
 #: Bytes between two sparse index entries.
 INDEX_EVERY = 32 << 10
 #: Bytes read per positioned read.
@@ -57,6 +65,9 @@ class _Segment:
     #: (sequence, offset, enqueue time) every INDEX_EVERY bytes; None until built.
     index: list[_IndexEntry] | None = None
     first_time: int = 0
+    #: Frames found damaged on disk: offset -> where the next valid one starts (its end
+    #: of data when none does). Readers pass over them; each is logged once.
+    damaged: dict[int, int] = field(default_factory=dict)
 
     def info(self) -> StreamSegment:
         return StreamSegment(self.first, self.size, self.first_time)
@@ -70,13 +81,36 @@ class _Segment:
             data = f.read(self.size)
         index = []
         last = -INDEX_EVERY
-        for start, payload, _end in iter_frames(data, verified=True):
+        for start, payload, _end in self.frames(data):
             if start - last >= INDEX_EVERY:
                 seq, enqueued, _mid = RECORD.unpack_from(data, payload)
                 index.append((seq, start, enqueued))
                 last = start
         self.index = index
         return index
+
+    def frames(self, data: bytes, base: int = 0) -> list[tuple[int, int, int]]:
+        """(start, payload, end) of each valid frame of `data` (the segment's bytes from
+        `base` to its synced size), past any damaged one, which is noted and logged."""
+        frames, damaged = salvaged_frames(data)
+        for start, resume in damaged:
+            self.passed_over(base + start, base + resume)
+        if frames and frames[-1][2] < len(data):  # nothing valid follows, to the end
+            self.passed_over(base + frames[-1][2], base + len(data))
+        elif not frames and data:
+            self.passed_over(base, base + len(data))
+        return frames
+
+    def passed_over(self, start: int, resume: int) -> None:
+        """The frame at `start` is damaged; readers go on at `resume`."""
+        if start not in self.damaged:
+            self.damaged[start] = resume
+            log.error(
+                UNREADABLE,
+                segment=str(self.path),
+                offset=start,
+                bytes_lost=resume - start,
+            )
 
 
 @dataclass(slots=True)
@@ -124,7 +158,10 @@ class FileStreamStore:
             index: list[_IndexEntry] = []
             mark = -INDEX_EVERY
             end = 0
-            for start, payload, frame_end in iter_frames(data):
+            frames, damaged = salvaged_frames(data)
+            for start, resume in damaged:
+                segment.passed_over(start, resume)
+            for start, payload, frame_end in frames:
                 seq, enqueued, message_id = RECORD.unpack_from(data, payload)
                 ids.add(message_id)
                 if start - mark >= INDEX_EVERY:
@@ -283,7 +320,7 @@ class FileStreamStore:
                     data = f.read(size - offset)
             except FileNotFoundError:
                 continue
-            for _start, payload, _end in iter_frames(data, verified=True):
+            for _start, payload, _end in segment.frames(data, offset):
                 seq, enqueued, _mid = RECORD.unpack_from(data, payload)
                 if enqueued >= when:
                     return int(seq)
@@ -323,16 +360,26 @@ def _read_segment(
     segment: _Segment, size: int, seq: int, end: int, limit: int, out: list[tuple[int, int, bytes]]
 ) -> int:
     """Append to `out` the records of `segment` from `seq` below `end` (up to `limit` in
-    `out`); the sequence number to read next."""
+    `out`); the sequence number to read next.
+
+    Every frame's CRC is checked once per run: a segment's at its first read (the index
+    build) or at the start (the last two), and what this run appends it wrote itself.
+    In a segment where that found damage, reads check each frame again and pass over the
+    damaged ones (`_Segment.passed_over`): never delivered."""
     index = segment.build_index()
+    verified = not segment.damaged
     i = bisect.bisect_right(index, (seq, 1 << 62, 0)) - 1
     offset = index[i][1] if i >= 0 else 0
     fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         while len(out) < limit and seq < end and offset < size:
+            resume = segment.damaged.get(offset)
+            if resume is not None:
+                offset = resume
+                continue
             data = os.pread(fd, min(READ_CHUNK, size - offset), offset)
             consumed = 0
-            for _start, payload, frame_end in iter_frames(data, verified=True):
+            for _start, payload, frame_end in iter_frames(data, verified=verified):
                 rseq, enqueued, _mid = RECORD.unpack_from(data, payload)
                 consumed = frame_end
                 if rseq < seq:
@@ -341,17 +388,22 @@ def _read_segment(
                     return int(rseq)
                 out.append((rseq, enqueued, data[payload + RECORD.size : frame_end]))
                 seq = rseq + 1
-            if consumed == 0:  # one record larger than a chunk: read it whole
+            if consumed == 0:  # one record larger than a chunk, or a damaged frame
                 head = os.pread(fd, HEADER_SIZE, offset)
-                data = os.pread(fd, HEADER_SIZE + int.from_bytes(head[:4], "big"), offset)
-                for _start, payload, frame_end in iter_frames(data, verified=True):
-                    rseq, enqueued, _mid = RECORD.unpack_from(data, payload)
-                    if rseq >= seq:
-                        out.append((rseq, enqueued, data[payload + RECORD.size : frame_end]))
-                        seq = rseq + 1
-                    consumed = frame_end
+                length = HEADER_SIZE + int.from_bytes(head[:4], "big")
+                if offset + length <= size:
+                    data = os.pread(fd, length, offset)
+                    for _start, payload, frame_end in iter_frames(data, verified=verified):
+                        rseq, enqueued, _mid = RECORD.unpack_from(data, payload)
+                        if rseq >= seq:
+                            out.append((rseq, enqueued, data[payload + RECORD.size : frame_end]))
+                            seq = rseq + 1
+                        consumed = frame_end
                 if consumed == 0:
-                    break
+                    rest = os.pread(fd, size - offset, offset)
+                    found = next_valid_frame(rest, 0)
+                    segment.passed_over(offset, size if found is None else offset + found)
+                    continue
             offset += consumed
     finally:
         os.close(fd)

@@ -11,7 +11,9 @@ import pytest
 
 from scow.core import StreamStoreBackend, hookimpl
 from scow.core.conformance.stream_store import OpenStore, StreamStoreConformance
+from scow.core.page_frames import HEADER_SIZE
 from scow.core.testing import broker_config, scow_command, write_config
+from scow.plugins.spark.records import RECORD
 from scow.plugins.spark.segments import FileStreamStore, open_store
 from tests.spark.conftest import PLUGINS, publish, stream, wait_stream
 
@@ -70,3 +72,29 @@ def test_an_unknown_stream_store_stops_scow_run_naming_it_and_the_available_ones
     )
     assert "(available: file)" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("where", ["payload", "length"])
+def test_a_damaged_frame_in_an_old_segment_is_passed_over_not_delivered(tmp_path, where):
+    """A flipped byte in a record's payload was delivered as a changed message; in its
+    frame's length, readers stopped there for the rest of the segment."""
+    store = FileStreamStore(tmp_path / "s", "s", 4096, sync=False)
+    store.open()
+    for start in range(0, 100, 10):  # 100-byte records: several segments
+        store.append([(i, 1, i, bytes([i]) * 100) for i in range(start, start + 10)])
+    store.close()
+    first = sorted((tmp_path / "s").glob("*.seg"))[0]
+    data = bytearray(first.read_bytes())
+    frame = HEADER_SIZE + RECORD.size + 100
+    data[3 * frame + (HEADER_SIZE + 50 if where == "payload" else 2)] ^= 0xFF  # record 3
+    first.write_bytes(data)
+    again = FileStreamStore(tmp_path / "s", "s", 4096, sync=False)
+    again.open()
+    got: list[tuple[int, int, bytes]] = []
+    seq = 0
+    while seq < 100:
+        out, seq = again.read(seq, 100, 7)
+        got += out
+    again.close()
+    assert [rseq for rseq, _t, _b in got] == [i for i in range(100) if i != 3]
+    assert all(body == bytes([rseq]) * 100 for rseq, _t, body in got)

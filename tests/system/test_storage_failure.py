@@ -10,11 +10,13 @@ again what was not confirmed), and a supervisor restarts it on what is on disk.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
 import pytest
-from proton import ConnectionException, Message
+from proton import ConnectionException, Message, Timeout, symbol
+from proton.reactor import Filter
 
 from scow.core.testing import amqp_client, wait_for
 from tests.system.topology import PAGING, BrokerSpec
@@ -137,3 +139,43 @@ def test_a_flipped_byte_in_a_page_file_costs_one_message_not_the_rest_of_the_pag
     damaged = broker.log_lines("page record unreadable")
     assert len(damaged) == 2, damaged
     assert all("read on at its next valid record" in line for line in damaged), damaged
+
+
+def test_a_flipped_byte_in_a_stream_segment_costs_one_record_and_is_never_delivered(
+    system_broker,
+):
+    """Before, stream reads trusted a segment's frames without their CRCs: a flipped byte
+    in a sealed segment reached readers as a changed message, and the segment still open
+    at the stop was cut at the damage when the broker started again."""
+    stream = {
+        "routing-type": "ANYCAST",
+        "arguments": {"x-queue-type": "stream", "segment-bytes": 256 << 10},
+    }
+    broker = system_broker(BrokerSpec(queues={QUEUE: stream}))
+    assert broker.data_dir is not None
+    count = 600
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(QUEUE)
+        for seq in range(count):
+            sender.send(Message(body=f"{seq:06d}" * 500, durable=True, properties={"seq": seq}))
+    assert broker.stop() == 0
+    segments = sorted((broker.data_dir / "streams").rglob("*.seg"))
+    assert len(segments) >= 3, segments
+    for segment in (segments[0], segments[-1]):  # a sealed one, and the one open at the stop
+        _flip_byte_at(segment, segment.stat().st_size // 2)
+
+    broker.start()
+    with amqp_client(broker) as conn:
+        receiver = conn.create_receiver(
+            QUEUE, credit=count, options=Filter({symbol("scow:stream-offset"): "first"})
+        )
+        got = {}
+        with contextlib.suppress(Timeout):
+            while len(got) < count:
+                message = receiver.receive(timeout=5)
+                got[message.properties["seq"]] = message.body
+                receiver.accept()
+    assert len(got) == count - 2, sorted(set(range(count)) - set(got))
+    assert all(body == f"{seq:06d}" * 500 for seq, body in got.items())
+    damaged = broker.log_lines("stream record unreadable")
+    assert len(damaged) == 2, damaged
