@@ -1,11 +1,15 @@
-"""Recovery time: a journal holding N durable messages, restarted to serving.
+"""Recovery time: a journal (or, with --paged, page files) holding N durable messages,
+restarted to serving.
 
 Writes N durable 100-byte AMQP messages straight into a fresh data dir through the
 broker's storage manager (the same records a running broker writes), then starts
 `scow run` on it and times launch -> accepting connections -> the first message
-received. Prints the figures; run it a few times and quote the median.
+received. With --paged, a broker whose address pages everything is sent the messages by
+`scow perf client` and stopped, and the restarts read its pages. Prints the figures; run
+it a few times and quote the median.
 
     .venv/bin/python benchmarks/recovery.py --messages 1000000
+    .venv/bin/python benchmarks/recovery.py --messages 1000000 --size 1024 --paged
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from scow.plugins.file_journal.plugin import journal_settings
 from scow.protocols.amqp.codec import encode_message
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
+PAGED = {"bench": {"max-size-bytes": 0}}
 
 
 def fill(data_dir: Path, count: int, size: int) -> float:
@@ -53,6 +58,41 @@ def fill(data_dir: Path, count: int, size: int) -> float:
     return time.perf_counter() - started
 
 
+def fill_pages(config: Path, port: int, count: int, size: int) -> float:
+    """Send `count` durable messages to a broker whose address pages them all; stop it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scow.core.cli", "run", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(proc, port)
+        started = time.perf_counter()
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "scow.core.cli", "perf", "client", "--mode", "send"),
+                *("--url", f"amqp://127.0.0.1:{port}/bench", "--durable"),
+                *("--count", str(count), "--size", str(size), "--timeout", "3600", "--json"),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        return time.perf_counter() - started
+    finally:
+        proc.terminate()
+        proc.wait(120)
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if proc.poll() is not None:
+            raise SystemExit(f"broker exited with {proc.returncode}")
+        time.sleep(0.01)
+
+
 def restart(config: Path, port: int) -> tuple[float, float]:
     from proton.utils import BlockingConnection
 
@@ -63,13 +103,7 @@ def restart(config: Path, port: int) -> tuple[float, float]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None:
-                raise SystemExit(f"broker exited with {proc.returncode}")
-            time.sleep(0.01)
+        _wait_listening(proc, port)
         listening = time.perf_counter() - started
         conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=60)
         receiver = conn.create_receiver("bench")
@@ -87,15 +121,21 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--paged", action="store_true", help="the messages in page files")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        fill_seconds = fill(root / "data", args.messages, args.size)
-        print(f"wrote {args.messages:,} durable {args.size} B messages in {fill_seconds:.1f} s")
         port = free_port()
+        plugins, settings = ([*PLUGINS, "paging"], PAGED) if args.paged else (PLUGINS, {})
         config = write_config(
-            root / "scow.toml", broker_config(root / "data", plugins=PLUGINS, port=port)
+            root / "scow.toml",
+            broker_config(root / "data", plugins=plugins, address_settings=settings, port=port),
         )
+        if args.paged:
+            fill_seconds = fill_pages(config, port, args.messages, args.size)
+        else:
+            fill_seconds = fill(root / "data", args.messages, args.size)
+        print(f"wrote {args.messages:,} durable {args.size} B messages in {fill_seconds:.1f} s")
         results = []
         for run in range(args.runs):
             listening, first = restart(config, port)

@@ -23,7 +23,7 @@ import structlog
 from scow.core.interfaces import Completion, PageStore
 from scow.core.message import Message
 from scow.plugins.paging.pager import AddressPager, PageInfo
-from scow.plugins.paging.scan import PagedRecord, durable_records
+from scow.plugins.paging.scan import PagedRecord, durable_counts, durable_records
 from scow.plugins.paging.writer import PageWriter
 
 if TYPE_CHECKING:
@@ -323,15 +323,15 @@ def _scan_store(
     still replaced the older ones.
     """
     scan = _Scan()
-    queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
-    properties = origin[1].properties if origin is not None else None
-    if keyed:
-        assert origin is not None
-        records = _keyed_records(store, queue_ids_durable, acked, committed, scan, keyed, origin)
-    else:
-        records = durable_records(
+    if not keyed:
+        properties = origin[1].properties if origin is not None else None
+        scan.queues, scan.large = durable_counts(
             store, set(queue_ids_durable), acked, committed, scan.pages, properties
         )
+        return scan
+    assert origin is not None
+    queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
+    records = _keyed_records(store, queue_ids_durable, acked, committed, scan, keyed, origin)
     for rec in records:
         if rec.large is not None:
             scan.large.append(rec.large)

@@ -29,6 +29,8 @@ from scow.core.large_messages import LargeHead, LargeMessageStore, large_body
 HEAD = struct.Struct(">QQQBBH")
 _QID = struct.Struct(">Q")
 _LARGE_REF = struct.Struct(">QQQ")
+#: Bytes of a large message's file reference, ahead of its head in a record's data.
+LARGE_REF_SIZE = _LARGE_REF.size
 DURABLE = 1
 SUMMARY = 2
 LARGE = 4

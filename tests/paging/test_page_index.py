@@ -17,10 +17,12 @@ from proton import Message
 from scow.core.page_frames import HEADER_SIZE, iter_frames
 from scow.core.testing import BrokerThread, wait_for_async
 from scow.plugins.paging import index as page_index
+from scow.plugins.paging import scan
 from scow.plugins.paging.cursor import _read_run, _Run
 from scow.plugins.paging.index import PageIndex
 from scow.plugins.paging.record import DURABLE, HEAD, INDEX, LARGE, SUMMARY, encode, encode_summary
 from scow.plugins.paging.store import FilePageStore
+from scow.plugins.paging.summary import PageSummary
 from scow.plugins.paging.writer import PageWriter
 from tests.paging.helpers import FAST_JOURNAL, PAGE_ALWAYS, PLUGINS, restartable_broker
 from tests.wire.helpers import bulk_send, connected, consume_all, receive
@@ -56,7 +58,12 @@ def _mixed() -> list[tuple[bytes, int]]:
     return records
 
 
-def _closed_page(store: FilePageStore, records: list[tuple[bytes, int]], page: int = 1) -> int:
+def _closed_page(
+    store: FilePageStore,
+    records: list[tuple[bytes, int]],
+    page: int = 1,
+    summary: bytes = b"summary",
+) -> int:
     """Write `records` to `page` and close it as the pager and the writer do: the index,
     sealed with what the store appended, then the summary. Returns the index's offset."""
     index = PageIndex()
@@ -69,7 +76,7 @@ def _closed_page(store: FilePageStore, records: list[tuple[bytes, int]], page: i
     assert state is not None
     sealed = index.seal(*state)
     assert sealed is not None and index.size == len(sealed)
-    store.append(page, [sealed, encode_summary(b"summary")])
+    store.append(page, [sealed, encode_summary(summary)])
     return state[0]
 
 
@@ -367,3 +374,49 @@ def test_pages_cut_in_the_middle_of_their_index_lose_no_acknowledged_message(
         plugins=PLUGINS, sections=FAST_JOURNAL, address_settings=settings, port=broker.port
     )
     assert _numbers(consume_all(restarted.url, "cut")) == list(range(30, 200))
+
+
+@pytest.mark.parametrize("acked_some", [False, True])
+def test_a_restart_counts_an_indexed_page_as_the_walk_counts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, acked_some: bool
+) -> None:
+    """A restart counts a closed page from its index (`scan.durable_counts`), with no
+    Python per record on the common page: what it finds must be what the walk finds."""
+    store = FilePageStore(tmp_path, "a")
+    summary = PageSummary()
+    summary.close()
+    _closed_page(store, _mixed(), 1, summary.encode())
+    plain = [(encode(100 + i, 0, 0, True, 4, [QUEUE], b"p" * i + b"!"), 1) for i in range(30)]
+    _closed_page(store, plain, 2, summary.encode())
+    both = [(encode(200 + i, 0, 0, True, 4, [QUEUE, OTHER], b"q" * i + b"!"), 2) for i in range(9)]
+    _closed_page(store, both, 3, summary.encode())
+    store.append(4, [encode(300, 0, 0, True, 4, [QUEUE], b"open page")])  # no index
+    offsets = {page: [f[0] for f in iter_frames(store.read(page))] for page in (1, 2, 3)}
+    acked = (
+        {(QUEUE, 1): set(offsets[1][2:9]), (QUEUE, 2): {offsets[2][4]}, (OTHER, 3): {offsets[3][0]}}
+        if acked_some
+        else {}
+    )
+    committed = {905, 927}  # two of the page's transactions; the third is not
+    assert [scan._indexed(store.read(page)) is not None for page in (1, 2, 3, 4)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    pages: dict[int, Any] = {}
+    got = scan.durable_counts(store, {QUEUE, OTHER}, acked, committed, pages)
+    monkeypatch.setattr(scan, "_indexed", lambda buf: None)
+    walked: dict[int, Any] = {}
+    assert got == scan.durable_counts(store, {QUEUE, OTHER}, acked, committed, walked)
+    assert got[0][QUEUE][0] > 40 and got[0][OTHER][0] > 10 and got[1]  # and the large one
+    fields = ("records", "size", "visible", "txs", "expires", "index_at", "large", "damaged")
+    for page in (1, 2, 3, 4):
+        assert {f: getattr(pages[page], f) for f in fields} == {
+            f: getattr(walked[page], f) for f in fields
+        }, page
+        summaries = [info.summary for info in (pages[page], walked[page])]
+        assert [x.encode() if x is not None else None for x in summaries] in (
+            [summary.encode()] * 2,
+            [None, None],  # the open page's
+        )
