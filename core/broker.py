@@ -1445,7 +1445,13 @@ class Broker:
         consumer.filter = self.compile_filter(selector) if selector is not None else None
         if spec.non_destructive:
             consumer.browse = True  # it sees messages without taking them
-        queue.add_consumer(consumer)
+        try:
+            queue.add_consumer(consumer)  # which hands it what waits
+        except BaseException:
+            # a consumer left attached by a failed attach outlives its link: what the
+            # queue hands it later would go to a link that no longer exists
+            queue.remove_consumer(consumer)
+            raise
         return queue
 
     def subscribe_temporary(self, consumer: Consumer, authorize: Authorize | None = None) -> Any:

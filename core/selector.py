@@ -1189,7 +1189,10 @@ class SelectorFilter:
         self._evaluate = selector._evaluate
 
     def __call__(self, message: Any) -> bool:
-        return self._evaluate(message.lookup()) is True
+        try:
+            return self._evaluate(message.lookup()) is True
+        except ValueError:  # properties that cannot be read (a malformed message): no match
+            return False
 
     def __repr__(self) -> str:
         return f"SelectorFilter({self.selector.text!r})"

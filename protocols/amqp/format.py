@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import structlog
 from proton import Message as ProtonMessage
 
 from scow.core.duplicates import DUPLICATE_ID_PROPERTY, key_of
 from scow.core.message import Header, Message
 from scow.protocols.amqp import codec
+
+log = structlog.get_logger("scow.amqp")
 
 _DUPLICATE_ID_NAME = DUPLICATE_ID_PROPERTY.encode()
 _NAME_SIZE = len(_DUPLICATE_ID_NAME)
@@ -92,10 +95,17 @@ class AmqpMessageFormat:
     def for_delivery(self, message: Message, delivery_count: int) -> bytes:
         if delivery_count == 0:
             return message.data
-        return codec.with_delivery_count(message.data, delivery_count)
+        try:
+            return codec.with_delivery_count(message.data, delivery_count)
+        except codec.DecodeError:  # a malformed message: delivered as it came
+            return message.data
 
     def annotate(self, data: bytes, annotations: Mapping[str, object]) -> bytes:
-        return codec.with_annotations(data, dict(annotations))
+        try:
+            return codec.with_annotations(data, dict(annotations))
+        except codec.DecodeError as exc:  # a malformed message: moved as it came
+            log.warning("message not annotated: it cannot be decoded", reason=str(exc))
+            return data
 
     def target_address(self, data: bytes) -> str | None:
         return codec.MessageInfo(data).to
@@ -146,24 +156,50 @@ class AmqpMessageFormat:
         return value if key is None else key
 
     def describe(self, data: bytes, preview: int) -> dict[str, Any]:
-        message = ProtonMessage()
-        message.decode(data)
-        body = message.body
-        if isinstance(body, (bytes, memoryview)):
-            text = bytes(body)[:preview].decode("utf-8", "replace")
-        else:
-            text = str(body)[:preview]
-        return {
-            "message-id": _plain(message.id),
-            "correlation-id": _plain(message.correlation_id),
-            "subject": message.subject,
-            "to": message.address,
-            "reply-to": message.reply_to,
-            "content-type": message.content_type,
-            "properties": {str(k): _plain(v) for k, v in (message.properties or {}).items()},
-            "annotations": {str(k): _plain(v) for k, v in (message.annotations or {}).items()},
-            "body-preview": text,
-        }
+        try:
+            return _described(data, preview)
+        except Exception as exc:  # proton's decoder and getters raise kinds of their own
+            # a malformed message that was accepted as bytes: said, not a failed request
+            return {
+                **dict.fromkeys(_DESCRIBED, None),
+                "properties": {},
+                "annotations": {},
+                "body-preview": "",
+                "unreadable": f"the message cannot be decoded: {exc}",
+            }
+
+
+def _described(data: bytes, preview: int) -> dict[str, Any]:
+    message = ProtonMessage()
+    message.decode(data)
+    body = message.body
+    if isinstance(body, (bytes, memoryview)):
+        text = bytes(body)[:preview].decode("utf-8", "replace")
+    else:
+        text = str(body)[:preview]
+    return {
+        "message-id": _plain(message.id),
+        "correlation-id": _plain(message.correlation_id),
+        "subject": message.subject,
+        "to": message.address,
+        "reply-to": message.reply_to,
+        "content-type": message.content_type,
+        "properties": _plain_map(message.properties, "application-properties"),
+        "annotations": _plain_map(message.annotations, "message-annotations"),
+        "body-preview": text,
+    }
+
+
+#: The fields `describe` reads from the properties section.
+_DESCRIBED = ("message-id", "correlation-id", "subject", "to", "reply-to", "content-type")
+
+
+def _plain_map(value: Any, section: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"its {section} section holds a {type(value).__name__}, not a map")
+    return {str(k): _plain(v) for k, v in value.items()}
 
 
 def _is_utf8(data: bytes, start: int, stop: int) -> bool:

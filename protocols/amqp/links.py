@@ -642,18 +642,24 @@ class ConsumerLink:
             shared = "shared" in caps
             self.durable = source.durable and source.expiry_never
             name = engine.link_name(link)
-            self.queue = broker.subscribe(
-                self,
-                address,
-                routing_type=routing,
-                selector=selector_of(source.filters),
-                durable=self.durable,
-                shared=shared,
-                global_="global" in caps,
-                subscription=name.split("|", 1)[0] if shared else name,
-                client_id=conn.container_id,
-                authorize=authorize,
-            )
+            try:
+                self.queue = broker.subscribe(
+                    self,
+                    address,
+                    routing_type=routing,
+                    selector=selector_of(source.filters),
+                    durable=self.durable,
+                    shared=shared,
+                    global_="global" in caps,
+                    subscription=name.split("|", 1)[0] if shared else name,
+                    client_id=conn.container_id,
+                    authorize=authorize,
+                )
+            except BaseException:
+                # what the queue handed over before the attach failed goes back to it
+                for ref in [*self.backlog, *self.unsettled.values()]:
+                    broker.release(ref, delivered=False)
+                raise
         engine.open_link(link, address=address, dynamic=source.dynamic)
 
     def credit(self) -> int:
