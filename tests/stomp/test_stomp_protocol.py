@@ -12,6 +12,7 @@ from stomp_helpers import PLUGINS, Recorder, client, raw, read_until_closed, sta
 
 from scow.core.testing import BrokerThread, wait_for
 from tests.security.helpers import users_file
+from tests.system.poison import payloads
 from tests.wire.helpers import connected
 
 
@@ -424,3 +425,33 @@ def test_stomp_py_default_connection_speaks_1_1(scow_broker):
     finally:
         conn.disconnect()
     assert _count(broker, "v11") == 0
+
+
+def test_a_malformed_amqp_message_is_dead_lettered_not_delivered_to_a_stomp_subscriber(
+    scow_broker,
+):
+    """A message an AMQP client sent with nonsense sections (accepted as bytes) cannot be
+    made a STOMP frame: it failed the subscriber's connection, once per subscriber."""
+    broker = start(scow_broker, address_settings={"orders": {"dead-letter-address": "DLQ"}})
+    poison = payloads(30, 3)  # every tenth well-formed, with body "good <n>"
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("orders")
+        for data in poison:
+            sender.link.delivery(sender.link.delivery_tag())
+            sender.link.send(data)
+            sender.link.advance()
+        conn.create_sender("flush")  # a round trip: every transfer is in
+    wait_for(lambda: _count(broker, "orders") + _count(broker, "DLQ") >= 3)
+    stored = _count(broker, "orders")
+    with client(broker) as (conn, seen):
+        conn.subscribe("/queue/orders", id="1")
+        wait_for(lambda: _count(broker, "orders") == 0, what="the queue to be drained")
+        conn.send("/queue/orders", b"after", receipt="r")  # the connection still serves
+        seen.wait_receipt("r")
+        wait_for(lambda: any(m.body == b"after" for m in seen.messages), what="'after'")
+    bodies = [m.body for m in seen.messages]
+    good = [b for b in bodies if b.startswith(b"good ") or b == b"after"]
+    assert good == [b"good 0", b"good 10", b"good 20", b"after"], bodies
+    assert not seen.errors
+    dead = _count(broker, "DLQ")
+    assert dead >= 1 and len(bodies) + dead == stored + 1  # the STOMP converter is lenient

@@ -19,9 +19,13 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from scow.core import InvalidField, LargeHead, Message, MessageRef
 from scow_stomp import convert, frames
 from scow_stomp.large import StreamedFrame
+
+log = structlog.get_logger("scow.stomp")
 
 if TYPE_CHECKING:
     from scow_stomp.connection import StompConnection
@@ -62,7 +66,17 @@ class Subscription:
         delivered = message.format.for_delivery(message, ref.delivery_count)
         data = message.data
         # a large message's body is not here: its frame is made as its store reads it
-        headers, body = convert.from_amqp(delivered)
+        try:
+            headers, body = convert.from_amqp(delivered)
+        except Exception as exc:  # the bytes of an AMQP client that sent nonsense sections
+            log.warning(
+                "message dead-lettered: it cannot be made a STOMP frame",
+                queue=ref.queue.name,
+                message=message.id,
+                reason=str(exc),
+            )
+            self.conn.broker.reject(ref)
+            return
         headers["subscription"] = self.id
         headers["message-id"] = str(message.id)
         headers["destination"] = self.destination
