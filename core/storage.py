@@ -322,11 +322,10 @@ class StorageManager:
     def hold_producers(self, on_backlog: Callable[[str, bool], None]) -> None:
         """`on_backlog(journal, hold)` whenever a journal that can tell (the file journal)
         falls too far behind its disk (True) and catches up again (False), from any thread."""
-        for journal in self.journals:
+        for name, journal in (("bindings", self._bindings), ("messages", self._messages)):
             hold = getattr(journal, "hold_producers", None)
             if hold is not None:
-                name = f"journal {getattr(journal, 'directory', '')}".rstrip()
-                hold(functools.partial(on_backlog, name))
+                hold(functools.partial(on_backlog, f"journal {name}"))
 
     # ------------------------------------------------------------------ ids
 

@@ -138,6 +138,10 @@ class _Plan:
             insert_rows(conn, table, self.rows)
 
 
+#: Operations waiting for the writer past which producers are held back.
+MAX_WAITING = 10_000
+
+
 class DatabaseJournal:
     """The bindings or message journal of one broker, in a table of its database."""
 
@@ -149,6 +153,10 @@ class DatabaseJournal:
         self._cond = threading.Condition()
         self._ops: list[tuple[Any, ...]] = []
         self._completions: list[Completion] = []
+        #: Told True once MAX_WAITING operations wait for the writer (a database whose
+        #: commits stall), False once it takes them: producers wait meanwhile.
+        self._on_backlog: Callable[[bool], None] | None = None
+        self._holding = False
         self._submitted = 0  # appends so far
         self._written = 0  # appends whose batch is written and dispatched
         self._state = _NEW
@@ -164,6 +172,11 @@ class DatabaseJournal:
 
     def set_dispatcher(self, dispatch: Callable[[list[Completion]], None]) -> None:
         self._dispatch = dispatch
+
+    def hold_producers(self, on_backlog: Callable[[bool], None]) -> None:
+        """`on_backlog(True)` once MAX_WAITING operations wait for the writer, False once
+        it has taken them; called with the journal's lock held (hand it to the loop)."""
+        self._on_backlog = on_backlog
 
     # ------------------------------------------------------------------ recovery
 
@@ -240,6 +253,14 @@ class DatabaseJournal:
                 self._completions.append(on_done)
             self._submitted += 1
             self._cond.notify()
+            if len(self._ops) >= MAX_WAITING and not self._holding and self._on_backlog:
+                self._holding = True
+                log.warning(
+                    "database journal behind: producers held until it catches up",
+                    table=self.table.name,
+                    waiting=len(self._ops),
+                )
+                self._on_backlog(True)
 
     def append_add(
         self,
@@ -330,6 +351,10 @@ class DatabaseJournal:
                 ops, self._ops = self._ops, []
                 completions, self._completions = self._completions, []
                 taken = self._submitted
+                if self._holding:
+                    self._holding = False
+                    log.info("database journal caught up: producers resume", table=self.table.name)
+                    self._on_backlog(False)  # type: ignore[misc]
             try:
                 if ops:
                     self._write(ops)

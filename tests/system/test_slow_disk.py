@@ -1,6 +1,7 @@
 """A disk whose syncs stall (a saturated volume, a throttled cloud disk, an NFS server
 that hiccups), as `scow run` meets it: fsync and fdatasync hang for as long as a flag
-file exists, through a preloaded shim, while everything else works.
+file exists, through a preloaded shim, while everything else works. And a database whose
+commits hang (its server stopped with SIGSTOP) under the database store.
 
 Before, the first journal roll with no spare file at hand made one on the event loop and
 synced it there: the whole broker froze for as long as the stall lasted (no management
@@ -11,7 +12,9 @@ what producers could send ahead of the disk meanwhile but that freeze.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,8 +23,9 @@ import pytest
 from proton import Message
 
 from scow.core.testing import amqp_client, scow_command, wait_for
+from scow.plugins.database_store.journal import MAX_WAITING
 from tests.system.broker import scow_behind
-from tests.system.topology import BrokerSpec
+from tests.system.topology import PLUGINS, BrokerSpec
 
 SHIM = r"""
 #define _GNU_SOURCE
@@ -119,7 +123,8 @@ def test_a_stalled_disk_holds_durable_producers_back_and_nothing_else(
         assert held < COUNT // 2, held
         assert broker.rss_kib() * 1024 - rss_before < 64 * MiB
         assert producer.poll() is None  # none of its sends can be confirmed yet
-        if in_memory:
+        if in_memory:  # the log's writer thread may not have written it yet
+            wait_for(lambda: broker.log_lines("journal behind its disk"), 10)
             (line,) = broker.log_lines("journal behind its disk")
             assert "producers held" in line
     finally:
@@ -128,4 +133,59 @@ def test_a_stalled_disk_holds_durable_producers_back_and_nothing_else(
     assert producer.returncode == 0, err + out
     assert json.loads(out)["sent"] == COUNT
     assert broker.api("/api/queues/durable")["message-count"] == COUNT
+    wait_for(lambda: broker.api("/api/broker")["producers-blocked-by"] == [], 10)
+
+
+def _signal_server(server, sig: int) -> None:
+    """`sig` to the PostgreSQL server and every backend of it."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    subprocess.run(["pkill", f"-{sig}", "-P", str(postmaster)], check=False)
+    os.kill(postmaster, sig)
+
+
+@pytest.mark.postgres
+def test_a_stalled_database_holds_durable_producers_back_and_nothing_else(
+    system_broker, private_postgres
+):
+    """The database store's journal queued whatever producers sent while its commits
+    hung: nothing bounded it but the network time-out, 20 s by default."""
+    server = private_postgres
+    anycast = {"routing-type": "ANYCAST"}
+    spec = BrokerSpec(
+        plugins=(*PLUGINS, "database-store"),
+        broker={"journal": "database"},
+        queues={"durable": anycast, "live": anycast},
+        global_max_size="256MiB",
+        sections={"database": {"url": server.url(server.create_database())}},
+    )
+    broker = system_broker(spec)
+    _answers_quickly(broker, non_durable=True)
+    rss_before = broker.rss_kib() * 1024
+    _signal_server(server, signal.SIGSTOP)
+    try:
+        producer = subprocess.Popen(
+            [
+                *(scow_command(), "perf", "client", "--url", f"{broker.url}/durable", "--json"),
+                *("--mode", "send", "--durable", "--max-pending", "0", "--count", str(COUNT * 4)),
+                *("--size", str(BODY), "--timeout", "120"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: _held_back(broker, "journal messages"), 30)
+        for _ in range(3):
+            _answers_quickly(broker, non_durable=True)
+        held = broker.api("/api/queues/durable")["message-count"]
+        assert held < 2 * MAX_WAITING, held  # what waits, the batch being written, credit
+        assert broker.rss_kib() * 1024 - rss_before < 96 * MiB
+        assert producer.poll() is None
+        wait_for(lambda: broker.log_lines("database journal behind"), 10)
+        (line,) = broker.log_lines("database journal behind")
+        assert "producers held" in line
+    finally:
+        _signal_server(server, signal.SIGCONT)
+    out, err = producer.communicate(timeout=120)
+    assert producer.returncode == 0, err + out
+    assert broker.api("/api/queues/durable")["message-count"] == COUNT * 4
     wait_for(lambda: broker.api("/api/broker")["producers-blocked-by"] == [], 10)
