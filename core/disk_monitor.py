@@ -25,6 +25,7 @@ import contextlib
 import errno
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,6 +38,30 @@ from scow.core.model import MemoryLimits
 _REASON = "disk"
 
 log = structlog.get_logger("scow.disk")
+
+#: A sync that takes this long (s) is logged: the disk, not the broker, is what holds
+#: durable producers back then.
+SLOW_SYNC = 1.0
+#: At most one such line per storage in this many seconds (the others are counted).
+SLOW_SYNC_EVERY = 10.0
+#: storage -> (when it was last logged, slow syncs since)
+_slow_syncs: dict[str, tuple[float, int]] = {}
+
+
+def synced(storage: str, started: float) -> None:
+    """A sync of `storage` that began at `started` (`time.monotonic()`) is done: log it
+    when it was slow (any thread)."""
+    now = time.monotonic()
+    took = now - started
+    if took < SLOW_SYNC:
+        return
+    last, count = _slow_syncs.get(storage, (0.0, 0))
+    if now - last < SLOW_SYNC_EVERY:
+        _slow_syncs[storage] = (last, count + 1)
+        return
+    _slow_syncs[storage] = (now, 0)
+    log.warning("slow disk: a sync took long", storage=storage, seconds=round(took, 2), more=count)
+
 
 #: Errors that mean "the file system has no room" (quota included).
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})

@@ -1121,7 +1121,9 @@ class FileJournal:
         writer = self._writer
         assert writer is not None
         if any(b.sync for b in batches):
+            started = time.monotonic()
             writer.sync()
+            disk_monitor.synced(f"journal {self.directory}", started)
         for b in batches:
             for seg in b.segments:
                 if seg.last:

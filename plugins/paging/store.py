@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -266,7 +267,9 @@ class FilePageStore:
         try:
             if self._unsynced:
                 self._unsynced = False
+                started = time.monotonic()
                 _fdatasync(fd)
+                disk_monitor.synced(f"pages of {self.address!r}", started)
         except OSError as exc:
             raise _os_error(exc, self._path(page), "syncing before closing") from exc
         finally:
@@ -275,6 +278,7 @@ class FilePageStore:
     def sync(self) -> None:
         """fdatasync the page written since the last sync, then the folder if it changed
         (with, the first time, the address.txt and the folders the store made)."""
+        started = time.monotonic()
         if self._unsynced and self._fd is not None:
             try:
                 _fdatasync(self._fd)
@@ -287,6 +291,7 @@ class FilePageStore:
             _fsync_path(self._unsynced_paths[0])
             del self._unsynced_paths[0]
         self._folder_unsynced = False
+        disk_monitor.synced(f"pages of {self.address!r}", started)
 
     def read(self, page: int, offset: int = 0) -> bytes:
         """The page's valid frames from `offset`; a half-written append is left out."""
