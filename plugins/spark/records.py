@@ -64,10 +64,13 @@ def annotate(data: bytes, seq: int, enqueued: int) -> bytes:
     if data.startswith(_MESSAGE_ANNOTATIONS, start) or data.startswith(
         _DELIVERY_ANNOTATIONS, start
     ):
-        return codec.with_annotations(
-            data,
-            {SEQUENCE_ANNOTATION: codec.Long(seq), TIME_ANNOTATION: codec.Timestamp(enqueued)},
-        )
+        try:
+            return codec.with_annotations(
+                data,
+                {SEQUENCE_ANNOTATION: codec.Long(seq), TIME_ANNOTATION: codec.Timestamp(enqueued)},
+            )
+        except codec.DecodeError:
+            pass  # a malformed message (accepted as bytes): the section goes in as for others
     section = _SEQ_PREFIX + _PACK(seq) + _TIME_KEY + _TIME_CODE + _PACK(enqueued)
     return data[:start] + section + data[start:]
 

@@ -2,7 +2,8 @@
 
 Reading, like the Kafka source's: `body` (binary) and `body_type` ("data": the data
 sections' bytes; "string": an amqp-value string as UTF-8; "value": any other amqp-value,
-AMQP-encoded; "sequence": amqp-sequence sections, AMQP-encoded; "empty": no body),
+AMQP-encoded; "sequence": amqp-sequence sections, AMQP-encoded; "empty": no body;
+"unreadable": a message whose sections cannot be decoded, its bytes whole),
 `queue`, `sequence`, `enqueued_time`, the AMQP properties as a struct, and
 `application_properties` and `message_annotations` as string maps (values as text).
 
@@ -206,10 +207,94 @@ def to_batch(queue: str, messages: list[bytes]) -> pa.RecordBatch:
     Python list per leaf field, no per-row dicts), the stream's own annotations section
     (see `records`) and a lone data section still sliced rather than decoded.
     """
-    plain = _plain(messages) if messages else None
+    try:
+        plain = _plain(messages) if messages else None
+    except _UNDECODABLE:  # one is cut short where a plain one has its data section
+        plain = None
     if plain is not None:
         return _plain_batch(queue, *plain)
     return _any_batch(queue, messages)
+
+
+#: What reading a malformed message's bytes raises.
+_UNDECODABLE = (ValueError, RecursionError, IndexError, struct.error)
+#: (body, body_type, sequence, enqueue time in ms, the properties' fields, application
+#: properties and message annotations as (key, text) pairs) of one message.
+_Fields = tuple[
+    bytes | None, str, Any, Any, tuple[Any, ...], list[tuple[str, Any]], list[tuple[str, Any]]
+]
+
+
+def _fields(data: bytes) -> _Fields:
+    """What `_any_batch` makes of one message; ValueError when it cannot be decoded."""
+    info = codec.MessageInfo(data)
+    sections = info.sections
+    body, kind = _body(data, sections)
+    span = sections.message_annotations
+    ann: list[tuple[str, Any]]
+    if _ours_at(data, span[0] if span is not None else -1) and span[1] - span[0] == _OURS_SIZE:
+        seq, enqueued = _ours(data, span[0])
+        ann = [(SEQUENCE_ANNOTATION, str(seq)), (TIME_ANNOTATION, str(enqueued))]
+    else:
+        annotations = info.message_annotations
+        seq = annotations.get(SEQUENCE_ANNOTATION)
+        enqueued = annotations.get(TIME_ANNOTATION)
+        ann = [(str(key), _text(value)) for key, value in annotations.items()]
+    props = info._props() if sections.properties is not None else _NO_PROPERTIES
+    app = []
+    if sections.application_properties is not None:
+        app = [(key, _text(value)) for key, value in info.application_properties.items()]
+    return body, kind, seq, enqueued, props, app, ann
+
+
+def _unreadable(data: bytes) -> _Fields:
+    """A message whose sections cannot be decoded (a client sent nonsense, and the broker
+    took it as bytes): its bytes whole as the body, body_type "unreadable", and the
+    stream's sequence and time where the broker's section says them (`records.annotate`
+    puts it after the header), so that the query goes on and can set the row aside."""
+    at = data.find(records.STREAM_SECTION_PREFIX, 0, 64)
+    if at >= 0 and _ours_at(data, at):
+        seq, enqueued = _ours(data, at)
+    else:  # merged into annotations of the message's own: each read after its key
+        seq, enqueued = _value_after(data, _SEQUENCE_KEY), _value_after(data, _TIME_KEY)
+    if seq is None:
+        return data, "unreadable", None, None, _NO_PROPERTIES, [], []
+    ann = [(SEQUENCE_ANNOTATION, str(seq)), (TIME_ANNOTATION, str(enqueued))]
+    return data, "unreadable", seq, enqueued, _NO_PROPERTIES, [], ann
+
+
+_SEQUENCE_KEY = codec.encode_value(codec.Symbol(SEQUENCE_ANNOTATION))
+_TIME_KEY = codec.encode_value(codec.Symbol(TIME_ANNOTATION))
+
+
+def _value_after(data: bytes, key: bytes) -> Any:
+    """The integer encoded right after the first `key` in `data`, if any."""
+    at = data.find(key)
+    if at < 0:
+        return None
+    try:
+        value = codec.decode_value(data, at + len(key))[0]
+    except _UNDECODABLE:
+        return None
+    return int(value) if isinstance(value, int) else None
+
+
+_OURS_SIZE = records.STREAM_SECTION_SIZE
+
+
+def _ours_at(data: bytes, at: int) -> bool:
+    """Whether the stream's own section (`records.annotate`) starts at `at`."""
+    return (
+        at >= 0
+        and data.startswith(records.STREAM_SECTION_PREFIX, at)
+        and (at + _OURS_SIZE <= len(data))
+    )
+
+
+def _ours(data: bytes, at: int) -> tuple[int, int]:
+    """(sequence, enqueue time) from the stream's own section at `at`."""
+    unpack = records.LONG.unpack_from
+    return unpack(data, at + records.SEQUENCE_OFFSET)[0], unpack(data, at + records.TIME_OFFSET)[0]
 
 
 def _any_batch(queue: str, messages: list[bytes]) -> pa.RecordBatch:
@@ -225,46 +310,31 @@ def _any_batch(queue: str, messages: list[bytes]) -> pa.RecordBatch:
     ann_offsets: list[int] = [0]
     ann_keys: list[str] = []
     ann_values: list[str | None] = []
-    text = _text
-    ours, ours_size = records.STREAM_SECTION_PREFIX, records.STREAM_SECTION_SIZE
-    seq_at, time_at = records.SEQUENCE_OFFSET, records.TIME_OFFSET
-    unpack = records.LONG.unpack_from
-    names = [SEQUENCE_ANNOTATION, TIME_ANNOTATION]
     for data in messages:
-        info = codec.MessageInfo(data)
-        sections = info.sections
-        body, kind = _body(data, sections)
+        try:
+            body, kind, seq, enqueued, props, app, ann = _fields(data)
+        except _UNDECODABLE:
+            body, kind, seq, enqueued, props, app, ann = _unreadable(data)
         bodies.append(body)
         kinds.append(kind)
-        span = sections.message_annotations
-        if span is not None and span[1] - span[0] == ours_size and data.startswith(ours, span[0]):
-            seq = unpack(data, span[0] + seq_at)[0]
-            enqueued = unpack(data, span[0] + time_at)[0]
-            ann_keys += names
-            ann_values += (str(seq), str(enqueued))
-        else:
-            ann = info.message_annotations
-            seq = ann.get(SEQUENCE_ANNOTATION)
-            enqueued = ann.get(TIME_ANNOTATION)
-            for key, value in ann.items():
-                ann_keys.append(str(key))
-                ann_values.append(text(value))
-        ann_offsets.append(len(ann_keys))
         sequences.append(seq)
         times.append(enqueued * 1000 if enqueued is not None else None)
-        prop_rows.append(info._props() if sections.properties is not None else _NO_PROPERTIES)
-        if sections.application_properties is not None:
-            for key, value in info.application_properties.items():
-                app_keys.append(key)
-                app_values.append(text(value))
+        prop_rows.append(props)
+        for key, value in app:
+            app_keys.append(key)
+            app_values.append(value)
         app_offsets.append(len(app_keys))
+        for key, value in ann:
+            ann_keys.append(key)
+            ann_values.append(value)
+        ann_offsets.append(len(ann_keys))
     props = (
         [list(column) for column in zip(*prop_rows, strict=True)]
         if prop_rows
         else [[] for _ in PROPERTY_FIELDS]
     )
     for i in _ID_FIELDS:
-        props[i] = [text(v) for v in props[i]]
+        props[i] = [_text(v) for v in props[i]]
     for i in _TIME_FIELDS:
         props[i] = [v * 1000 if v is not None else None for v in props[i]]
     properties = pa.StructArray.from_arrays(

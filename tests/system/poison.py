@@ -4,6 +4,7 @@ decoding it (a consumer giving up on messages it cannot read).
 
     python -m tests.system.poison send URL ADDRESS COUNT SEED   # prints outcome counts
     python -m tests.system.poison reject URL ADDRESS            # prints how many it rejected
+    python -m tests.system.poison read-stream URL ADDRESS       # a stream from its start
 
 Each message a sender sends is a valid durable header followed by one to three sections
 whose descriptors or values are anything at all (`fuzz_frames.value`); every tenth is a
@@ -17,9 +18,9 @@ import random
 import sys
 from typing import Any
 
-from proton import Delivery, Message
+from proton import Delivery, Message, symbol
 from proton.handlers import MessagingHandler
-from proton.reactor import Container
+from proton.reactor import Container, Filter
 
 from tests.security.fuzz_frames import value
 
@@ -78,17 +79,20 @@ class _Send(MessagingHandler):
 
 
 class _Reject(MessagingHandler):
-    """Rejects every delivery as its bytes arrive: no decoding, so nothing can fail."""
+    """Rejects every delivery as its bytes arrive: no decoding, so nothing can fail
+    (`stream`: reads a stream from its start, accepting)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, stream: bool = False) -> None:
         super().__init__(prefetch=100, auto_accept=False)
         self.url = url
+        self.stream = stream
         self.rejected = 0
         self.timer: Any = None
 
     def on_start(self, event: Any) -> None:
         self.container = event.container
-        event.container.create_receiver(self.url)
+        start = Filter({symbol("scow:stream-offset"): "first"}) if self.stream else None
+        event.container.create_receiver(self.url, options=start)
         self.timer = event.container.schedule(QUIET, self)
 
     def on_delivery(self, event: Any) -> None:  # replaces the decoding one
@@ -96,7 +100,7 @@ class _Reject(MessagingHandler):
         if delivery.partial:
             return
         delivery.link.recv(delivery.pending)
-        delivery.update(Delivery.REJECTED)
+        delivery.update(Delivery.ACCEPTED if self.stream else Delivery.REJECTED)
         delivery.settle()
         self.rejected += 1
         self.timer.cancel()
@@ -113,9 +117,9 @@ def main(argv: list[str]) -> int:
         Container(sender).run()
         print(json.dumps(sender.outcomes))
     else:
-        rejecter = _Reject(f"{url}/{address}")
+        rejecter = _Reject(f"{url}/{address}", stream=command == "read-stream")
         Container(rejecter).run()
-        print(json.dumps({"rejected": rejecter.rejected}))
+        print(json.dumps({"rejected" if command == "reject" else "read": rejecter.rejected}))
     return 0
 
 

@@ -81,3 +81,15 @@ def test_malformed_messages_never_cost_a_consumer_or_the_broker(system_broker):
     broker.start()
     assert _count(broker, "DLQ") == stored - GOOD  # recovered as they were stored
     assert not broker.log_lines("connection failed", "Traceback")
+
+
+def test_malformed_messages_in_a_stream_are_read_as_they_came(system_broker):
+    """A stream annotates each delivery with its sequence number: a malformed message's
+    own annotations could not take them, and its reader's connection failed there."""
+    stream = {"routing-type": "ANYCAST", "arguments": {"x-queue-type": "stream"}}
+    broker = system_broker(BrokerSpec(queues={QUEUE: stream}))
+    outcomes = _client(broker, "send", QUEUE, str(COUNT), "11")
+    stored = outcomes.get("accepted", 0)
+    assert stored >= GOOD, outcomes
+    assert _client(broker, "read-stream", QUEUE) == {"read": stored}
+    assert not broker.log_lines("connection failed", "Traceback")
