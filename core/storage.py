@@ -320,7 +320,7 @@ class StorageManager:
             journal.set_dispatcher(dispatch)
 
     def hold_producers(self, on_backlog: Callable[[str, bool], None]) -> None:
-        """`on_backlog(journal, hold)` whenever a journal that can tell (the file journal)
+        """`on_backlog(journal, hold)` whenever a journal that can tell (file, database)
         falls too far behind its disk (True) and catches up again (False), from any thread."""
         for name, journal in (("bindings", self._bindings), ("messages", self._messages)):
             hold = getattr(journal, "hold_producers", None)
