@@ -3,8 +3,10 @@ arrive from a buggy client library, and one that rejects whatever it is given wi
 decoding it (a consumer giving up on messages it cannot read).
 
     python -m tests.system.poison send URL ADDRESS COUNT SEED   # prints outcome counts
-    python -m tests.system.poison reject URL ADDRESS            # prints how many it rejected
-    python -m tests.system.poison read-stream URL ADDRESS       # a stream from its start
+    python -m tests.system.poison reject URL ADDRESS COUNT      # prints how many it rejected
+    python -m tests.system.poison read-stream URL ADDRESS COUNT # a stream from its start
+
+The readers stop once they have COUNT, or when nothing has come for QUIET seconds.
 
 Each message a sender sends is a valid durable header followed by one to three sections
 whose descriptors or values are anything at all (`fuzz_frames.value`); every tenth is a
@@ -33,8 +35,8 @@ _OUTCOMES = {
     Delivery.RELEASED: "released",
     Delivery.MODIFIED: "modified",
 }
-#: Seconds with no delivery after which `reject` is done.
-QUIET = 2.0
+#: Seconds with no delivery after which a reader gives up waiting for its count.
+QUIET = 10.0
 
 
 def payloads(count: int, seed: int) -> list[bytes]:
@@ -82,9 +84,10 @@ class _Reject(MessagingHandler):
     """Rejects every delivery as its bytes arrive: no decoding, so nothing can fail
     (`stream`: reads a stream from its start, accepting)."""
 
-    def __init__(self, url: str, *, stream: bool = False) -> None:
+    def __init__(self, url: str, count: int, *, stream: bool = False) -> None:
         super().__init__(prefetch=100, auto_accept=False)
         self.url = url
+        self.count = count
         self.stream = stream
         self.rejected = 0
         self.timer: Any = None
@@ -104,7 +107,10 @@ class _Reject(MessagingHandler):
         delivery.settle()
         self.rejected += 1
         self.timer.cancel()
-        self.timer = self.container.schedule(QUIET, self)
+        if self.rejected >= self.count:
+            event.connection.close()
+        else:
+            self.timer = self.container.schedule(QUIET, self)
 
     def on_timer_task(self, event: Any) -> None:
         event.container.stop()
@@ -117,7 +123,7 @@ def main(argv: list[str]) -> int:
         Container(sender).run()
         print(json.dumps(sender.outcomes))
     else:
-        rejecter = _Reject(f"{url}/{address}", stream=command == "read-stream")
+        rejecter = _Reject(f"{url}/{address}", int(argv[3]), stream=command == "read-stream")
         Container(rejecter).run()
         print(json.dumps({"rejected" if command == "reject" else "read": rejecter.rejected}))
     return 0
