@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from scow.core import hookimpl
+from scow.core import critical, hookimpl
 from scow.core import logging as scow_logging
 from scow.core.address_settings import ADDRESS_FULL_POLICIES
 from scow.core.broker import Broker
@@ -47,6 +47,10 @@ log = structlog.get_logger("scow")
 GC_THRESHOLD = 50_000
 #: Seconds a broker stepping down (HA) waits for its store to close before it restarts.
 STEP_DOWN_TIMEOUT = 10
+#: Seconds into a stop after which the log says storage is what it waits for.
+STOP_NOTICE = 5.0
+#: `scow run`'s status when a second signal ends it before storage has written all.
+EXIT_FORCED_STOP = 1
 
 
 class StartupError(Exception):
@@ -420,6 +424,13 @@ class Server:
 
         def stop_on(sig: signal.Signals) -> None:
             signals.append(sig.name)
+            if stop.is_set():  # a second signal: the operator will not wait for the disk
+                log.warning(
+                    "stopping now, without waiting for storage: what clients were not "
+                    "told is stored, they send again",
+                    signal=sig.name,
+                )
+                critical.halt(EXIT_FORCED_STOP)
             stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -436,7 +447,14 @@ class Server:
             waiting.cancel()
         if self.ha is None or self.ha.step_down is None:
             log.info("shutting down", signal=signals[0] if signals else None)
-            await self.stop()
+            stopping = asyncio.ensure_future(self.stop())
+            done, _pending = await asyncio.wait([stopping], timeout=STOP_NOTICE)
+            if not done:  # storage is still syncing (a stalled disk, a hung database)
+                log.warning(
+                    "still stopping: storage is still writing what it was given; "
+                    "a second signal stops at once"
+                )
+            await stopping
             return
         for server in self.protocols.values():  # clients go to the other member at once
             await server.stop()

@@ -45,11 +45,11 @@ def storage_failed(what: str, error: BaseException) -> None:
         _handler()
 
 
-def halt() -> None:
-    """End the process now, with `EXIT_STORAGE_FAILED`, as a crash would (nothing more is
-    written: what is on disk is what the next start recovers)."""
+def halt(status: int = EXIT_STORAGE_FAILED) -> None:
+    """End the process now, with `status`, as a crash would (nothing more is written:
+    what is on disk is what the next start recovers)."""
     scow_logging.drain(1.0)  # the log's last lines, this failure's among them
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a log reader gone, a closed stream
             stream.flush()
-    os._exit(EXIT_STORAGE_FAILED)
+    os._exit(status)

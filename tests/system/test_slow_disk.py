@@ -192,3 +192,43 @@ def test_a_stalled_database_holds_durable_producers_back_and_nothing_else(
     assert producer.returncode == 0, err + out
     assert broker.api("/api/queues/durable")["message-count"] == COUNT * 4
     wait_for(lambda: broker.api("/api/broker")["producers-blocked-by"] == [], 10)
+
+
+def test_a_stop_waits_for_a_stalled_disk_and_a_second_signal_ends_it_at_once(
+    system_broker, stalling_disk
+):
+    """A clean stop writes what storage was given, so on a stalled disk it waits, and
+    said nothing while it did; a second SIGINT or SIGTERM was ignored. It now says what
+    it waits for, and a second signal ends it at once: what clients were told is stored
+    is on disk already, and they send the rest again."""
+    command, flag = stalling_disk
+    anycast = {"routing-type": "ANYCAST"}
+    spec = BrokerSpec(queues={"durable": anycast, "live": anycast}, global_max_size="256MiB")
+    broker = system_broker(spec, command=command)
+    assert broker.proc is not None
+    flag.touch()
+    producer = subprocess.Popen(
+        [
+            *(scow_command(), "perf", "client", "--url", f"{broker.url}/durable", "--json"),
+            *("--mode", "send", "--durable", "--max-pending", "0", "--count", str(COUNT)),
+            *("--size", str(BODY), "--timeout", "60"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: _held_back(broker, "journal "), 30)
+        broker.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: broker.log_lines("still stopping"), 20)
+        assert broker.proc.poll() is None  # waiting for the disk
+        broker.proc.send_signal(signal.SIGINT)
+        assert broker.proc.wait(10) == 1
+        broker.deliberate = True  # this exit is what the test is for
+        (line,) = broker.log_lines("stopping now, without waiting for storage")
+        assert "signal=SIGINT" in line
+    finally:
+        flag.unlink()
+        producer.kill()
+        producer.wait(10)
+    broker.start()  # on what the disk has: a restart serves
+    _answers_quickly(broker, non_durable=True)
