@@ -60,13 +60,8 @@ def fill(data_dir: Path, count: int, size: int) -> float:
 
 def fill_pages(config: Path, port: int, count: int, size: int) -> float:
     """Send `count` durable messages to a broker whose address pages them all; stop it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scow.core.cli", "run", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = _broker(config, port)
     try:
-        _wait_listening(proc, port)
         started = time.perf_counter()
         subprocess.run(
             [
@@ -83,6 +78,21 @@ def fill_pages(config: Path, port: int, count: int, size: int) -> float:
         proc.wait(120)
 
 
+def _broker(config: Path, port: int) -> subprocess.Popen[bytes]:
+    """`scow run` on `config`, once it accepts connections on `port`."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scow.core.cli", "run", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(proc, port)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
     while True:
         with socket.socket() as sock:
@@ -97,13 +107,8 @@ def restart(config: Path, port: int) -> tuple[float, float]:
     from proton.utils import BlockingConnection
 
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scow.core.cli", "run", "--config", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = _broker(config, port)
     try:
-        _wait_listening(proc, port)
         listening = time.perf_counter() - started
         conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=60)
         receiver = conn.create_receiver("bench")

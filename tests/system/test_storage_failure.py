@@ -68,40 +68,58 @@ def test_a_flipped_byte_in_a_journal_file_costs_one_message_not_the_rest_of_the_
     """Before, recovery ignored the rest of a file after a damaged record: one flipped
     byte in the middle of the first 1 MiB file lost 177 of 600 acknowledged messages."""
     broker = system_broker(BrokerSpec(queues={QUEUE: {"routing-type": "ANYCAST"}}))
-    assert broker.data_dir is not None
-    count = 600
-    with amqp_client(broker) as conn:
-        sender = conn.create_sender(QUEUE)
-        for seq in range(count):
-            sender.send(Message(body=b"x" * 3000, durable=True, properties={"seq": seq}))
-    assert broker.stop() == 0
-    first = sorted((broker.data_dir / "journal").glob("*.scow"))[0]
-    with first.open("r+b") as f:  # bit rot in the middle of a sealed file
-        f.seek(first.stat().st_size // 2)
-        byte = f.read(1)[0]
-        f.seek(-1, 1)
-        f.write(bytes([byte ^ 0xFF]))
-
-    broker.start()
-    with amqp_client(broker) as conn:
-        receiver = conn.create_receiver(QUEUE, credit=count)
-        seqs = []
-        while len(seqs) < count - 1:
-            seqs.append(receiver.receive(timeout=10).properties["seq"])
-            receiver.accept()
-    wait_for(lambda: broker.api(f"/api/queues/{QUEUE}")["message-count"] == 0, 10)
-    assert len(set(range(count)) - set(seqs)) == 1  # the one the byte was in
+    (first,) = _rotted_after_sending(broker, "journal/*.scow", lambda files: files[:1])
+    seqs = _received(broker, COUNT - 1)
+    assert len(set(range(COUNT)) - set(seqs)) == 1  # the one the byte was in
     assert seqs == sorted(seqs)
     (warning,) = broker.log_lines("journal file damaged")
     assert "skipped to its next valid record" in warning and first.name in warning
 
 
-def _flip_byte_at(path: Path, offset: int) -> None:
-    with path.open("r+b") as f:  # bit rot in place
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 0xFF]))
+#: Messages the bit-rot tests send, each with its `seq` property.
+COUNT = 600
+
+
+def _rotted_after_sending(broker, pattern: str, which) -> list[Path]:
+    """COUNT durable messages of 3,000 B sent, the broker stopped, one byte flipped in the
+    middle of each of `which(files)` (the data dir's files matching `pattern`, sorted),
+    and the broker started again: bit rot in sealed and open files. Returns those files."""
+    assert broker.data_dir is not None
+    with amqp_client(broker) as conn:
+        sender = conn.create_sender(QUEUE)
+        for seq in range(COUNT):
+            body = f"{seq:06d}" * 500
+            sender.send(Message(body=body, durable=True, properties={"seq": seq}))
+    assert broker.stop() == 0
+    files = sorted(broker.data_dir.glob(pattern))
+    rotted = which(files)
+    for path in rotted:
+        with path.open("r+b") as f:
+            f.seek(path.stat().st_size // 2)
+            byte = f.read(1)[0]
+            f.seek(-1, 1)
+            f.write(bytes([byte ^ 0xFF]))
+    broker.start()
+    return rotted
+
+
+def _received(broker, count: int) -> list[int]:
+    """The `seq` of the first `count` messages a consumer gets (and accepts); the queue
+    is empty afterwards."""
+    with amqp_client(broker) as conn:
+        receiver = conn.create_receiver(QUEUE, credit=COUNT)
+        seqs = []
+        while len(seqs) < count:
+            seqs.append(receiver.receive(timeout=10).properties["seq"])
+            receiver.accept()
+    wait_for(lambda: broker.api(f"/api/queues/{QUEUE}")["message-count"] == 0, 10)
+    return seqs
+
+
+def _first_and_last(files: list[Path]) -> list[Path]:
+    """A sealed file, and the one open at the stop."""
+    assert len(files) >= 3, files
+    return [files[0], files[-1]]
 
 
 def test_a_flipped_byte_in_a_page_file_costs_one_message_not_the_rest_of_the_page(
@@ -114,27 +132,9 @@ def test_a_flipped_byte_in_a_page_file_costs_one_message_not_the_rest_of_the_pag
     broker = system_broker(
         BrokerSpec(queues={QUEUE: {"routing-type": "ANYCAST"}}, address_settings={QUEUE: paged})
     )
-    assert broker.data_dir is not None
-    count = 600
-    with amqp_client(broker) as conn:
-        sender = conn.create_sender(QUEUE)
-        for seq in range(count):
-            sender.send(Message(body=b"x" * 3000, durable=True, properties={"seq": seq}))
-    assert broker.stop() == 0
-    pages = sorted((broker.data_dir / "paging").rglob("*.page"))
-    assert len(pages) >= 3, pages
-    for page in (pages[0], pages[-1]):  # a sealed page, and the one open at the stop
-        _flip_byte_at(page, page.stat().st_size // 2)
-
-    broker.start()
-    with amqp_client(broker) as conn:
-        receiver = conn.create_receiver(QUEUE, credit=count)
-        seqs = []
-        while len(seqs) < count - 2:
-            seqs.append(receiver.receive(timeout=10).properties["seq"])
-            receiver.accept()
-    wait_for(lambda: broker.api(f"/api/queues/{QUEUE}")["message-count"] == 0, 10)
-    assert len(set(range(count)) - set(seqs)) == 2  # the two the bytes were in
+    _rotted_after_sending(broker, "paging/**/*.page", _first_and_last)
+    seqs = _received(broker, COUNT - 2)
+    assert len(set(range(COUNT)) - set(seqs)) == 2  # the two the bytes were in
     assert seqs == sorted(seqs)
     damaged = broker.log_lines("page record unreadable")
     assert len(damaged) == 2, damaged
@@ -152,30 +152,18 @@ def test_a_flipped_byte_in_a_stream_segment_costs_one_record_and_is_never_delive
         "arguments": {"x-queue-type": "stream", "segment-bytes": 256 << 10},
     }
     broker = system_broker(BrokerSpec(queues={QUEUE: stream}))
-    assert broker.data_dir is not None
-    count = 600
-    with amqp_client(broker) as conn:
-        sender = conn.create_sender(QUEUE)
-        for seq in range(count):
-            sender.send(Message(body=f"{seq:06d}" * 500, durable=True, properties={"seq": seq}))
-    assert broker.stop() == 0
-    segments = sorted((broker.data_dir / "streams").rglob("*.seg"))
-    assert len(segments) >= 3, segments
-    for segment in (segments[0], segments[-1]):  # a sealed one, and the one open at the stop
-        _flip_byte_at(segment, segment.stat().st_size // 2)
-
-    broker.start()
+    _rotted_after_sending(broker, "streams/**/*.seg", _first_and_last)
     with amqp_client(broker) as conn:
         receiver = conn.create_receiver(
-            QUEUE, credit=count, options=Filter({symbol("scow:stream-offset"): "first"})
+            QUEUE, credit=COUNT, options=Filter({symbol("scow:stream-offset"): "first"})
         )
         got = {}
         with contextlib.suppress(Timeout):
-            while len(got) < count:
+            while len(got) < COUNT:
                 message = receiver.receive(timeout=5)
                 got[message.properties["seq"]] = message.body
                 receiver.accept()
-    assert len(got) == count - 2, sorted(set(range(count)) - set(got))
+    assert len(got) == COUNT - 2, sorted(set(range(COUNT)) - set(got))
     assert all(body == f"{seq:06d}" * 500 for seq, body in got.items())
     damaged = broker.log_lines("stream record unreadable")
     assert len(damaged) == 2, damaged
