@@ -11,7 +11,6 @@ of their paged messages' key, and hands them the newest id per key before any is
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +22,13 @@ import structlog
 from scow.core.interfaces import Completion, PageStore
 from scow.core.message import Message
 from scow.plugins.paging.pager import AddressPager, PageInfo
-from scow.plugins.paging.scan import PagedRecord, durable_counts, durable_records
+from scow.plugins.paging.scan import (
+    PagedRecord,
+    add_counts,
+    durable_counts,
+    durable_records,
+    new_counts,
+)
 from scow.plugins.paging.writer import PageWriter
 
 if TYPE_CHECKING:
@@ -330,19 +335,9 @@ def _scan_store(
         )
         return scan
     assert origin is not None
-    queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
+    queues = new_counts()
     records = _keyed_records(store, queue_ids_durable, acked, committed, scan, keyed, origin)
-    for rec in records:
-        if rec.large is not None:
-            scan.large.append(rec.large)
-        size = len(rec.data)
-        for queue_id in rec.queue_ids:
-            figures = queues[queue_id]
-            if not figures[0] or rec.message_id < figures[3]:
-                figures[3] = rec.message_id
-            figures[0] += 1
-            figures[1] += size
-            figures[2][rec.page] = figures[2].get(rec.page, 0) + 1
+    add_counts(records, queues, scan.large)
     scan.queues = dict(queues)
     return scan
 

@@ -7,7 +7,7 @@ with the queues that have not acknowledged them; nothing else of a page is kept.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,7 @@ def durable_counts(
     from the index's columns, with no Python per record where the page holds the common
     case (every record durable, outside transactions, routed to the same queues); other
     pages are walked frame by frame. `pages` is filled as `durable_records` fills it."""
-    queues: dict[int, list[Any]] = defaultdict(lambda: [0, 0, {}, 0])
+    queues = new_counts()
     large: list[tuple[int, int, int]] = []
     read = getattr(store, "read_unchecked", store.read)
     for page in store.page_numbers():
@@ -100,14 +100,29 @@ def durable_counts(
                 page, buf, *indexed, queue_ids, acked, committed, queues, large
             )
             continue
-        for rec in _page_records(
+        records = _page_records(
             store, page, memoryview(buf), queue_ids, acked, committed, pages, properties
-        ):
-            if rec.large is not None:
-                large.append(rec.large)
-            for queue_id in rec.queue_ids:
-                _count(queues[queue_id], page, 1, len(rec.data), rec.message_id)
+        )
+        add_counts(records, queues, large)
     return dict(queues), large
+
+
+def new_counts() -> defaultdict[int, list[Any]]:
+    """Per queue id: [messages, bytes of them, {page: messages}, lowest message id]."""
+    return defaultdict(lambda: [0, 0, {}, 0])
+
+
+def add_counts(
+    records: Iterable[PagedRecord],
+    queues: defaultdict[int, list[Any]],
+    large: list[tuple[int, int, int]],
+) -> None:
+    """Count `records` in `queues` (`new_counts`), and note their large messages."""
+    for rec in records:
+        if rec.large is not None:
+            large.append(rec.large)
+        for queue_id in rec.queue_ids:
+            _count(queues[queue_id], rec.page, 1, len(rec.data), rec.message_id)
 
 
 def _count(figures: list[Any], page: int, messages: int, size: int, lowest: int) -> None:

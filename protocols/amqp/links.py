@@ -657,7 +657,8 @@ class ConsumerLink:
                 )
             except BaseException:
                 # what the queue handed over before the attach failed goes back to it
-                for ref in [*self.backlog, *self.unsettled.values()]:
+                self._give_back_backlog()
+                for ref in self.unsettled.values():
                     broker.release(ref, delivered=False)
                 raise
         engine.open_link(link, address=address, dynamic=source.dynamic)
