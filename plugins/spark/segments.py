@@ -89,16 +89,19 @@ class _Segment:
         self.index = index
         return index
 
-    def frames(self, data: bytes, base: int = 0) -> list[tuple[int, int, int]]:
+    def frames(
+        self, data: bytes, base: int = 0, *, torn_tail: bool = False
+    ) -> list[tuple[int, int, int]]:
         """(start, payload, end) of each valid frame of `data` (the segment's bytes from
-        `base` to its synced size), past any damaged one, which is noted and logged."""
+        `base` on), past any damaged one, which is noted and logged. Bytes after the last
+        valid frame are damage too, unless `torn_tail` (a segment read whole at the start,
+        whose tail a crash may have torn)."""
         frames, damaged = salvaged_frames(data)
         for start, resume in damaged:
             self.passed_over(base + start, base + resume)
-        if frames and frames[-1][2] < len(data):  # nothing valid follows, to the end
-            self.passed_over(base + frames[-1][2], base + len(data))
-        elif not frames and data:
-            self.passed_over(base, base + len(data))
+        valid = frames[-1][2] if frames else 0
+        if valid < len(data) and not torn_tail:  # nothing valid follows, to the end
+            self.passed_over(base + valid, base + len(data))
         return frames
 
     def passed_over(self, start: int, resume: int) -> None:
@@ -158,10 +161,7 @@ class FileStreamStore:
             index: list[_IndexEntry] = []
             mark = -INDEX_EVERY
             end = 0
-            frames, damaged = salvaged_frames(data)
-            for start, resume in damaged:
-                segment.passed_over(start, resume)
-            for start, payload, frame_end in frames:
+            for start, payload, frame_end in segment.frames(data, torn_tail=True):
                 seq, enqueued, message_id = RECORD.unpack_from(data, payload)
                 ids.add(message_id)
                 if start - mark >= INDEX_EVERY:
