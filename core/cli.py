@@ -299,7 +299,23 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_BROKEN_PIPE = 141
 
 
+def _open_standard_streams() -> None:
+    """Open /dev/null on each of descriptors 0-2 that the caller closed (`scow run <&-
+    2>&-`, a supervisor passing nothing on), as sshd and systemd do: left closed, the
+    broker's first files and sockets would take them (a journal file written as stdout;
+    libuv aborts when it closes a descriptor below 3), and Python has no stream for them."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # the lowest free descriptor, which is fd: those below it are open by now
+            os.open(os.devnull, os.O_RDWR)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 - the process's
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _open_standard_streams()
     if not faulthandler.is_enabled():  # (pytest enables its own for in-process calls)
         # a fatal error in C code (proton, the C library) leaves every thread's Python
         # stack on stderr (the broker's log), not just an exit status

@@ -8,7 +8,15 @@ must not stall the broker either. Before, once the pipe's 64 KiB were full the b
 next log line blocked its event loop, and every client with it: about 500 connections'
 log lines in, no client could connect. Now lines are written by a thread of their own;
 while the reader does not take them, those past 1 MiB waiting are dropped, and a line
-says how many once it reads again."""
+says how many once it reads again.
+
+A service manager or a shell may start `scow run` with its standard streams closed
+(`scow run <&- >&- 2>&-`, a supervisor that closes what it does not pass on). The
+broker's first files and sockets then took descriptors 0 to 2: with stderr closed it
+exited with status 1 before its first log line, and with stdin or stdout closed the
+event loop's own descriptor became 0 or 1 and the clean stop ended in SIGABRT (libuv
+refuses to close a standard descriptor). Now each closed one is opened on /dev/null at
+start, as sshd and systemd do."""
 
 from __future__ import annotations
 
@@ -16,6 +24,8 @@ import os
 import signal
 import subprocess
 import threading
+
+import pytest
 
 from proton import Message
 from proton.utils import BlockingConnection
@@ -101,6 +111,44 @@ def test_run_keeps_serving_when_its_log_reader_goes_away(tmp_path):
         receiver.accept()
         conn.close()
         assert broker.poll() is None, f"scow run exited with {broker.returncode}"
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(30) == 0
+    finally:
+        broker.kill()
+
+
+@pytest.mark.parametrize("closed", [(0,), (1,), (2,), (0, 1, 2)], ids=lambda c: f"closed{c}")
+def test_run_with_standard_streams_closed_serves_and_stops_cleanly(tmp_path, closed):
+    port = free_port()
+    config = write_config(
+        tmp_path / "scow.toml", broker_config(tmp_path / "data", plugins=PLUGINS, port=port)
+    )
+
+    def run() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [scow_command(), "run", "--config", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: [os.close(fd) for fd in closed],  # noqa: PLW0108
+        )
+
+    broker = run()
+    try:
+        wait_for(lambda: broker.poll() is not None or listening(port), 30, what="the listener")
+        assert broker.poll() is None, f"scow run exited with {broker.returncode}"
+        conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=10)
+        conn.create_sender("q").send(Message(body="kept", durable=True))
+        conn.close()
+        broker.send_signal(signal.SIGTERM)
+        assert broker.wait(30) == 0
+        broker = run()
+        wait_for(lambda: broker.poll() is not None or listening(port), 30, what="the listener")
+        conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=10)
+        receiver = conn.create_receiver("q")
+        assert receiver.receive(timeout=10).body == "kept"
+        receiver.accept()
+        conn.close()
         broker.send_signal(signal.SIGTERM)
         assert broker.wait(30) == 0
     finally:
