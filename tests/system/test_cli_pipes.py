@@ -26,7 +26,6 @@ import subprocess
 import threading
 
 import pytest
-
 from proton import Message
 from proton.utils import BlockingConnection
 
@@ -130,7 +129,7 @@ def test_run_with_standard_streams_closed_serves_and_stops_cleanly(tmp_path, clo
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=lambda: [os.close(fd) for fd in closed],  # noqa: PLW0108
+            preexec_fn=lambda: [os.close(fd) for fd in closed],
         )
 
     broker = run()
