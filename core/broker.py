@@ -1574,6 +1574,33 @@ class Broker:
         """Drop a reference without delivering it (purge, queue deletion, drop policies)."""
         self._dereference(ref)
 
+    def discard_together(self, refs: list[MessageRef], on_done: Completion) -> None:
+        """`discard` for several refs, their acknowledgements journaled as one transaction:
+        `on_done` runs once it is durable (at once when nothing was journaled), and the
+        refs let go of their memory then, as a committed transaction's do."""
+        tx_id = self.next_id()
+        journaled = False
+        for ref in refs:
+            try:
+                journaled |= self._journal_ack(ref, tx_id)
+            except StorageFull as exc:
+                self._ack_not_stored(ref, exc)
+
+        def committed() -> None:
+            for ref in refs:
+                self._release_memory(ref)
+            on_done()
+
+        if not journaled:
+            committed()
+            return
+        try:
+            self.storage.commit(tx_id, committed)
+        except StorageFull as exc:
+            # its records stay uncommitted: a restart gives the messages back (at least once)
+            self._ack_not_stored(refs[0], exc)
+            committed()
+
     def _dereference(self, ref: MessageRef) -> None:
         try:
             self._journal_ack(ref, None)

@@ -114,7 +114,9 @@ def scow_register_protocols() -> list[ProtocolType]:
 def scow_management_operations(broker: Broker) -> dict[str, dict[str, ManagementOperation]]:
     """Management operations this plugin adds: per managed type (e.g. "stream"), per
     operation name (upper case, e.g. "READ"), a function (name, body, properties) ->
-    (statusCode, statusDescription, body) as `scow.core.management.ManagementOperation`.
+    (statusCode, statusDescription, body) as `scow.core.management.ManagementOperation`,
+    or an awaitable of it for an operation that hands the loop back while it works (the
+    reply is sent when it is done).
 
     Called once per management client (AMQP `$management` link). Results are merged; a
     plugin may add operations to a built-in type but not replace one.

@@ -7,7 +7,7 @@ satisfies one of these protocols; the hot path then calls that object directly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -322,6 +322,17 @@ class Cursor(Protocol):
 
     def expire_scan(self, now: int) -> None:
         """Read expired messages out of the pages into the queue, where expiry takes them."""
+
+    def paged(self, up_to: int) -> AsyncIterator[tuple[int, int, Message]]:
+        """(page, offset, message) of the paged messages past the position, in order, up to
+        message id `up_to`, read off the loop without entering the queue (management)."""
+
+    def take_paged(self, page: int, at: int, message: Message) -> MessageRef | None:
+        """Take a message `paged` found for good (until `Broker.discard`); None when the
+        cursor read it into the queue meanwhile."""
+
+    def take_held(self, chosen: Callable[[MessageRef], bool]) -> list[MessageRef]:
+        """Take the journal's messages held back at recovery that `chosen` accepts."""
 
     def stats(self) -> dict[str, Any]: ...
 

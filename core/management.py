@@ -14,19 +14,23 @@ log with the user who asked.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from scow.core.broker import Broker
+from scow.core.interfaces import Completion, Queue
 from scow.core.large_messages import large_body, message_size
-from scow.core.message import Message
+from scow.core.message import Message, MessageRef
 from scow.core.model import (
     BrokerError,
     InvalidField,
     NotFound,
     ResourceLimitExceeded,
     ResourceLocked,
+    RouteStatus,
     RoutingType,
     Unauthorized,
 )
@@ -38,7 +42,14 @@ MANAGEMENT_ADDRESS = "$management"
 #: A management operation: (object name, request body, request properties) ->
 #: (statusCode, statusDescription, response body). Plugins add them through the
 #: `scow_management_operations` hook; they raise `BrokerError`s for refusals.
-ManagementOperation = Callable[[str, Any, Mapping[str, Any]], tuple[int, str, Any]]
+ManagementOperation = Callable[
+    [str, Any, Mapping[str, Any]], tuple[int, str, Any] | Awaitable[tuple[int, str, Any]]
+]
+#: Messages a move or a retry sends before it lets the loop serve others.
+MOVE_BATCH = 500
+#: The most messages one browse answers with (Artemis's management-browse-page-size
+#: is 200): a browse is built on the event loop, and its answer in memory.
+MAX_BROWSE = 1000
 
 #: Attributes `create_queue` accepts, with what they mean.
 QUEUE_ATTRIBUTES = {
@@ -51,6 +62,54 @@ QUEUE_ATTRIBUTES = {
     "exclusive": "one consumer receives at a time",
     "non-destructive": "consumers see messages without taking them",
 }
+
+
+class _AllStored:
+    """Completions for storage operations, each counted once however often it is
+    called; `wait()` returns once every one has run."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._all: asyncio.Future[None] | None = None
+
+    def completion(self) -> Completion:
+        self.waiting += 1
+        fired = False
+
+        def stored() -> None:
+            nonlocal fired
+            if fired:
+                return
+            fired = True
+            self.waiting -= 1
+            if not self.waiting and self._all is not None and not self._all.done():
+                self._all.set_result(None)
+
+        return stored
+
+    async def wait(self) -> None:
+        if self.waiting:
+            self._all = asyncio.get_running_loop().create_future()
+            await self._all
+
+
+def _browsed(message: Message, delivery_count: int, preview: int) -> dict[str, Any]:
+    """What a browse shows of a message."""
+    message.restore()
+    large = large_body(message.data) is not None
+    described = message.format.describe(message.data, preview)
+    if large:
+        described["body-preview"] = ""
+    return {
+        "id": message.id,
+        "size": message_size(message.data),
+        "large": large,
+        "durable": message.durable,
+        "priority": message.priority,
+        "expiration": message.expiration,
+        "delivery-count": delivery_count,
+        **described,
+    }
 
 
 def status_of(error: BrokerError) -> int:
@@ -213,18 +272,18 @@ class Management:
             for _, info in sorted(self.broker.connections.items())
         ]
 
-    def move_messages(
+    async def move_messages(
         self, name: str, target: str, *, selector: str | None = None
     ) -> dict[str, int]:
         """Send the waiting messages of queue `name` (those `selector` matches) to the
         address `target`, as new messages; each leaves the queue once routed."""
         if not target:
             raise InvalidField(f"queue '{name}': moving needs a target address")
-        moved = self._resend(name, lambda _message: target, selector)
+        moved = await self._resend(name, lambda _message: target, selector)
         self._audit("move messages", queue=name, to=target, filter=selector, **moved)
         return moved
 
-    def retry_messages(self, name: str) -> dict[str, int]:
+    async def retry_messages(self, name: str) -> dict[str, int]:
         """Send dead-lettered or expired messages of queue `name` back to the address they
         came from (their x-opt-ORIG-ADDRESS annotation); others stay."""
 
@@ -232,19 +291,26 @@ class Management:
             annotations = message.format.describe(message.data, 0)["annotations"]
             return annotations.get("x-opt-ORIG-ADDRESS")
 
-        retried = self._resend(name, origin, None)
+        retried = await self._resend(name, origin, None)
         self._audit("retry messages", queue=name, **retried)
         return retried
 
-    def _resend(
+    async def _resend(
         self, name: str, target_of: Callable[[Message], str | None], selector: str | None
     ) -> dict[str, int]:
+        """Resend what queue `name` held when asked: the messages in memory, then those in
+        pages (read off the loop a window at a time, never into the queue), then those the
+        cursor read meanwhile or held back at a restart. The loop serves others after
+        every `MOVE_BATCH`. Messages that arrive meanwhile stay, or a move to the queue's
+        own address would chase its own messages for ever."""
         queue = self._queue(name)
         matches = self.broker.compile_filter(selector) if selector else None
+        up_to = self.broker.next_id()
         targets: dict[int, str] = {}
 
-        def chosen(entry: Any) -> bool:
-            message = entry.message
+        def chosen(message: Message) -> bool:
+            if message.id > up_to:
+                return False
             message.restore()
             if matches is not None and not matches(message):
                 return False
@@ -253,47 +319,101 @@ class Management:
                 targets[message.id] = target
             return bool(target)
 
-        moved = 0
-        refs = queue.take(chosen)
-        for index, ref in enumerate(refs):
-            message = ref.message
-            try:
-                self.broker.send(
-                    message.data, targets[message.id], message.format, check_duplicates=False
-                )
-            except BrokerError:
-                for rest in refs[index:]:  # the target refused: the others stay where they were
-                    queue.release(rest, delivered=False)
-                raise
-            queue.remove_delivering(ref)
-            self.broker.discard(ref)
-            moved += 1
-        return {"moved": moved}
+        def in_memory() -> list[MessageRef]:
+            return queue.take(lambda entry: chosen(entry.message))
 
-    def browse_queue(self, name: str, limit: int = 10, preview: int = 256) -> list[dict[str, Any]]:
-        """The first `limit` messages waiting in memory, without taking them. A large
-        message shows its size and headers; its body stays in its file (no preview)."""
-        queue = self._queue(name)
-        out = []
-        for entry in itertools.islice(queue.waiting(), max(limit, 0)):
-            message = entry.message
-            message.restore()
-            large = large_body(message.data) is not None
-            described = message.format.describe(message.data, preview)
-            if large:
-                described["body-preview"] = ""
-            out.append(
-                {
-                    "id": message.id,
-                    "size": message_size(message.data),
-                    "large": large,
-                    "durable": message.durable,
-                    "priority": message.priority,
-                    "expiration": message.expiration,
-                    "delivery-count": getattr(entry, "delivery_count", 0),
-                    **described,
-                }
+        moved = await self._send_all(queue, in_memory(), targets, taken_from_queue=True)
+        cursor = queue.cursor
+        if cursor is None:
+            return {"moved": moved}
+        batch: list[MessageRef] = []
+        async with contextlib.aclosing(cursor.paged(up_to)) as paged:
+            async for page, at, message in paged:
+                if chosen(message) and (ref := cursor.take_paged(page, at, message)):
+                    batch.append(ref)
+                    if len(batch) == MOVE_BATCH:
+                        moved += await self._send_all(queue, batch, targets)
+                        batch = []
+        moved += await self._send_all(queue, batch, targets)
+        moved += await self._send_all(queue, in_memory(), targets, taken_from_queue=True)
+        held = cursor.take_held(lambda ref: chosen(ref.message))
+        return {"moved": moved + await self._send_all(queue, held, targets)}
+
+    async def _send_all(
+        self,
+        queue: Queue,
+        refs: list[MessageRef],
+        targets: dict[int, str],
+        *,
+        taken_from_queue: bool = False,
+    ) -> int:
+        """Send each of `refs` to its target, and drop it from `queue` once what was sent
+        is stored, `MOVE_BATCH` at a time (the loop serving others meanwhile); returns
+        once the drops are durable too. A crash in between leaves a message in both
+        places, never in neither. A target that refuses ends the move: the refs not sent
+        go back to the queue."""
+        for start in range(0, len(refs), MOVE_BATCH):
+            batch = refs[start : start + MOVE_BATCH]
+            stored = _AllStored()
+            refused = None
+            sent = 0
+            for ref in batch:
+                message = ref.message
+                done = stored.completion()
+                try:
+                    status = self.broker.send(
+                        message.data,
+                        targets.pop(message.id),
+                        message.format,
+                        on_stored=done,
+                        check_duplicates=False,
+                    )
+                except BrokerError as exc:
+                    refused = exc
+                    done()  # nothing was sent
+                    break
+                sent += 1
+                if status is not RouteStatus.PENDING:
+                    done()  # nothing waits for storage
+            await stored.wait()
+            if taken_from_queue:
+                for ref in batch[:sent]:
+                    queue.remove_delivering(ref)
+            dropped = _AllStored()
+            self.broker.discard_together(batch[:sent], dropped.completion())
+            await dropped.wait()
+            if refused is not None:
+                for rest in refs[start + sent :]:
+                    if taken_from_queue:
+                        queue.release(rest, delivered=False)
+                    else:
+                        queue.enqueue(rest)
+                raise refused
+        return len(refs)
+
+    async def browse_queue(
+        self, name: str, limit: int = 10, preview: int = 256
+    ) -> list[dict[str, Any]]:
+        """The first `limit` messages waiting, in memory then in pages, without taking
+        them. A large message shows its size and headers; its body stays in its file."""
+        if not 0 <= limit <= MAX_BROWSE:
+            raise InvalidField(
+                f"limit={limit}: a browse answers at most {MAX_BROWSE} messages (and not "
+                "fewer than 0)"
             )
+        queue = self._queue(name)
+        out = [
+            _browsed(entry.message, getattr(entry, "delivery_count", 0), preview)
+            for entry in itertools.islice(queue.waiting(), limit)
+        ]
+        cursor = queue.cursor
+        if cursor is None or len(out) >= limit:
+            return out
+        async with contextlib.aclosing(cursor.paged(self.broker.next_id())) as paged:
+            async for _page, _at, message in paged:
+                out.append(_browsed(message, 0, preview))
+                if len(out) >= limit:
+                    break
         return out
 
     def close_connection(self, connection_id: int) -> None:

@@ -264,18 +264,18 @@ class ManagementApi:
             return _error(400, 'expected {"to": "<address>"} and optionally "filter"')
         name = request.match_info["name"]
         return _json(
-            _management(request).move_messages(name, body["to"], selector=body.get("filter"))
+            await _management(request).move_messages(name, body["to"], selector=body.get("filter"))
         )
 
     async def retry_messages(self, request: web.Request) -> web.Response:
-        return _json(_management(request).retry_messages(request.match_info["name"]))
+        return _json(await _management(request).retry_messages(request.match_info["name"]))
 
     async def browse_queue(self, request: web.Request) -> web.Response:
         try:
             limit = int(request.query.get("limit", "10"))
         except ValueError:
             return _error(400, f"limit={request.query['limit']!r}: expected an integer")
-        return _json(_management(request).browse_queue(request.match_info["name"], limit))
+        return _json(await _management(request).browse_queue(request.match_info["name"], limit))
 
     async def close_connection(self, request: web.Request) -> web.Response:
         try:

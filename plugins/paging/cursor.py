@@ -23,7 +23,7 @@ import asyncio
 import struct
 from bisect import bisect_left
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from itertools import accumulate
 from operator import itemgetter
@@ -1076,6 +1076,17 @@ class QueueCursor:
     def _deliver_message(self, page: int, at: int, message: Message) -> None:
         """Hand the queue one record taken out of order (ahead of the position, or
         expired)."""
+        ref = self._out_of_pages(page, at, message)
+        if self.purging is not None:
+            self._purged(ref)
+        else:
+            self.pager.address.add_memory(len(message.data))
+            self.queue.enqueue(ref)
+        if self.held and not self.backlog:
+            self._release_held(None)  # nothing in pages precedes them any more
+
+    def _out_of_pages(self, page: int, at: int, message: Message) -> PagedRef:
+        """The ref of a record taken out of order, no longer counted in the backlog."""
         counts = self.counts.get(page)
         ref = PagedRef(message, self.queue, self, page, at, counts.get(at, 0) if counts else 0)
         self.backlog -= 1
@@ -1085,13 +1096,64 @@ class QueueCursor:
         elif not self.backlog:
             self.priorities_known = True  # the recovered backlog is read: counts from now
         hold_body(message.data)
-        if self.purging is not None:
-            self._purged(ref)
-        else:
-            self.pager.address.add_memory(len(message.data))
-            self.queue.enqueue(ref)
-        if self.held and not self.backlog:
-            self._release_held(None)  # nothing in pages precedes them any more
+        return ref
+
+    # ------------------------------------------------------------------ management
+
+    async def paged(self, up_to: int) -> AsyncIterator[tuple[int, int, Message]]:
+        """(page, offset, message) of the queue's messages in pages past the position, in
+        order, up to message id `up_to`: for management (browse, move), which must see
+        what no consumer made the cursor read. Each page window is read in the reader
+        thread; nothing enters the queue. The cursor reads on meanwhile: what it passes
+        between two windows is in the queue by then, and `take_paged` refuses it."""
+        page, offset = self.page, self.offset
+        while not self.closed:
+            page, offset = max((page, offset), (self.page, self.offset))
+            readable = self._readable(page, offset)
+            if readable is None:
+                return
+            page, offset, end = readable
+            window = await asyncio.wrap_future(
+                self.pager.manager.reader.submit(
+                    _read_window, self.pager.store, page, offset, self.queue.id
+                )
+            )
+            window.cut = window.end < end
+            for at, next_offset, head, data in self._records(
+                window, page, offset, end, keep_taken=True
+            ):
+                offset = next_offset
+                if data is None:
+                    continue
+                if head[0] > up_to:
+                    return
+                yield page, at, self._message(head, data)
+            if window.cut and offset >= window.end:
+                offset = self._past_damage(page, offset, end)
+
+    def take_paged(self, page: int, at: int, message: Message) -> PagedRef | None:
+        """Take a message `paged` found out of the pages for good, as if delivered (its
+        memory counted until `broker.discard` acknowledges it); None when the cursor
+        took it meanwhile (it is in the queue)."""
+        if (page, at) < (self.page, self.offset) or (page, at) in self.taken:
+            return None
+        acked = self.acked.get(page)
+        if acked is not None and at in acked:
+            return None
+        self.taken.add((page, at))
+        ref = self._out_of_pages(page, at, message)
+        self.pager.address.add_memory(len(message.data))
+        return ref
+
+    def take_held(self, chosen: Callable[[MessageRef], bool]) -> list[MessageRef]:
+        """Take the journal's messages held back at recovery (`hold_back`) that `chosen`
+        accepts: they are in neither the queue nor the pages until the cursor passes."""
+        taken: list[MessageRef] = []
+        kept: deque[MessageRef] = deque()
+        for ref in self.held:
+            (taken if chosen(ref) else kept).append(ref)
+        self.held = kept
+        return taken
 
     def hold_back(self, first_paged: int) -> None:
         """At recovery: take out of the queue the journal's messages sent after

@@ -15,7 +15,9 @@ Attaching needs the `manage` permission on `$management`; each operation checks 
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -47,6 +49,8 @@ class ManagementLink:
         self.conn = conn
         self.link = link
         self.closed = False
+        #: Operations still at work, each to reply when done (kept from the collector).
+        self._pending: set[asyncio.Task[None]] = set()
         if conn.authorize is not None:
             conn.authorize("manage", MANAGEMENT_NODE)
         self.management = Management(conn.broker, conn.principal)
@@ -64,20 +68,24 @@ class ManagementLink:
         except Exception as exc:  # proton raises its own types for undecodable bytes
             engine.reject(delivery, "amqp:decode-error", f"management request: {exc}")
         else:
-            status, description, body = self.handle(request)
-            if request.reply_to:
-                self._reply(request, status, description, body)
+            answer = self.handle(request)
+            if isinstance(answer, tuple):
+                self._reply(request, *answer)
+            else:  # it hands the loop back while it works: the reply follows when done
+                task = asyncio.ensure_future(self._reply_later(request, answer))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
             engine.delivery_update(delivery, engine.ACCEPTED)
             engine.delivery_settle(delivery)
         if engine.link_credit(self.link) < _CREDIT // 2:
             engine.link_flow(self.link, _CREDIT - engine.link_credit(self.link))
 
-    def handle(self, request: ProtonMessage) -> tuple[int, str, Any]:
-        """(statusCode, statusDescription, body) for one request."""
+    def handle(
+        self, request: ProtonMessage
+    ) -> tuple[int, str, Any] | Awaitable[tuple[int, str, Any]]:
+        """(statusCode, statusDescription, body) for one request, or an awaitable of it."""
         properties: dict[str, Any] = request.properties or {}
-        operation = str(properties.get("operation", "")).upper()
-        kind = str(properties.get("type", "queue"))
-        name = str(properties.get("name", ""))
+        operation, kind, name = _asked(properties)
         operations = self.operations.get(kind)
         if operations is None:
             accepted = ", ".join(self.operations)
@@ -88,13 +96,21 @@ class ManagementLink:
             return 501, f"unknown operation {operation!r} for {kind} (accepted: {accepted})", None
         try:
             return run(name, request.body, properties)
-        except BrokerError as exc:
-            return status_of(exc), exc.description, None
-        except Exception:  # a bug must cost this request only, not the client's connection
-            log.exception("management request failed", operation=operation, type=kind)
-            return 500, f"{operation} {kind} failed inside the broker (see its log)", None
+        except Exception as exc:
+            return _failed(exc, properties)
+
+    async def _reply_later(
+        self, request: ProtonMessage, answer: Awaitable[tuple[int, str, Any]]
+    ) -> None:
+        try:
+            status, description, body = await answer
+        except Exception as exc:
+            status, description, body = _failed(exc, request.properties or {})
+        self._reply(request, status, description, body)
 
     def _reply(self, request: ProtonMessage, status: int, description: str, body: Any) -> None:
+        if not request.reply_to:
+            return
         reply = ProtonMessage(
             address=request.reply_to,
             correlation_id=request.id if request.id is not None else request.correlation_id,
@@ -116,6 +132,29 @@ class ManagementLink:
 Operation = ManagementOperation
 
 
+def _asked(properties: dict[str, Any]) -> tuple[str, str, str]:
+    """(operation, type, name) of a request."""
+    return (
+        str(properties.get("operation", "")).upper(),
+        str(properties.get("type", "queue")),
+        str(properties.get("name", "")),
+    )
+
+
+def _failed(exc: Exception, properties: dict[str, Any]) -> tuple[int, str, Any]:
+    """The answer to a request whose operation raised `exc`."""
+    if isinstance(exc, BrokerError):
+        return status_of(exc), exc.description, None
+    # a bug must cost this request only, not the client's connection
+    operation, kind, _name = _asked(properties)
+    log.error("management request failed", operation=operation, type=kind, exc_info=exc)
+    return 500, f"{operation} {kind} failed inside the broker (see its log)", None
+
+
+async def _ok(pending: Awaitable[Any]) -> tuple[int, str, Any]:
+    return 200, "OK", await pending
+
+
 def _operations(m: Management) -> dict[str, dict[str, Operation]]:
     """Per type, per operation: (name, request body, request properties) -> the answer."""
     return {
@@ -131,12 +170,10 @@ def _operations(m: Management) -> dict[str, dict[str, Operation]]:
             ),
             "QUERY": lambda *_: (200, "OK", _query(m.list_queues())),
             "PURGE": lambda name, _, __: (200, "OK", {"purged": m.purge_queue(name)}),
-            "MOVE": lambda name, _, props: (
-                200,
-                "OK",
-                m.move_messages(name, str(props.get("to", "")), selector=props.get("filter")),
+            "MOVE": lambda name, _, props: _ok(
+                m.move_messages(name, str(props.get("to", "")), selector=props.get("filter"))
             ),
-            "RETRY": lambda name, _, __: (200, "OK", m.retry_messages(name)),
+            "RETRY": lambda name, _, __: _ok(m.retry_messages(name)),
         },
         "address": {
             "CREATE": lambda name, body, _: (
