@@ -267,12 +267,19 @@ def _tls(args: argparse.Namespace) -> SSLDomain | None:
     return domain
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+#: The default --timeout of move and retry, which the broker answers once every message
+#: is moved (pages included: a few tens of thousands a second).
+_MOVING = (3600.0, ": the answer comes once every message is moved")
+
+
+def _common(parser: argparse.ArgumentParser, timeout: float = 10.0, why: str = "") -> None:
     parser.add_argument("--url", default=DEFAULT_URL, help=f"the broker (default {DEFAULT_URL})")
     parser.add_argument("--user", help="SASL user (or SCOW_USER)")
     parser.add_argument("--password", help="password (or SCOW_PASSWORD, or --password-file)")
     parser.add_argument("--password-file", type=Path, help="read the password from this file")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    parser.add_argument(
+        "--timeout", type=float, default=timeout, help=f"seconds (default {timeout:g}{why})"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--ca-file", type=Path, help="CA (PEM) to trust for amqps:// URLs")
     parser.add_argument("--cert-file", type=Path, help="client certificate (PEM) for amqps://")
@@ -323,12 +330,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     move.add_argument("name")
     move.add_argument("--to", required=True, help="the address to send them to")
     move.add_argument("--filter", help="selector: only the messages it matches")
-    _common(move)
+    _common(move, *_MOVING)
     move.set_defaults(handler=_run(cmd_move))
 
     retry = sub.add_parser("retry", help="send dead letters back to their original address")
     retry.add_argument("name")
-    _common(retry)
+    _common(retry, *_MOVING)
     retry.set_defaults(handler=_run(cmd_retry))
 
     delete = sub.add_parser("delete", help="delete a queue and its messages")
