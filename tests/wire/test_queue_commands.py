@@ -146,3 +146,25 @@ def test_stat_purge_and_the_address_and_connection_commands(scow_broker):
         return broker.call(lambda: [a for a in broker.broker.addresses if a.startswith("temp.")])
 
     wait_for(lambda: reply_addresses() == [], what="the reply addresses to go")
+
+
+def test_move_and_retry_answer_once_every_message_is_moved(scow_broker):
+    broker = scow_broker()
+    with connected(broker.url) as conn:
+        send(conn, "inbox", *(Message(body=f"m{i}", properties={"k": i % 2}) for i in range(1200)))
+        receiver = conn.create_receiver("inbox")
+        receive(receiver, 1, accept=False)
+        receiver.reject()  # m0 goes to the dead-letter address DLA
+        receiver.close()
+    moved = scow_queue(broker.url, "move", "inbox", "--to", "odd", "--filter", "k = 1")
+    assert moved.returncode == 0, moved.stderr
+    assert "600 message(s) moved to 'odd'" in moved.stdout  # more than one batch
+    refused = scow_queue(broker.url, "move", "inbox", "--to", "odd", "--filter", "k = = 1")
+    assert refused.returncode == 1 and "move refused (400)" in refused.stderr, refused.stderr
+    retried = scow_queue(broker.url, "retry", "DLA")
+    assert retried.returncode == 0 and "1 message(s)" in retried.stdout, retried.stdout
+    assert [broker.queue_stats(q)["message-count"] for q in ("inbox", "odd", "DLA")] == [
+        600,
+        600,
+        0,
+    ]
