@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -1745,8 +1746,13 @@ class Broker:
                     priority=message.priority,
                 )
                 target_address = self.addresses[target]
+                # `ref` goes once the copy is stored: the copy may go to pages, which the
+                # journal, where `ref`'s acknowledgement goes, does not wait for
+                stored = after_all(1, partial(self._dereference, ref))
                 try:
-                    self._accept(copy, queues, target_address, None, target_address.is_full())
+                    status = self._accept(
+                        copy, queues, target_address, stored, target_address.is_full()
+                    )
                 except StorageFull as exc:
                     # The copy cannot be stored: the message keeps its place (its memory,
                     # its journal record) and the move is tried again later, not offered
@@ -1764,6 +1770,9 @@ class Broker:
                         MOVE_RETRY, self._retry_move, ref, target, prefix, extra
                     )
                     return
+                if status is not RouteStatus.PENDING:
+                    stored()  # nothing waits for storage
+                return
             else:
                 log.warning("no queue on dead-letter/expiry address", address=target)
         self._dereference(ref)

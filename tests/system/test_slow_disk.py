@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,24 +31,38 @@ from tests.system.topology import PLUGINS, BrokerSpec
 SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-static void wait_while_stalled(void) {
+/* Only the syncs of files whose path holds SCOW_TEST_STALL_ONLY, when it is set. */
+static int stalls(int fd) {
+    const char *only = getenv("SCOW_TEST_STALL_ONLY");
+    char link[64], path[4096];
+    if (!only) return 1;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n < 0) return 0;
+    path[n] = 0;
+    return strstr(path, only) != NULL;
+}
+static void wait_while_stalled(int fd) {
     const char *flag = getenv("SCOW_TEST_STALL_FLAG");
     struct stat st;
+    if (!stalls(fd)) return;
     while (flag && stat(flag, &st) == 0) usleep(10000);
 }
 int fsync(int fd) {
     static int (*real)(int);
     if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
-    wait_while_stalled();
+    wait_while_stalled(fd);
     return real(fd);
 }
 int fdatasync(int fd) {
     static int (*real)(int);
     if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-    wait_while_stalled();
+    wait_while_stalled(fd);
     return real(fd);
 }
 """
@@ -55,9 +70,9 @@ COUNT, BODY = 20_000, 1024  # 20 MiB: twenty 1 MiB journal files
 MiB = 1 << 20
 
 
-@pytest.fixture
-def stalling_disk(tmp_path: Path) -> tuple[str, Path]:
-    """(a `scow` that syncs through the shim, the flag file that stalls its syncs)."""
+def _stalling(tmp_path: Path, only: str = "") -> tuple[str, Path]:
+    """(a `scow` that syncs through the shim, the flag file that stalls its syncs: of
+    every file, or of those whose path holds `only`)."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed: the sync-stalling shim cannot be built")
     source, shim = tmp_path / "stall.c", tmp_path / "libstall.so"
@@ -65,7 +80,20 @@ def stalling_disk(tmp_path: Path) -> tuple[str, Path]:
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(source), "-ldl"], check=True)
     flag = tmp_path / "stall"
     prelude = f"export LD_PRELOAD={shim} SCOW_TEST_STALL_FLAG={flag}"
+    if only:
+        prelude += f" SCOW_TEST_STALL_ONLY={only}"
     return scow_behind(tmp_path / "scow-on-a-slow-disk", prelude), flag
+
+
+@pytest.fixture
+def stalling_disk(tmp_path: Path) -> tuple[str, Path]:
+    return _stalling(tmp_path)
+
+
+@pytest.fixture
+def stalling_pages(tmp_path: Path) -> tuple[str, Path]:
+    """The same for page files only: the journal's syncs go on."""
+    return _stalling(tmp_path, "/paging/")
 
 
 def _held_back(broker, by: str) -> bool:
@@ -232,3 +260,59 @@ def test_a_stop_waits_for_a_stalled_disk_and_a_second_signal_ends_it_at_once(
         producer.wait(10)
     broker.start()  # on what the disk has: a restart serves
     _answers_quickly(broker, non_durable=True)
+
+
+def test_a_dead_letter_leaves_its_queue_only_once_its_copy_in_pages_is_stored(
+    system_broker, stalling_pages
+):
+    """A message dead-lettered (or expired) into an address that pages went to the page
+    writer, while its acknowledgement on the queue it left went to the journal at once.
+    The journal does not wait for the page writer, so a crash while the page writer was
+    behind (its syncs stalled: records wait in its memory) lost the message from both.
+    Now the acknowledgement waits until the copy is stored: here no copy can be, so after
+    a SIGKILL every message is still in its queue."""
+    command, flag = stalling_pages
+    anycast = {"routing-type": "ANYCAST"}
+    spec = BrokerSpec(
+        queues={"work": anycast, "DLA": anycast, "marker": anycast},
+        address_settings={"DLA": {"max-size-bytes": "1KiB"}},
+        global_max_size="256MiB",
+    )
+    broker = system_broker(spec, command=command)
+    count = 300
+    _perf_send(broker, "work", count)
+    _perf_send(broker, "DLA", 20)  # 2 KiB: every dead letter goes to its pages
+    assert broker.api("/api/addresses/DLA")["paging"]
+    flag.touch()  # from here on no page file is synced
+    try:
+        rejected = subprocess.run(
+            [sys.executable, "-m", "tests.system.poison", "reject", broker.url, "work", str(count)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert json.loads(rejected.stdout) == {"rejected": count}, rejected.stderr
+        wait_for(lambda: broker.api("/api/queues/work")["message-count"] == 0, 30)
+        # the journal keeps order: once this one is confirmed, what the journal was given
+        # for the rejections before it is on disk
+        _perf_send(broker, "marker", 1)
+        broker.kill()
+    finally:
+        flag.unlink()
+    broker.start()
+    work, dead = (broker.api(f"/api/queues/{q}")["message-count"] for q in ("work", "DLA"))
+    assert work == count, f"{count - work} left 'work', and 'DLA' holds {dead}"
+
+
+def _perf_send(broker, address: str, count: int) -> None:
+    """`count` durable messages, confirmed, from a client in a process of its own."""
+    sent = subprocess.run(
+        [
+            *(scow_command(), "perf", "client", "--url", f"{broker.url}/{address}", "--json"),
+            *("--mode", "send", "--durable", "--count", str(count), "--warmup", "0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sent.returncode == 0 and json.loads(sent.stdout)["sent"] == count, sent.stderr
