@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from scow.core.broker import Broker
-from scow.core.interfaces import Completion, Queue
+from scow.core.interfaces import Completion, Queue, after_all
 from scow.core.large_messages import large_body, message_size
 from scow.core.message import Message, MessageRef
 from scow.core.model import (
@@ -74,18 +74,12 @@ class _AllStored:
 
     def completion(self) -> Completion:
         self.waiting += 1
-        fired = False
+        return after_all(1, self._stored)  # after_all: a second call does nothing
 
-        def stored() -> None:
-            nonlocal fired
-            if fired:
-                return
-            fired = True
-            self.waiting -= 1
-            if not self.waiting and self._all is not None and not self._all.done():
-                self._all.set_result(None)
-
-        return stored
+    def _stored(self) -> None:
+        self.waiting -= 1
+        if not self.waiting and self._all is not None and not self._all.done():
+            self._all.set_result(None)
 
     async def wait(self) -> None:
         if self.waiting:

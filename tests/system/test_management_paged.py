@@ -33,7 +33,8 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-url, address, count, origin = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+url, address, origin = sys.argv[1], sys.argv[2], sys.argv[4]
+count, red = int(sys.argv[3]), int(sys.argv[5])
 
 class Send(MessagingHandler):
     sent = confirmed = 0
@@ -47,7 +48,7 @@ class Send(MessagingHandler):
             message = Message(
                 body=f"m{n}" + "x" * 1000,
                 durable=True,
-                properties={"n": n, "color": "red" if n % %(red)d == 0 else "blue"},
+                properties={"n": n, "color": "red" if n % red == 0 else "blue"},
             )
             if origin:
                 message.annotations = {"x-opt-ORIG-ADDRESS": origin}
@@ -60,13 +61,15 @@ class Send(MessagingHandler):
             event.connection.close()
 
 Container(Send()).run()
-""".replace("%(red)d", str(RED_EVERY))
+"""
 
 
 def _send(url: str, address: str, count: int, origin: str = "") -> None:
     """`count` durable messages from a client in a process of its own."""
     subprocess.run(
-        [sys.executable, "-c", _SENDER, url, address, str(count), origin], check=True, timeout=120
+        [sys.executable, "-c", _SENDER, url, address, str(count), origin, str(RED_EVERY)],
+        check=True,
+        timeout=120,
     )
 
 
