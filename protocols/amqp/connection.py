@@ -50,6 +50,10 @@ def _monotonic_ms() -> int:
 _HEARTBEAT = b"\x00\x00\x00\x08\x02\x00\x00\x00"
 
 
+class _AnswerTooLarge(BrokerError):
+    condition = "amqp:frame-size-too-small"
+
+
 class AmqpConnection(asyncio.Protocol):
     """asyncio protocol driving a proton Transport/Connection pair for one socket."""
 
@@ -510,6 +514,14 @@ class AmqpConnection(asyncio.Protocol):
             if limit and len(self.links) >= limit:
                 raise ResourceLimitExceeded(
                     f"the connection has its max-links-per-connection ({limit}) attached"
+                )
+            peer_frame = self.engine.remote_max_frame()
+            if peer_frame and (size := engine.answer_size(link)) > peer_frame:
+                raise _AnswerTooLarge(
+                    f"the attach answering this link echoes its source and target (filter, "
+                    f"properties, capabilities): about {size} bytes, more than the "
+                    f"max-frame-size of {peer_frame} bytes this connection's open asked "
+                    f"for. Shorten them (a selector?) or open with a larger max-frame-size"
                 )
             if engine.link_is_sender(link):
                 self.links[link] = ConsumerLink(self, link, engine.remote_source(link))

@@ -266,6 +266,10 @@ class Engine:
         """The peer's idle-timeout in ms (0: none): it wants a frame at least every half."""
         return int(lib.pn_transport_get_remote_idle_timeout(self.transport))
 
+    def remote_max_frame(self) -> int:
+        """The largest frame the peer takes (0: no limit asked)."""
+        return int(lib.pn_transport_get_remote_max_frame(self.transport))
+
     def transport_condition(self) -> tuple[str | None, str | None]:
         return condition_of(lib.pn_transport_condition(self.transport))
 
@@ -376,6 +380,32 @@ def remote_target(link: CData) -> TerminusInfo:
 
 def link_session(link: CData) -> CData:
     return lib.pn_link_session(link)
+
+
+#: An attach's bytes besides its names and terminus values, counted high: the frame
+#: header, the performative's descriptor and list, its fixed fields and the termini's.
+_ATTACH_FIXED = 128
+
+
+def answer_size(link: CData) -> int:
+    """At most about how many bytes the attach answering `link` takes: it echoes the
+    peer's source and target (`open_link`), filters and capabilities included."""
+    size = _ATTACH_FIXED + _bytes_at(lib.pn_link_name(link))
+    for terminus in (lib.pn_link_remote_source(link), lib.pn_link_remote_target(link)):
+        size += _bytes_at(lib.pn_terminus_get_address(terminus))
+        for data in (
+            lib.pn_terminus_properties(terminus),
+            lib.pn_terminus_capabilities(terminus),
+            lib.pn_terminus_outcomes(terminus),
+            lib.pn_terminus_filter(terminus),
+        ):
+            lib.pn_data_rewind(data)
+            size += max(int(lib.pn_data_encoded_size(data)), 0)
+    return size
+
+
+def _bytes_at(text: CData) -> int:
+    return len(ffi.string(text)) if text else 0
 
 
 def open_link(

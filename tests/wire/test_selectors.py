@@ -206,3 +206,21 @@ def test_bad_selector_refuses_the_link_with_the_parse_error(scow_broker, selecto
         # the connection survives a refused link
         send(conn, "paint", Message(body="ok"))
         assert bodies(receive(conn.create_receiver("paint", name="after"), 1)) == ["ok"]
+
+
+def test_a_selector_whose_echo_exceeds_the_client_s_max_frame_size_is_refused(scow_broker):
+    """The broker's attach echoes the source, selector included; one larger than the frame
+    the client takes (proton-python's 32 KiB) broke the client's connection with a
+    `framing-error` ("malformed frame"). Now the link alone is refused, saying why."""
+    broker = scow_broker()
+    selector = "color = 'red' OR " + " OR ".join(f"k{i} = 'v{i}'" for i in range(2500))
+    assert len(selector) > 40_000  # and below the broker's own max-frame-size (128 KiB)
+    with connected(broker.url) as conn:
+        send(conn, "paint", Message(body="red", properties={"color": "red"}))
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver("paint", name="long", options=Selector(selector))
+        condition = refused.value.link.remote_condition
+        assert condition.name == "amqp:frame-size-too-small"
+        assert "max-frame-size of 32768 bytes" in condition.description
+        red = conn.create_receiver("paint", name="short", options=Selector("color = 'red'"))
+        assert bodies(receive(red, 1)) == ["red"]
