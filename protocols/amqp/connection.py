@@ -57,8 +57,10 @@ class _AnswerTooLarge(BrokerError):
 class AmqpConnection(asyncio.Protocol):
     """asyncio protocol driving a proton Transport/Connection pair for one socket."""
 
-    def __init__(self, server: AmqpServer) -> None:
+    def __init__(self, server: AmqpServer, *, counted: bool = False) -> None:
         self.server = server
+        #: Whether its socket is counted already (`_TlsAccept` counts at the accept).
+        self._counted = counted
         self.broker = server.broker
         self.engine = engine.Engine(
             max_frame=server.max_frame_size, idle_timeout_ms=server.idle_timeout
@@ -114,7 +116,8 @@ class AmqpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
-        if not self.security.take_socket(self.info.remote):  # storage keeps its files
+        if not self._counted and not self.security.take_socket(self.info.remote):
+            # storage keeps its files
             self.closed = True
             self.engine.free()
             transport.abort()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import ssl
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -31,6 +33,56 @@ def _version() -> str:
         return version("scow")
     except PackageNotFoundError:  # running from a source tree
         return "0+unknown"
+
+
+class _TlsAccept(asyncio.Protocol):
+    """A socket accepted on a TLS listener: counted against the open-file reserve at once,
+    as a plain one is (`Security.take_socket`), then given its TLS handshake.
+
+    asyncio's own TLS listener shows a socket only once its handshake is done: sockets
+    that never finish one (a scanner, a storm of connects that send nothing) went
+    uncounted for handshake-timeout each and could take the files the storage keeps.
+    The accepted socket is duplicated and handed to `connect_accepted_socket`, which
+    does the handshake from its first byte; the transport that accepted it is dropped
+    before it reads anything (transports start reading after `connection_made`).
+    """
+
+    def __init__(self, server: AmqpServer, context: ssl.SSLContext) -> None:
+        self.server = server
+        self.context = context
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        accepted = transport.get_extra_info("socket")
+        if accepted is None or not self.server.broker.security.take_socket(remote):
+            transport.abort()
+            return
+        try:
+            sock = socket.socket(fileno=os.dup(accepted.fileno()))
+        except OSError as exc:  # no file left for the copy
+            self.server.broker.security.socket_closed()
+            transport.abort()
+            log.info("connection refused", remote=remote, reason=str(exc))
+            return
+        transport.abort()  # closes its descriptor only: the copy keeps the connection
+        task = asyncio.get_running_loop().create_task(self._handshake(sock, remote))
+        self.server.handshakes.add(task)
+        task.add_done_callback(self.server.handshakes.discard)
+
+    async def _handshake(self, sock: socket.socket, remote: str) -> None:
+        server = self.server
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: AmqpConnection(server, counted=True),
+                sock,
+                ssl=self.context,
+                ssl_handshake_timeout=server.handshake_timeout / 1000 or None,
+            )
+        except (Exception, asyncio.CancelledError) as exc:
+            sock.close()
+            server.broker.security.socket_closed()
+            log.info("tls handshake failed", remote=remote, reason=str(exc) or repr(exc))
 
 
 class AmqpServer:
@@ -68,6 +120,8 @@ class AmqpServer:
         self.bound: list[tuple[str, int]] = []
         self.bound_tls: list[tuple[str, int]] = []
         self._servers: list[asyncio.AbstractServer] = []
+        #: TLS handshakes under way (`_TlsAccept`).
+        self.handshakes: set[asyncio.Task[None]] = set()
         self._dirty: list[AmqpConnection] = []
 
     async def start(self) -> None:
@@ -92,17 +146,16 @@ class AmqpServer:
     ) -> list[tuple[str, int]]:
         # TLS stays in the transport (asyncio's, or uvloop's): the protocol sees plain
         # bytes, so the per-message path is the same engine calls with or without it.
-        # a TLS handshake that does not finish in handshake-timeout ends there too (the
-        # connection's own timer starts once it is done)
-        tls_timeout = self.handshake_timeout / 1000 if context and self.handshake_timeout else None
+        # A TLS handshake that does not finish in handshake-timeout ends there too (the
+        # connection's own timer starts once it is done).
         server = await asyncio.get_running_loop().create_server(
-            lambda: AmqpConnection(self),
+            (lambda: AmqpConnection(self))
+            if context is None
+            else (lambda: _TlsAccept(self, context)),
             host or None,
             port,
             reuse_address=True,
             backlog=LISTEN_BACKLOG,
-            ssl=context,
-            ssl_handshake_timeout=tls_timeout,
         )
         self._servers.append(server)
         return [sock.getsockname()[:2] for sock in server.sockets]
@@ -110,6 +163,8 @@ class AmqpServer:
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
+        for task in list(self.handshakes):
+            task.cancel()
         for connection in list(self.connections):
             # the client hears why (a cue to reconnect elsewhere), as far as its socket
             # takes the close frame now: what it has not read is dropped with the socket

@@ -8,7 +8,9 @@ said nothing left the journal unable to make its next file. It then failed for g
 ("journal failed; no more appends") and the broker served on storing nothing: every later
 durable send and acknowledgement was refused until a restart. Now `scow run` raises its
 soft limit to the hard one and keeps a reserve of it from client sockets: a socket beyond
-that is closed as soon as it is accepted, and logged.
+that is closed as soon as it is accepted, and logged. On the TLS port a socket was counted
+only once its handshake was done, so a storm there that never sent a ClientHello still
+took the reserve for handshake-timeout; it is counted at its accept now too.
 
 The listen backlog: asyncio's default of 100 overflowed when clients connected faster
 than the broker accepted; the kernel dropped their SYNs and each such client waited a
@@ -27,6 +29,7 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 from proton import Delivery, Message
 
 from scow.core.testing import amqp_client, wait_for
@@ -51,20 +54,30 @@ def _open_files_limits(pid: int) -> list[str]:
     raise AssertionError("no 'Max open files' in /proc/<pid>/limits")
 
 
-def test_a_connection_storm_leaves_storage_the_files_it_needs(system_broker, tmp_path: Path):
+@pytest.mark.parametrize("tls", [False, True], ids=["amqp", "amqps"])
+def test_a_connection_storm_leaves_storage_the_files_it_needs(
+    system_broker, tmp_path: Path, pki, tls: bool
+):
+    """On the TLS port the storm's sockets send nothing, not even a ClientHello: they
+    were counted only once their handshake was done, so they took the storage's reserve."""
     broker = system_broker(
-        BrokerSpec(amqp={"handshake-timeout": 120_000}),
+        BrokerSpec(
+            amqp={"handshake-timeout": 120_000},
+            tls=(pki.server_cert, pki.server_key) if tls else None,
+        ),
         command=scow_behind(tmp_path / "scow-limited", f"ulimit -Sn {SOFT} && ulimit -Hn {FILES}"),
     )
+    storm_port = broker.tls_port if tls else broker.port
     assert _open_files_limits(broker.pid) == [str(FILES), str(FILES)]  # soft raised to hard
     assert broker.api("/api/broker")["max-client-sockets"] == CLIENT_SOCKETS
 
     with amqp_client(broker) as conn:  # connected before the storm
         sender = conn.create_sender(QUEUE)
-        storm = [socket.create_connection(("127.0.0.1", broker.port)) for _ in range(FILES)]
+        storm = [socket.create_connection(("127.0.0.1", storm_port)) for _ in range(FILES)]
         try:
             for sock in storm:
-                sock.sendall(b"AMQP\x03\x01\x00\x00")  # the SASL header, then nothing
+                if not tls:
+                    sock.sendall(b"AMQP\x03\x01\x00\x00")  # the SASL header, then nothing
             refused = FILES - (CLIENT_SOCKETS - 1)  # the sender has one
             closed: set[int] = set()
 
