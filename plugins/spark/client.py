@@ -168,8 +168,10 @@ class Client:
         if not pending and not select.select([sock], [], [], timeout)[0]:
             return False
         room = engine.transport_capacity(self.transport)
-        if room <= 0:
-            raise ClientError("the connection to the broker is closed")
+        if room <= 0:  # proton reads no more: the broker's close came, or its input failed
+            self._check_connection()
+            name, text = self.engine.transport_condition()
+            raise ClientError(f"the connection to the broker is closed ({name}: {text})")
         try:
             got = sock.recv_into(self._in_view, min(room, _IO_SIZE))
         except OSError as exc:

@@ -10,6 +10,7 @@ that take and return Python values. Pointers are cffi cdata: hashable, false whe
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -90,40 +91,37 @@ link_send = lib.pn_link_send
 link_recv = lib.pn_link_recv
 _unpack = ffi.unpack
 
-# Reused buffers: the loop is single-threaded and each is copied out before the next use.
 _RECV_SIZE = 1 << 16
-_recv_buf = ffi.new("char[]", _RECV_SIZE)
 _OUT_SIZE = 1 << 18
-_out_buf = ffi.new("char[]", _OUT_SIZE)
-_CHUNK_SIZE = 1 << 20  # `receive_chunks`: a large message's bytes, written out as they come
-_chunk_buf = ffi.new("char[]", _CHUNK_SIZE)
+_CHUNK_SIZE = 1 << 20  # `Engine.receive_chunks`: a large message's bytes, written as they come
 
 
-def receive(link: CData, delivery: CData, size: int = -1) -> bytes:
-    """The complete message of a readable, non-partial delivery; advances the link.
+class Buffers:
+    """The C buffers the engines of one thread reuse, each copied out before its next use.
 
-    `size` is its pending byte count when the caller already asked proton for it.
+    One set per thread, not per process: proton's calls let the GIL go, so two brokers in
+    one process (each on its own loop thread, as `BrokerThread` runs them) that shared a
+    buffer handed each other's bytes to their clients. Not one per connection either: a
+    set is 1.3 MiB.
     """
-    if size < 0:
-        size = delivery_pending(delivery)
-    buf = _recv_buf if size <= _RECV_SIZE else ffi.new("char[]", size)
-    got = link_recv(link, buf, size)
-    link_advance(link)
-    # unpack copies the bytes out in one call: a third cheaper than a buffer's slice
-    return _unpack(buf, got) if got > 0 else b""
+
+    __slots__ = ("chunk", "out", "recv")
+
+    def __init__(self) -> None:
+        self.recv = ffi.new("char[]", _RECV_SIZE)
+        self.out = ffi.new("char[]", _OUT_SIZE)
+        self.chunk = ffi.new("char[]", _CHUNK_SIZE)
 
 
-def receive_chunks(link: CData, size: int) -> Iterator[memoryview]:
-    """The `size` bytes a delivery has pending, in pieces, without advancing the link
-    (a large message, written out as it arrives). Each piece is a view of a reused
-    buffer: valid until the next one is asked for."""
-    view = memoryview(ffi.buffer(_chunk_buf))
-    while size > 0:
-        got = lib.pn_link_recv(link, _chunk_buf, min(size, _CHUNK_SIZE))
-        if got <= 0:
-            return
-        size -= got
-        yield view[:got]
+_thread = threading.local()
+
+
+def thread_buffers() -> Buffers:
+    """This thread's buffers, made at its first call."""
+    buffers: Buffers | None = getattr(_thread, "buffers", None)
+    if buffers is None:
+        buffers = _thread.buffers = Buffers()
+    return buffers
 
 
 def begin_send(link: CData, tag: bytes, data: bytes) -> CData:
@@ -194,11 +192,12 @@ class Engine:
     tests), which speaks plain AMQP without a SASL layer.
     """
 
-    __slots__ = ("collector", "connection", "transport")
+    __slots__ = ("buffers", "collector", "connection", "transport")
 
     def __init__(
         self, *, max_frame: int, idle_timeout_ms: int, channel_max: int = 0, server: bool = True
     ) -> None:
+        self.buffers = thread_buffers()
         self.transport = lib.pn_transport()
         if server:
             lib.pn_transport_set_server(self.transport)
@@ -245,12 +244,38 @@ class Engine:
             return None
         if pending == 0:
             return b""
-        buf = _out_buf if pending <= _OUT_SIZE else ffi.new("char[]", pending)
+        buf = self.buffers.out if pending <= _OUT_SIZE else ffi.new("char[]", pending)
         got = lib.pn_transport_peek(self.transport, buf, pending)
         if got < 0:
             return None
         lib.pn_transport_pop(self.transport, got)
         return ffi.unpack(buf, got)  # `receive`: cheaper than a buffer's slice
+
+    def receive(self, link: CData, delivery: CData, size: int = -1) -> bytes:
+        """The complete message of a readable, non-partial delivery; advances the link.
+
+        `size` is its pending byte count when the caller already asked proton for it.
+        """
+        if size < 0:
+            size = delivery_pending(delivery)
+        buf = self.buffers.recv if size <= _RECV_SIZE else ffi.new("char[]", size)
+        got = link_recv(link, buf, size)
+        link_advance(link)
+        # unpack copies the bytes out in one call: a third cheaper than a buffer's slice
+        return _unpack(buf, got) if got > 0 else b""
+
+    def receive_chunks(self, link: CData, size: int) -> Iterator[memoryview]:
+        """The `size` bytes a delivery has pending, in pieces, without advancing the link
+        (a large message, written out as it arrives). Each piece is a view of a reused
+        buffer: valid until the next one is asked for."""
+        chunk = self.buffers.chunk
+        view = memoryview(ffi.buffer(chunk))
+        while size > 0:
+            got = lib.pn_link_recv(link, chunk, min(size, _CHUNK_SIZE))
+            if got <= 0:
+                return
+            size -= got
+            yield view[:got]
 
     def close_input(self) -> None:
         lib.pn_transport_close_tail(self.transport)

@@ -80,10 +80,10 @@ class _LargeArrival:
         #: Where the body starts, once the head has arrived whole.
         self.head_size: int | None = None
 
-    def take(self, link: Any, size: int) -> None:
+    def take(self, proton: engine.Engine, link: Any, size: int) -> None:
         """Write the `size` bytes the delivery has pending (raises OSError, DecodeError
         or _HeadTooLarge, leaving the caller to abandon the file)."""
-        for chunk in engine.receive_chunks(link, size):
+        for chunk in proton.receive_chunks(link, size):
             self.file.write(chunk)
             if self.head_size is None:
                 self.head += chunk
@@ -224,6 +224,7 @@ class ProducerLink:
             self.checked = {}
         #: The completion the next message's send is given (see `_Accept`).
         self.accept = _Accept(self)
+        self.receive = conn.engine.receive
         #: Messages to route before the link's credit is read again (`_replenish`): at
         #: most down to half of `credit`, so one read per half-window, not per message.
         self.until_replenish = self.credit - self.credit // 2
@@ -265,7 +266,7 @@ class ProducerLink:
         if size == 1 and engine.delivery_aborted(delivery):
             self._aborted(delivery)
             return
-        self._route(delivery, engine.receive(link, delivery, size))
+        self._route(delivery, self.receive(link, delivery, size))
         self.until_replenish -= 1
         if self.until_replenish <= 0:
             self._replenish()
@@ -336,7 +337,7 @@ class ProducerLink:
             self._too_large(total)
             return
         try:
-            arrival.take(link, size)
+            arrival.take(self.conn.engine, link, size)
         except BrokerError as exc:
             self._abandon_large()
             self.conn.drop_link(link, exc.condition, exc.description)

@@ -64,7 +64,7 @@ class ManagementLink:
             return  # partial, or its event came again after it was read (see ProducerLink)
         request = ProtonMessage()
         try:
-            request.decode(engine.receive(self.link, delivery))
+            request.decode(self.conn.engine.receive(self.link, delivery))
         except Exception as exc:  # proton raises its own types for undecodable bytes
             engine.reject(delivery, "amqp:decode-error", f"management request: {exc}")
         else:

@@ -84,7 +84,7 @@ class CoordinatorLink:
     def on_delivery(self, delivery: Any) -> None:
         if engine.delivery_partial(delivery) or not engine.delivery_readable(delivery):
             return  # partial, or its event came again after it was read (see ProducerLink)
-        data = engine.receive(self.link, delivery)
+        data = self.conn.engine.receive(self.link, delivery)
         try:
             self._control(delivery, data)
         except BrokerError as exc:
