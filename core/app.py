@@ -331,7 +331,12 @@ class Server:
             MemoryTrimmer(),
         ]
         self.services += self.plugins.collect("scow_services", broker=broker)
-        for service in self.services:
+        # Services that answer clients (the management API) start last, once every other
+        # one has recovered (paging reads its page files) and the listeners are up: they
+        # would show, and act on, part of the queues (and say ready too soon).
+        front = [s for s in self.services if getattr(s, "serves_clients", False)]
+        self.services = [s for s in self.services if s not in front] + front
+        for service in self.services[: len(self.services) - len(front)]:
             await service.start()
         # every record that refers to a large message's body is known by now (the paging
         # plugin's service read its pages): bodies left by a crash go before anything arrives
@@ -341,6 +346,8 @@ class Server:
             server = protocol.factory(broker, settings)
             await server.start()
             self.protocols[name] = server
+        for service in front:
+            await service.start()
         self.plugins.hook.scow_broker_started(broker=broker)
         # Startup and recovered objects live as long as the broker: take them out of the
         # cyclic collector's sight, and collect the young generation less often (messages

@@ -576,7 +576,12 @@ class FullPolicy(Protocol):
 
 @runtime_checkable
 class Service(Protocol):
-    """Background work with a lifetime: started after the broker, stopped before it."""
+    """Background work with a lifetime: started after the broker, stopped before it.
+
+    One that answers clients (an HTTP API) says so with a true `serves_clients`
+    attribute: it starts after every other service has (paging has read its pages) and
+    after the protocol listeners, so it never shows or acts on a broker half recovered.
+    """
 
     async def start(self) -> None: ...
 

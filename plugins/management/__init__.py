@@ -51,6 +51,9 @@ def _loopback(host: str) -> bool:
 
 
 class ManagementService:
+    #: Started once the broker has recovered and listens (see `Service`).
+    serves_clients = True
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.runner: web.AppRunner | None = None

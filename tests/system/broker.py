@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,17 @@ def scow_behind(path: Path, prelude: str) -> str:
     path.write_text(f'#!/bin/bash\n{prelude}\nexec {scow_command()} "$@"\n')
     path.chmod(0o755)
     return str(path)
+
+
+def perf_send(broker: BrokerProcess, address: str, count: int) -> None:
+    """`count` durable messages, confirmed, from a client in a process of its own."""
+    sent = subprocess.run(
+        [
+            *(scow_command(), "perf", "client", "--url", f"{broker.url}/{address}", "--json"),
+            *("--mode", "send", "--durable", "--count", str(count), "--warmup", "0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sent.returncode == 0 and json.loads(sent.stdout)["sent"] == count, sent.stderr

@@ -50,7 +50,7 @@ from proton.reactor import Container
 from proton.utils import BlockingConnection
 
 from scow.core.testing import free_port, scow_command, wait_for, write_config
-from tests.system.broker import SystemBroker, describe_status
+from tests.system.broker import SystemBroker, describe_status, listening
 from tests.system.processes import ROOT
 from tests.system.records import EventLog, read_events
 
@@ -134,10 +134,12 @@ class Member(SystemBroker):
             raise AssertionError(f"{exc}\n--- {self.name} log ---\n{self.log_tail()}") from None
 
     def wait_serving(self, timeout: float = 30) -> float:
-        """Wait until it serves (its port accepts); the seconds it took."""
+        """Wait until it serves (its port accepts, then its management API: that starts
+        just after); the seconds it took."""
         started = time.monotonic()
         try:
             wait_for(self.accepts, timeout, 0.02, f"{self.name} to serve")
+            wait_for(lambda: listening(self.http_port), timeout, 0.02, "its management API")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- {self.name} log ---\n{self.log_tail()}") from None
         return time.monotonic() - started

@@ -21,6 +21,7 @@ from typing import Any
 from proton.utils import BlockingConnection
 
 from scow.core.testing import broker_processes, free_port, wait_for
+from tests.system.broker import listening
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies", "paging", "management"]
 COUNT = 6_000
@@ -114,7 +115,7 @@ def test_browse_move_and_retry_reach_the_messages_in_pages(tmp_path):
             },
             sections={"management": {"listen": f"127.0.0.1:{port}"}},
         )
-        wait_for(lambda: _http(port, "GET", "/api/broker")[0] == 200, 30, what="management")
+        wait_for(lambda: listening(port), 30, what="management")  # just after AMQP
         _send(broker.url, "orders", COUNT)
         status, orders = _http(port, "GET", "/api/queues/orders")
         assert orders["message-count"] == COUNT
@@ -142,7 +143,7 @@ def test_browse_move_and_retry_reach_the_messages_in_pages(tmp_path):
 
         broker.kill()  # what was moved stays moved
         broker.start()
-        wait_for(lambda: _http(port, "GET", "/api/broker")[0] == 200, 30, what="management")
+        wait_for(lambda: listening(port), 30, what="management")  # just after AMQP
         assert [_count(port, q) for q in ("orders", "red", "rest", "DLA")] == [
             COUNT,
             reds,

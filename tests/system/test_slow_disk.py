@@ -25,7 +25,7 @@ from proton import Message
 
 from scow.core.testing import amqp_client, scow_command, wait_for
 from scow.plugins.database_store.journal import MAX_WAITING
-from tests.system.broker import scow_behind
+from tests.system.broker import perf_send, scow_behind
 from tests.system.topology import PLUGINS, BrokerSpec
 
 SHIM = r"""
@@ -280,8 +280,8 @@ def test_a_dead_letter_leaves_its_queue_only_once_its_copy_in_pages_is_stored(
     )
     broker = system_broker(spec, command=command)
     count = 300
-    _perf_send(broker, "work", count)
-    _perf_send(broker, "DLA", 20)  # 2 KiB: every dead letter goes to its pages
+    perf_send(broker, "work", count)
+    perf_send(broker, "DLA", 20)  # 2 KiB: every dead letter goes to its pages
     assert broker.api("/api/addresses/DLA")["paging"]
     flag.touch()  # from here on no page file is synced
     try:
@@ -295,24 +295,10 @@ def test_a_dead_letter_leaves_its_queue_only_once_its_copy_in_pages_is_stored(
         wait_for(lambda: broker.api("/api/queues/work")["message-count"] == 0, 30)
         # the journal keeps order: once this one is confirmed, what the journal was given
         # for the rejections before it is on disk
-        _perf_send(broker, "marker", 1)
+        perf_send(broker, "marker", 1)
         broker.kill()
     finally:
         flag.unlink()
     broker.start()
     work, dead = (broker.api(f"/api/queues/{q}")["message-count"] for q in ("work", "DLA"))
     assert work == count, f"{count - work} left 'work', and 'DLA' holds {dead}"
-
-
-def _perf_send(broker, address: str, count: int) -> None:
-    """`count` durable messages, confirmed, from a client in a process of its own."""
-    sent = subprocess.run(
-        [
-            *(scow_command(), "perf", "client", "--url", f"{broker.url}/{address}", "--json"),
-            *("--mode", "send", "--durable", "--count", str(count), "--warmup", "0"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert sent.returncode == 0 and json.loads(sent.stdout)["sent"] == count, sent.stderr
