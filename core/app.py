@@ -334,9 +334,10 @@ class Server:
         # Services that answer clients (the management API) start last, once every other
         # one has recovered (paging reads its page files) and the listeners are up: they
         # would show, and act on, part of the queues (and say ready too soon).
-        front = [s for s in self.services if getattr(s, "serves_clients", False)]
-        self.services = [s for s in self.services if s not in front] + front
-        for service in self.services[: len(self.services) - len(front)]:
+        back = [s for s in self.services if not getattr(s, "serves_clients", False)]
+        front = [s for s in self.services if s not in back]
+        self.services = back + front  # stopped in reverse
+        for service in back:
             await service.start()
         # every record that refers to a large message's body is known by now (the paging
         # plugin's service read its pages): bodies left by a crash go before anything arrives
