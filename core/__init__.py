@@ -68,6 +68,7 @@ from scow.core.model import (
     RouteStatus,
     RoutingType,
     Unauthorized,
+    remote_of,
 )
 from scow.core.page_frames import frame_all, iter_frames, valid_length
 from scow.core.security import PERMISSIONS, Principal
@@ -146,6 +147,7 @@ __all__ = [
     "hookimpl",
     "iter_frames",
     "parse_host_port",
+    "remote_of",
     "valid_length",
     "with_body",
 ]

@@ -296,6 +296,13 @@ class QueueSpec:
     arguments: tuple[tuple[str, Any], ...] = ()
 
 
+def remote_of(transport: Any) -> str:
+    """`host:port` of the peer of an asyncio transport ("?" when it has none): a
+    connection's `ConnectionInfo.remote`, and what log lines about its socket name."""
+    peer = transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
 @dataclass(eq=False)
 class ConnectionInfo:
     """What hooks learn about a client connection."""

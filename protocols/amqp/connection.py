@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.ha import failover_server_list
-from scow.core.model import BrokerError, ConnectionInfo, ResourceLimitExceeded
+from scow.core.model import BrokerError, ConnectionInfo, ResourceLimitExceeded, remote_of
 from scow.core.security import Principal
 from scow.core.security.tls import subject_name
 from scow.protocols.amqp import engine
@@ -114,8 +114,7 @@ class AmqpConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ socket side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.info.remote = remote_of(transport)
         if not self._counted and not self.security.take_socket(self.info.remote):
             # storage keeps its files
             self.closed = True

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.config import ConfigError, parse_host_port
+from scow.core.model import remote_of
 from scow.core.security.tls import server_context
 from scow.protocols.amqp.connection import AmqpConnection
 
@@ -52,8 +53,7 @@ class _TlsAccept(asyncio.Protocol):
         self.context = context
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        remote = remote_of(transport)
         accepted = transport.get_extra_info("socket")
         if accepted is None or not self.server.broker.security.take_socket(remote):
             transport.abort()

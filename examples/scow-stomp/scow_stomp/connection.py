@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from scow.core import BrokerError, ConnectionInfo, LargeHead, MessageRef, RouteStatus, Transaction
+from scow.core import (
+    BrokerError,
+    ConnectionInfo,
+    LargeHead,
+    MessageRef,
+    RouteStatus,
+    Transaction,
+    remote_of,
+)
 from scow_stomp import convert, frames
 from scow_stomp.large import IncomingSend, StreamedFrame
 from scow_stomp.login import LoginRefused, authorizer, login
@@ -132,8 +140,7 @@ class StompConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ socket side
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        self.info.remote = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.info.remote = remote_of(transport)
         if not self.broker.security.take_socket(self.info.remote):  # storage keeps its files
             self.closed = True
             transport.abort()
