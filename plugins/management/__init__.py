@@ -4,6 +4,10 @@
 API under /api (OpenAPI document at /api/openapi.json) and /metrics. Its libraries
 (aiohttp, prometheus-client) are dependencies of Scow itself: the packaged config enables
 this plugin, and a plain `pip install scow` must run the packaged config.
+
+Its sockets are client sockets like any protocol's: counted against the open-file limit
+from their accept (`Security.take_socket`), and closed after `idle-timeout` without a
+request, so that neither a storm nor sockets that never speak take the files storage needs.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from scow.core import hookimpl
+from scow.core import hookimpl, remote_of
 from scow.core.config import ConfigSection, Setting, parse_host_port
 
 if TYPE_CHECKING:
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
 
     from scow.core.broker import Broker
     from scow.core.interfaces import Service
+    from scow.core.security import Security
 
 log = structlog.get_logger("scow.management")
 
@@ -35,6 +40,16 @@ SECTION = ConfigSection(
             str,
             "localhost:8161",
             "host:port of the HTTP API and /metrics (Artemis's console port).",
+        ),
+        Setting(
+            "idle-timeout",
+            int,
+            30000,
+            "Close an HTTP connection that sends no request for this long (ms), before its "
+            "first one or between keep-alive requests, or stops halfway through one "
+            "(Jetty's idle timeout, which Artemis's console has).",
+            kind="duration-ms",
+            minimum=1,
         ),
     ),
     "The management HTTP API and Prometheus metrics (the management plugin).",
@@ -57,6 +72,7 @@ class ManagementService:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.runner: web.AppRunner | None = None
+        self.server: asyncio.Server | None = None
         self.sampler: asyncio.Task[None] | None = None
         self.url = ""
 
@@ -65,17 +81,22 @@ class ManagementService:
 
         from scow.plugins.management.api import ManagementApi
 
-        config = self.broker.config
-        host, port = parse_host_port(str(config.section("management")["listen"]))
-        security = config.section("security")
+        section = self.broker.config.section("management")
+        host, port = parse_host_port(str(section["listen"]))
+        security = self.broker.config.section("security")
         anonymous = bool(security["allow-anonymous"]) and _loopback(host)
         api = ManagementApi(self.broker, anonymous, time.monotonic())
-        self.sampler = asyncio.get_running_loop().create_task(_every_second(api.rates.sample))
-        self.runner = web.AppRunner(api.app(), access_log=None)
+        loop = asyncio.get_running_loop()
+        self.sampler = loop.create_task(_every_second(api.rates.sample))
+        self.runner = web.AppRunner(
+            api.app(), access_log=None, keepalive_timeout=int(section["idle-timeout"]) / 1000
+        )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host or None, port)
-        await site.start()
-        bound = self.runner.addresses[0]
+        handler, counter = self.runner.server, self.broker.security
+        self.server = await loop.create_server(
+            lambda: _Counted(handler(), counter), host or None, port, reuse_address=True
+        )
+        bound = self.server.sockets[0].getsockname()
         self.url = f"http://{host or '0.0.0.0'}:{bound[1]}"
         self.broker.stats_sections["management"] = lambda: {"url": self.url}
         log.info("management listening", url=self.url, anonymous=anonymous)
@@ -83,8 +104,45 @@ class ManagementService:
     async def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.cancel()
+        if self.server is not None:
+            self.server.close()
         if self.runner is not None:
-            await self.runner.cleanup()
+            await self.runner.cleanup()  # closes the connections still open
+
+
+class _Counted(asyncio.Protocol):
+    """An HTTP connection (aiohttp's `handler`) whose socket `security` counts from its
+    accept to its close; one beyond the open-file limit's share is closed at once."""
+
+    def __init__(self, handler: asyncio.Protocol, security: Security) -> None:
+        self.handler = handler
+        self.security = security
+        self.counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.security.take_socket(remote_of(transport)):
+            transport.abort()
+            return
+        self.counted = True
+        self.handler.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.counted:
+            self.counted = False
+            self.security.socket_closed()
+            self.handler.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received()
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
 
 
 async def _every_second(sample: Callable[[], None]) -> None:
