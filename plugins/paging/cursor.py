@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -58,6 +59,10 @@ log = structlog.get_logger("scow.paging")
 SCAN_BATCH = 5000
 #: Messages a draining cursor hands its queue at a time (while the queue stores them).
 DRAIN_BATCH = 1024
+
+#: Seconds between two warnings that a queue's reads from pages wait for settlements.
+HELD_LOG_PERIOD = 60.0
+
 #: A page frame's payload length, the first field of its header.
 _FRAME_LENGTH = struct.Struct(">I")
 
@@ -383,6 +388,11 @@ class QueueCursor:
         self.indexed_reads = 0
         #: Pages (or their unread rest) selectors passed over by the page's summary.
         self.pages_skipped = 0
+        #: Times reading from pages stopped because unsettled deliveries filled the read
+        #: limits while consumers waited with credit, and when that was last logged.
+        self.reads_held_by_unsettled = 0
+        self._held_by_unsettled = False
+        self._held_logged_at = -HELD_LOG_PERIOD
         self._windows: dict[str, _Window | _Run] = {}
         #: (durable flag, priority) -> the kind of such a message of the address.
         self._kinds: dict[tuple[int, int], MessageKind] = {}
@@ -522,8 +532,10 @@ class QueueCursor:
             return  # the others have messages ready: refill once a batch fits
         while self.backlog:
             if not self.has_room():
+                self._note_held_by_unsettled()
                 self._scan_ahead()
                 return
+            self._held_by_unsettled = False
             page, offset = self.page, self.offset
             end = pager.visible_end(page)
             if offset >= end:
@@ -542,6 +554,39 @@ class QueueCursor:
                 continue
             if not self._take(run, end):
                 return  # its consumer took what its credit allows: more once it has credit
+
+    def _note_held_by_unsettled(self) -> None:
+        """Reading stopped with nothing ready and consumers waiting with credit: what they
+        hold unsettled fills the read limits (which count it, as Artemis's do). Logged
+        (at most every HELD_LOG_PERIOD s), as Artemis does since ARTEMIS-4362: otherwise
+        the broker just seems stuck."""
+        queue = self.queue
+        if (
+            self._held_by_unsettled
+            or queue.ready_count()
+            or not any(c.credit() > 0 for c in queue.consumers())
+        ):
+            return
+        self._held_by_unsettled = True
+        self.reads_held_by_unsettled += 1
+        now = time.monotonic()
+        if now - self._held_logged_at < HELD_LOG_PERIOD:
+            return
+        self._held_logged_at = now
+        settings = self.pager.address.settings
+        log.warning(
+            "reading from pages waits for consumers to settle: the messages delivered and "
+            "not yet settled fill the address's read limits; settle (acknowledge) sooner, "
+            "give consumers less credit, or raise max-read-page-bytes/-messages",
+            address=self.pager.address.name,
+            queue=queue.name,
+            unsettled=queue.delivering,
+            unsettled_bytes=queue.delivering_bytes,
+            max_read_page_bytes=settings.max_read_page_bytes,
+            max_read_page_messages=settings.max_read_page_messages,
+            messages_paged=self.backlog,
+            times=self.reads_held_by_unsettled,
+        )
 
     def _waits_for_credit(self) -> bool:
         """True when the queue would hand what it is given straight to its consumer,
@@ -1337,6 +1382,7 @@ class QueueCursor:
             "page-reads": self.reads,
             "page-reads-indexed": self.indexed_reads,
             "pages-skipped": self.pages_skipped,
+            "reads-held-by-unsettled": self.reads_held_by_unsettled,
         }
 
 

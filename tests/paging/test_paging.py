@@ -8,6 +8,7 @@ import pytest
 from proton import Delivery, Message, Timeout
 from proton.reactor import Copy, Selector
 from proton.utils import SendException
+from structlog.testing import capture_logs
 
 from scow.core.testing import wait_for
 from tests.wire.helpers import (
@@ -212,9 +213,11 @@ def test_global_max_size_pages_every_address(scow_broker):
 
 
 def test_max_read_page_bytes_bounds_memory_while_deliveries_stay_unsettled(scow_broker):
+    """The reads wait, and say so (Artemis's ARTEMIS-4362 warning): a consumer that does
+    not settle otherwise just sees the broker stop."""
     broker = paging_broker(scow_broker, **{"max-read-page-bytes": 20_000})
     bulk_send(broker.url, "held", 300, numbered)
-    with connected(broker.url) as conn:
+    with connected(broker.url) as conn, capture_logs() as logs:
         receiver = conn.create_receiver("held", credit=300)
         got = []
         for _ in range(25):  # the read limit lets fewer than 40 out of pages
@@ -222,10 +225,22 @@ def test_max_read_page_bytes_bounds_memory_while_deliveries_stay_unsettled(scow_
         stats = broker.queue_stats("held")
         assert stats["memory-bytes"] <= 20_000 + 600
         assert stats["messages-paged"] >= 250
+
+        def waits() -> list[dict]:
+            return [e for e in logs if e["event"].startswith("reading from pages waits")]
+
+        wait_for(waits, 10, what="the warning")
+        assert len(waits()) == 1, logs
+        (warning,) = waits()
+        assert warning["log_level"] == "warning"
+        assert warning["queue"] == "held" and warning["max_read_page_bytes"] == 20_000
+        assert 20_000 - 600 <= warning["unsettled_bytes"] <= 20_000 + 600
         for _ in got:
             receiver.accept()
         rest = receive(receiver, 300 - len(got))
         assert ns(got + rest) == list(range(300))
+    cursor = address_stats(broker, "held")["cursors"]["held"]
+    assert cursor["reads-held-by-unsettled"] >= 1
 
 
 def test_selector_consumer_reaches_matching_messages_behind_paged_ones(scow_broker):
