@@ -10,13 +10,13 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from scow.core import critical, hookimpl
+from scow.core import critical, hookimpl, systemd
 from scow.core import logging as scow_logging
 from scow.core.address_settings import ADDRESS_FULL_POLICIES
 from scow.core.broker import Broker
@@ -222,9 +222,12 @@ class Server:
     def _storage(self) -> StorageManager:
         return open_storage(self.journals, self.config)
 
-    async def start(self, stop: asyncio.Event | None = None) -> Broker | None:
+    async def start(
+        self, stop: asyncio.Event | None = None, waiting: Callable[[], None] | None = None
+    ) -> Broker | None:
         """Lock the store, recover and serve. An HA member first waits until the store is
-        its to take; it returns None if `stop` is set meanwhile."""
+        its to take (calling `waiting` if it is not free at once); it returns None if
+        `stop` is set meanwhile."""
         ha = self.ha
         shared_data_dir = ha is not None and ha.lock.__class__ is FileStoreLock
         try:
@@ -246,7 +249,7 @@ class Server:
             self._release_locks()
             raise StartupError(str(exc)) from None
         try:
-            if ha is not None and not await ha.wait_for_store(stop or asyncio.Event()):
+            if ha is not None and not await ha.wait_for_store(stop or asyncio.Event(), waiting):
                 self._release_locks()
                 return None
             broker = await self._start()
@@ -425,7 +428,7 @@ class Server:
         """Start, then serve until SIGINT, SIGTERM or SIGHUP (a closed terminal: stopped
         cleanly rather than killed, as a JVM broker's shutdown hooks do). An HA member
         that must hand the store over stops serving and starts afresh in this process,
-        waiting (`os.execv`)."""
+        waiting (`os.execv`). Tells a supervisor each step (`systemd`)."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         signals: list[str] = []
@@ -444,15 +447,19 @@ class Server:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop_on, sig)
-        if await self.start(stop) is None:
+        supervisor = systemd.Supervisor()
+        role = f" (HA {self.ha.role})" if self.ha is not None else ""
+        if await self.start(stop, lambda: supervisor.ready(f"waiting for the store{role}")) is None:
             log.info("shutting down", signal=signals[0] if signals else None)
             return
+        supervisor.ready(f"serving{role}")
         waits = [asyncio.ensure_future(stop.wait())]
         if self.ha is not None:
             waits.append(asyncio.ensure_future(self.ha.stepped_down.wait()))
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for waiting in waits:
             waiting.cancel()
+        supervisor.stopping()
         if self.ha is None or self.ha.step_down is None:
             log.info("shutting down", signal=signals[0] if signals else None)
             stopping = asyncio.ensure_future(self.stop())

@@ -29,7 +29,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -248,8 +248,11 @@ class HaMember:
         fresh = time.time() - STALE_AFTER * HEARTBEAT
         return any(m.role == PRIMARY and m.updated >= fresh for m in self.peers)
 
-    async def wait_for_store(self, stop: asyncio.Event) -> bool:
+    async def wait_for_store(
+        self, stop: asyncio.Event, waiting: Callable[[], None] | None = None
+    ) -> bool:
         """Hold the store's lock, as a member that may serve; False if `stop` came first.
+        `waiting` is called once if the store is not taken at the first try.
 
         A store that cannot be reached now (the database is down) is tried again at the
         next poll; only a lock that cannot ever be taken (a bad configuration) raises."""
@@ -280,6 +283,9 @@ class HaMember:
                 if str(exc) != unreachable:
                     unreachable = str(exc)
                     log.warning("ha: the store cannot be reached; trying again", reason=unreachable)
+            if waiting is not None:
+                waiting()
+                waiting = None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.poll)
         return False
