@@ -68,6 +68,7 @@ from scow.core.model import (
     RouteStatus,
     RoutingType,
     Unauthorized,
+    host_port,
     remote_of,
 )
 from scow.core.page_frames import frame_all, iter_frames, valid_length
@@ -145,6 +146,7 @@ __all__ = [
     "command_group",
     "frame_all",
     "hookimpl",
+    "host_port",
     "iter_frames",
     "parse_host_port",
     "remote_of",

@@ -35,7 +35,7 @@ from scow.core.ha import FileStoreLock, HaMember, StoreLock
 from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
 from scow.core.large_message_files import configured_store
 from scow.core.memory_trim import MemoryTrimmer
-from scow.core.model import BrokerError, ConnectionInfo
+from scow.core.model import BrokerError, ConnectionInfo, host_port
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
 from scow.core.storage import StorageManager
@@ -176,7 +176,7 @@ class Server:
         host, port = parse_host_port(str(listen[0]))
         if host in ("", "0.0.0.0", "::"):
             host = socket.gethostname()
-        return f"amqp://{host}:{port}"
+        return f"amqp://{host_port(host, port)}"
 
     def _check_full_policies(self) -> None:
         """A limit needs its address-full-policy provided by an enabled plugin.

@@ -296,11 +296,17 @@ class QueueSpec:
     arguments: tuple[tuple[str, Any], ...] = ()
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 host in brackets ("[::1]:5672"), as URLs and
+    `parse_host_port` take it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def remote_of(transport: Any) -> str:
     """`host:port` of the peer of an asyncio transport ("?" when it has none): a
     connection's `ConnectionInfo.remote`, and what log lines about its socket name."""
     peer = transport.get_extra_info("peername")
-    return f"{peer[0]}:{peer[1]}" if peer else "?"
+    return host_port(peer[0], peer[1]) if peer else "?"
 
 
 @dataclass(eq=False)

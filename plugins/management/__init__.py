@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from scow.core import hookimpl, remote_of
+from scow.core import hookimpl, host_port, remote_of
 from scow.core.config import ConfigSection, Setting, parse_host_port
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class ManagementService:
             lambda: _Counted(handler(), counter), host or None, port, reuse_address=True
         )
         bound = self.server.sockets[0].getsockname()
-        self.url = f"http://{host or '0.0.0.0'}:{bound[1]}"
+        self.url = f"http://{host_port(host or '0.0.0.0', bound[1])}"
         self.broker.stats_sections["management"] = lambda: {"url": self.url}
         log.info("management listening", url=self.url, anonymous=anonymous)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from scow.core.config import ConfigError, parse_host_port
-from scow.core.model import remote_of
+from scow.core.model import host_port, remote_of
 from scow.core.security.tls import server_context
 from scow.protocols.amqp.connection import AmqpConnection
 
@@ -137,8 +137,8 @@ class AmqpServer:
             self.bound_tls += await self._listen(host, port, context)
         log.info(
             "amqp listening",
-            on=[f"{h}:{p}" for h, p in self.bound],
-            tls=[f"{h}:{p}" for h, p in self.bound_tls],
+            on=[host_port(h, p) for h, p in self.bound],
+            tls=[host_port(h, p) for h, p in self.bound_tls],
         )
 
     async def _listen(

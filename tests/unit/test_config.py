@@ -15,6 +15,7 @@ from scow.core.config import (
     parse_host_port,
     read_plugin_list,
 )
+from scow.core.model import host_port
 
 # A stand-in for the amqp plugin's section (the plugin owns the real one).
 AMQP = ConfigSection(
@@ -349,6 +350,11 @@ def test_parse_host_port() -> None:
     assert parse_host_port(":5672") == ("", 5672)
     with pytest.raises(ValueError):
         parse_host_port("::1:5672")
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "::1", "fe80::1%eth0", ""])
+def test_host_port_is_what_parse_host_port_reads_back(host: str) -> None:
+    assert parse_host_port(host_port(host, 5672)) == (host, 5672)
 
 
 def _plugin_sections() -> list[ConfigSection]:
