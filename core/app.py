@@ -459,8 +459,8 @@ class Server:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for waiting in waits:
             waiting.cancel()
-        supervisor.stopping()
         if self.ha is None or self.ha.step_down is None:
+            supervisor.stopping()
             log.info("shutting down", signal=signals[0] if signals else None)
             stopping = asyncio.ensure_future(self.stop())
             done, _pending = await asyncio.wait([stopping], timeout=STOP_NOTICE)
@@ -471,6 +471,8 @@ class Server:
                 )
             await stopping
             return
+        # not stopping for the supervisor: this process (its main pid) waits again
+        supervisor.status("handing the store over, then waiting for it")
         for server in self.protocols.values():  # clients go to the other member at once
             await server.stop()
         try:

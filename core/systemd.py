@@ -7,7 +7,8 @@ it (its clients) start then, not while it still recovers.
 - READY=1 once the broker serves: recovered, its listeners up, the management API last.
   An HA member that waits for the store is ready when it starts waiting (waiting is its
   work); STATUS= says which (`systemctl status` shows it).
-- STOPPING=1 when a stop begins.
+- STOPPING=1 when a stop begins; not when an HA member hands the store over, since the
+  process then starts again in place (`os.execv`) and waits for it.
 - WATCHDOG=1 from the event loop, every half of `$WATCHDOG_USEC`, once ready: with
   `WatchdogSec=` set, a loop that stops turning for that long gets the broker killed
   (SIGABRT) and, with `Restart=on-failure`, restarted; the journal recovers as from a
@@ -68,7 +69,11 @@ class Supervisor:
         if period is not None and self._watchdog is None:
             self._watchdog = asyncio.get_running_loop().create_task(_watchdog(period))
 
+    def status(self, status: str) -> None:
+        notify(f"STATUS={status}")
+
     def stopping(self) -> None:
+        """The process is about to end (not an HA step-down: that one waits again)."""
         notify("STOPPING=1", "STATUS=stopping: storing what clients sent")
 
 

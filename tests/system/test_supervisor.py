@@ -120,11 +120,13 @@ def test_scow_run_is_ready_once_it_serves_pings_its_watchdog_and_says_it_stops(
         broker.kill()
 
 
-def test_an_ha_backup_is_ready_while_it_waits_and_says_when_it_serves(
+def test_an_ha_backup_is_ready_while_it_waits_says_when_it_serves_and_hands_over(
     supervised, tmp_path: Path
 ) -> None:
     """A backup's work is to wait: were it ready only once it served, systemd would give
-    up on its start (TimeoutStartSec) while the primary is well."""
+    up on its start (TimeoutStartSec) while the primary is well. Handing the store back
+    (failback) it starts again in place, same pid, to wait: a STOPPING=1 then would have
+    had systemd kill it once TimeoutStopSec passed."""
     notify = supervised()
     pair = Pair(tmp_path / "pair")
     try:
@@ -143,5 +145,13 @@ def test_an_ha_backup_is_ready_while_it_waits_and_says_when_it_serves(
         assert pair.backup.accepts()
         pings = notify.of(backup).count("WATCHDOG=1")
         wait_for(lambda: notify.of(backup).count("WATCHDOG=1") > pings + 2, 10, 0.05, "pings")
+
+        pair.primary.launch()  # failback: the backup hands the store over, waits again
+        waiting = "STATUS=waiting for the store (HA backup)"
+        wait_for(lambda: notify.of(backup).count(waiting) == 2, 60, 0.05, "waiting again")
+        assert pair.backup.pid == backup and pair.backup.refuses()
+        said = notify.of(backup)
+        assert "STATUS=handing the store over, then waiting for it" in said
+        assert "STOPPING=1" not in said
     finally:
         assert not pair.close()
