@@ -226,8 +226,11 @@ class Streams:
             queue = self.stream(name)
             return 200, "OK", {**queue.stats(), "cursor-positions": queue.cursors.describe()}
 
-        def seek(name: str, _body: Any, props: Mapping[str, Any]) -> tuple[int, str, Any]:
-            return 200, "OK", {"sequence": self.stream(name).seek(_number(props, "timestamp"))}
+        async def seek(name: str, _body: Any, props: Mapping[str, Any]) -> tuple[int, str, Any]:
+            queue, when = self.stream(name), _number(props, "timestamp")
+            # a read of the store (the first of an old segment reads all of it): off the loop
+            loop = asyncio.get_running_loop()
+            return 200, "OK", {"sequence": await loop.run_in_executor(self.reads, queue.seek, when)}
 
         def cursor_read(name: str, _body: Any, props: Mapping[str, Any]) -> tuple[int, str, Any]:
             queue = self.stream(name)

@@ -497,7 +497,7 @@ class StreamQueue:
     def seek(self, when: int) -> int:
         """The first sequence number enqueued at or after `when` (ms since the epoch).
 
-        Reads the store: call it off the loop (management's SEEK is the exception).
+        Reads the store: call it off the loop.
         """
         found = self.store.seek(when)
         return self.next_seq if found is None else found

@@ -3,6 +3,7 @@ staging, restarts and crashes (no Spark needed)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +75,29 @@ def test_positioned_reads_start_and_end(streams):
             receiver.receive(timeout=0.3)
         publish(broker.url, "s", ["new"])
         assert receiver.receive(timeout=5).id == "new"
+
+
+def test_a_seek_by_time_reads_the_store_off_the_event_loop(streams):
+    """SEEK (what a Spark query's startingTimestamp asks) reads segments, and the first
+    read of an old one reads all of it: on the event loop, it stalled every connection."""
+    broker = streams.start({"s": stream()})
+    publish(broker.url, "s", ["early"])
+    stamp = int(time.time() * 1000) + 1
+    time.sleep(0.01)
+    publish(broker.url, "s", ["late"])
+    store = broker.call(lambda: broker.broker.queues["s"].store)
+    seek, threads = store.seek, []
+
+    def watched(when: int) -> int | None:
+        threads.append(threading.current_thread())
+        return seek(when)
+
+    store.seek = watched
+    assert management(broker.url, "stream", "s", "SEEK", timestamp=stamp) == {"sequence": 1}
+    (thread,) = threads
+    assert thread is not broker._thread and thread.name.startswith("scow-stream-reader")
+    with pytest.raises(ClientError, match="404"):
+        management(broker.url, "stream", "nowhere", "SEEK", timestamp=stamp)
 
 
 def test_a_write_that_rolls_several_segments_leaves_every_record_readable(streams):
