@@ -1,10 +1,17 @@
-"""structlog set-up: readable console lines by default, JSON lines on request."""
+"""structlog set-up: readable console lines by default, JSON lines on request.
+
+`scow run`'s log is the process's: what the libraries it runs on log through Python's
+`logging` (asyncio, aiohttp, proton) becomes a structlog line too, in the same format and
+through the same writer (see `configure`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -57,6 +64,8 @@ class _Background:
 
     def __init__(self) -> None:
         self._out = _Stderr()
+        #: The line saying how many were dropped, in the log's format (`configure`).
+        self.dropped_line: Callable[[int], str] = _console_dropped
         self._cond = threading.Condition()
         self._lines: list[str] = []
         self._waiting = 0  # bytes in `_lines` and in the write under way
@@ -90,7 +99,7 @@ class _Background:
                 dropped, self._dropped = self._dropped, 0
             text = "".join(lines)
             if dropped:
-                text += f"scow: {dropped} log lines dropped: the log's reader did not keep up\n"
+                text += self.dropped_line(dropped)
             self._out.write(text)
             self._out.flush()
             with self._cond:
@@ -109,26 +118,64 @@ def drain(timeout: float = 5.0) -> None:
         _background.drain(timeout)
 
 
+_DROPPED = "log lines dropped: the log's reader did not keep up"
+
+
+def _console_dropped(count: int) -> str:
+    return f"scow: {count} {_DROPPED}\n"
+
+
+def _json_dropped(count: int) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    line = {"dropped": count, "event": _DROPPED, "level": "warning", "timestamp": stamp}
+    return json.dumps(line) + "\n"
+
+
+class _ToStructlog(logging.Handler):
+    """A record of Python's `logging` as a structlog line (its logger's name under
+    `logger`), so that it has the log's format and goes through its writer."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            structlog.get_logger().log(
+                record.levelno,
+                record.getMessage(),
+                logger=record.name,
+                **({"exc_info": record.exc_info} if record.exc_info else {}),
+            )
+        except Exception:
+            self.handleError(record)
+
+
 def configure(
     log_format: str = "console", level: str = "info", *, background: bool = False
 ) -> None:
-    """structlog for this process; `background`: lines written by a thread of their own
-    (`scow run`: a stalled log reader must not stall the broker)."""
+    """structlog for this process. `background` (`scow run`: the log is the process's):
+    lines are written by a thread of their own, since a stalled log reader must not stall
+    the broker, and Python's `logging` records become structlog lines."""
     global _background
-    renderer: structlog.typing.Processor
-    if log_format == "json":
-        renderer = structlog.processors.JSONRenderer()
+    renderer: list[structlog.typing.Processor]
+    if log_format == "json":  # a traceback as the string "exception", not exc_info=true
+        renderer = [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        renderer = [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     if background and _background is None:
         _background = _Background()
     sink: _Stderr | _Background = _background if background and _background else _Stderr()
+    if background:
+        assert _background is not None
+        _background.dropped_line = _json_dropped if log_format == "json" else _console_dropped
+        root = logging.getLogger()
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        root.addHandler(_ToStructlog())
+        root.setLevel(LEVELS[level])
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
+            *renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
         # one write per line (`print` writes the text and its newline apart)

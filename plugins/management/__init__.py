@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -92,6 +93,7 @@ class ManagementService:
             api.app(), access_log=None, keepalive_timeout=int(section["idle-timeout"]) / 1000
         )
         await self.runner.setup()
+        _quiet_bad_requests()
         handler, counter = self.runner.server, self.broker.security
         self.server = await loop.create_server(
             lambda: _Counted(handler(), counter), host or None, port, reuse_address=True
@@ -143,6 +145,30 @@ class _Counted(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.handler.resume_writing()
+
+
+class _BadRequest(logging.Filter):
+    """aiohttp logs a request it cannot parse as an error, with the parser's traceback:
+    a client's mistake (a scanner, a broken health check), not the broker's. One line at
+    info instead, naming the peer and what was wrong (the client got a 400 saying so)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            lines = str(exc.message).splitlines()  # the last points at the fault with ^
+            record.msg = "bad HTTP request from %s: %s"
+            record.args = (peer, " ".join(line.strip() for line in lines if line.strip(" ^")))
+            record.levelno, record.levelname, record.exc_info = logging.INFO, "INFO", None
+        return True
+
+
+def _quiet_bad_requests() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _BadRequest) for f in server_log.filters):
+        server_log.addFilter(_BadRequest())
 
 
 async def _every_second(sample: Callable[[], None]) -> None:
