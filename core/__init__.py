@@ -78,6 +78,17 @@ from scow.core.security import PERMISSIONS, Principal
 hookimpl = pluggy.HookimplMarker("scow")
 
 
+def version() -> str:
+    """The installed Scow's version ("unknown" when it runs from sources not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("scow")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def __getattr__(name: str) -> Any:
     # the CLI module imports the app, which imports this module: load it on first use
     if name == "command_group":
@@ -151,5 +162,6 @@ __all__ = [
     "parse_host_port",
     "remote_of",
     "valid_length",
+    "version",
     "with_body",
 ]

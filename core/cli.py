@@ -8,6 +8,7 @@ import faulthandler
 import getpass
 import json
 import os
+import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from scow.core import app, critical, ha, open_files
+from scow.core import app, critical, ha, open_files, version
 from scow.core import logging as scow_logging
 from scow.core.config import ConfigError, default_config_path, read_plugin_list, to_toml
 from scow.core.model import derived_global_max_size, memory_limit
@@ -69,6 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         plugins, config = app.load(_config_path(args), _overrides(args))
         broker_cfg = config.section("broker")
         scow_logging.configure(broker_cfg["log-format"], broker_cfg["log-level"], background=True)
+        structlog.get_logger().info(
+            "scow starting", version=version(), pid=os.getpid(), config=str(_config_path(args))
+        )
         _raise_open_files()
         if broker_cfg["global-max-size"] == -1:
             structlog.get_logger().info(
@@ -250,6 +254,11 @@ def _add_user_commands(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scow", description="Scow, an AMQP 1.0 broker")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"scow {version()} (Python {platform.python_version()})",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="start the broker")

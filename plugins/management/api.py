@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from scow.core import version
 from scow.core.management import MANAGEMENT_ADDRESS, Management, status_of
 from scow.core.model import BrokerError
 from scow.plugins.management.metrics import exposition, registry_for
@@ -166,7 +167,7 @@ class ManagementApi:
         addresses = list(stats["address-stats"].values())
         return _json(
             {
-                "version": _version(),
+                "version": version(),
                 "uptime-seconds": round(time.monotonic() - self.started, 3),
                 "connections": stats["connections"],
                 "client-sockets": stats["client-sockets"],
@@ -319,12 +320,3 @@ def _disk_usage(path: Path) -> float:
         path = path.parent
     usage = shutil.disk_usage(path)
     return round(100 * usage.used / usage.total, 1)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("scow")
-    except PackageNotFoundError:
-        return "unknown"

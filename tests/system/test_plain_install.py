@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import tomllib
 import urllib.request
 
 from proton import Message
 
 from scow.core.testing import BrokerProcess, amqp_client, free_port, wait_for
 from tests.fresh_venv import ROOT
+
+#: The version pyproject.toml gives the package.
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def _packaged_config_on(tmp_path, amqp_port: int, http_port: int):
@@ -50,6 +55,13 @@ def test_plain_install_runs_the_packaged_config_with_management(fresh_venv, tmp_
             except OSError:
                 return None
 
-        assert wait_for(broker_api, timeout=10, what="the management API")["version"]
+        assert wait_for(broker_api, timeout=10, what="the management API")["version"] == VERSION
     finally:
         assert broker.stop() == 0, (tmp_path / "broker.log").read_text()
+    # which broker ran is the log's first line; `scow --version` says it too
+    first = (tmp_path / "broker.log").read_text().splitlines()[0]
+    assert "scow starting" in first and f"version={VERSION}" in first, first
+    printed = subprocess.run(
+        [fresh_venv / "bin" / "scow", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert printed.returncode == 0 and printed.stdout.startswith(f"scow {VERSION} (Python 3.")
