@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 if TYPE_CHECKING:
@@ -98,6 +98,30 @@ class BrokerCollector:
         yield gauge("artemis_disk_store_usage", "Fraction of the data dir's disk in use", usage)
         yield gauge("artemis_total_message_count", "Messages in all queues",
                     sum(q["message-count"] for q in stats["queues"].values()))  # fmt: skip
+        yield gauge(
+            "scow_client_sockets",
+            "Client sockets open (every listener's, the management API's included)",
+            stats["client-sockets"],
+        )
+        yield gauge(
+            "scow_client_sockets_max",
+            "Client sockets the open-file limit allows (its reserve kept for storage)",
+            stats["max-client-sockets"],
+        )
+        yield CounterMetricFamily(
+            "scow_client_sockets_refused",
+            "Client sockets closed at their accept: the open-file limit allowed no more",
+            value=stats["client-sockets-refused"],
+        )
+        blocked = GaugeMetricFamily(
+            "scow_producers_blocked",
+            "1 for each reason producers get no credit now (disk, paging, journal messages, "
+            "database, ...)",
+            labels=["reason"],
+        )
+        for reason in stats["storage-blocked-by"]:
+            blocked.add_metric([reason], 1)
+        yield blocked
 
 
 def registry_for(broker: Broker, connections: Callable[[], int]) -> CollectorRegistry:

@@ -124,6 +124,17 @@ def test_metrics_use_artemis_names_and_match_what_was_sent_and_consumed(managed)
     assert any(line.startswith("artemis_address_size{") for line in lines)
     assert any(line.startswith("artemis_disk_store_usage ") for line in lines)
     assert any(line.startswith("process_resident_memory_bytes ") for line in lines)
+    # what an operator alerts on: sockets against the open-file limit, held-back producers
+    assert "scow_client_sockets 1.0" in lines  # this request's
+    assert "scow_client_sockets_refused_total 0.0" in lines
+    assert not any(line.startswith("scow_producers_blocked{") for line in lines)
+    limits = managed.broker.limits
+    managed.call(lambda: limits.block("disk"))  # as the disk monitor does on a full disk
+    try:
+        blocked = http(managed, "GET", "/metrics")[1].splitlines()
+    finally:
+        managed.call(lambda: limits.unblock("disk"))
+    assert 'scow_producers_blocked{reason="disk"} 1.0' in blocked
 
 
 def test_the_api_documents_itself(managed):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import http.client
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,10 @@ def test_a_connection_storm_leaves_storage_the_files_it_needs(
 
     wait_for(  # all but the API's own
         lambda: broker.api("/api/broker")["client-sockets"] == 1, 30, what="sockets closed"
+    )
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{broker.http_port}/metrics", timeout=10)
+    assert f"scow_client_sockets_refused_total {refused + len(attempts)}.0" in (
+        metrics.read().decode().splitlines()
     )
     with amqp_client(broker) as conn:  # room again once the storm is gone
         receiver = conn.create_receiver(QUEUE, credit=500)
