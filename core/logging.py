@@ -147,12 +147,31 @@ class _ToStructlog(logging.Handler):
             self.handleError(record)
 
 
+def _thread_died(args: threading.ExceptHookArgs) -> None:
+    """An exception no code of a thread caught: a bug, said in the log's format."""
+    if args.exc_type is SystemExit:
+        return
+    thread = args.thread.name if args.thread is not None else "?"
+    exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+    log = structlog.get_logger()
+    log.critical("a thread died of an exception", thread=thread, exc_info=exc_info)
+
+
+def _uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """The exception that ends the process, said in the log's format and written out
+    before it ends (the writer's thread would not outlive it)."""
+    exc_info = (exc_type, exc, tb)
+    structlog.get_logger().critical("the process ends on an exception", exc_info=exc_info)
+    drain()
+
+
 def configure(
     log_format: str = "console", level: str = "info", *, background: bool = False
 ) -> None:
     """structlog for this process. `background` (`scow run`: the log is the process's):
     lines are written by a thread of their own, since a stalled log reader must not stall
-    the broker, and Python's `logging` records become structlog lines."""
+    the broker, and Python's `logging` records and uncaught exceptions (of the process,
+    of a thread) become structlog lines."""
     global _background
     renderer: list[structlog.typing.Processor]
     if log_format == "json":  # a traceback as the string "exception", not exc_info=true
@@ -170,6 +189,8 @@ def configure(
             root.removeHandler(handler)
         root.addHandler(_ToStructlog())
         root.setLevel(LEVELS[level])
+        threading.excepthook = _thread_died
+        sys.excepthook = _uncaught
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -38,3 +38,37 @@ def test_the_notice_of_dropped_lines_is_a_json_line_too() -> None:
     record = json.loads(scow_logging._json_dropped(7))
     assert record["dropped"] == 7 and record["level"] == "warning"
     assert record["event"] == "log lines dropped: the log's reader did not keep up"
+
+
+_PROGRAM = """
+import logging, threading
+from scow.core import logging as scow_logging
+scow_logging.configure("json", background=True)
+logging.getLogger("asyncio").error("Task exception was never retrieved")
+thread = threading.Thread(target=lambda: 1 / 0, name="page writer")
+thread.start()
+thread.join()
+raise RuntimeError("the end")
+"""
+
+
+def test_a_process_logging_in_json_writes_only_json_lines_whoever_logs() -> None:
+    """Python's own logging, a thread's uncaught exception and the process's last one
+    wrote plain text (a traceback per line) into a JSON log."""
+    import subprocess
+    import sys
+
+    ended = subprocess.run(
+        [sys.executable, "-c", _PROGRAM], capture_output=True, text=True, timeout=60
+    )
+    assert ended.returncode == 1
+    records = [json.loads(line) for line in ended.stderr.splitlines()]  # each one JSON
+    assert [(r["event"], r["level"]) for r in records] == [
+        ("Task exception was never retrieved", "error"),
+        ("a thread died of an exception", "critical"),
+        ("the process ends on an exception", "critical"),
+    ]
+    assert records[0]["logger"] == "asyncio"
+    assert records[1]["thread"] == "page writer"
+    assert records[1]["exception"].endswith("ZeroDivisionError: division by zero")
+    assert records[2]["exception"].endswith("RuntimeError: the end")
