@@ -6,9 +6,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import zlib
 from enum import IntEnum
 
-from .format import DATA_START, FREE_EPOCH, encode_file_header, file_name_pattern
+from .format import (
+    DATA_START,
+    FREE_EPOCH,
+    HEADER_SIZE,
+    MAX_KIND,
+    RECORD_HEADER,
+    encode_file_header,
+    file_name_pattern,
+)
 
 _ZEROS = bytes(1 << 20)
 _fallocate = getattr(os, "posix_fallocate", None)
@@ -152,13 +161,37 @@ def create_file(path: str, size: int, *, sync: bool = True) -> None:
 
 
 def write_header(path: str, epoch: int) -> None:
-    """Rewrite a file's header (used to mark a reclaimed file free) and sync it."""
+    """Rewrite a file's header and sync it. A file marked free (FREE_EPOCH) also loses
+    its first record's header: its old records stay behind it, and with its own header
+    damaged, a first record whose CRC holds would make it a data file again
+    (`first_record_epoch`)."""
+    block = encode_file_header(epoch)
+    if epoch == FREE_EPOCH:
+        block += bytes(HEADER_SIZE)
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.pwrite(fd, encode_file_header(epoch), 0)
+        os.pwrite(fd, block, 0)
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def first_record_epoch(path: str) -> int | None:
+    """The epoch a file's first record names, if a whole one whose CRC holds is there:
+    what a file whose own header is damaged had (every record names its file's epoch)."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(DATA_START)
+        head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
+            return None
+        crc, kind, _type, _flags, epoch, length, _id, _tx = RECORD_HEADER.unpack(head)
+        if not (0 < kind <= MAX_KIND and HEADER_SIZE <= length <= size - DATA_START):
+            return None
+        body = f.read(length - HEADER_SIZE)
+    if epoch == FREE_EPOCH or zlib.crc32(body, zlib.crc32(head[4:])) != crc:
+        return None
+    return int(epoch)
 
 
 def read_block(path: str, length: int = DATA_START) -> bytes:

@@ -57,6 +57,7 @@ from .files import (
     JFile,
     UpdatedRecord,
     create_file,
+    first_record_epoch,
     fsync_dir,
     list_files,
     move_to_attic,
@@ -249,7 +250,15 @@ class FileJournal:
         numbers = [0]
         for number, path in list_files(self.directory, s.prefix, s.extension):
             epoch = decode_file_header(read_block(path, FILE_HEADER.size))
-            if epoch is None:
+            if epoch is None and (epoch := first_record_epoch(path)) is not None:
+                write_header(path, epoch)
+                log.warning(
+                    "journal file header damaged; written again with the epoch its first "
+                    "record names",
+                    file=path,
+                    epoch=epoch,
+                )
+            if epoch is None:  # a free file's (or no journal file's): nothing to lose
                 target = move_to_attic(path)
                 log.warning(
                     "journal file has no valid header; moved to the attic",

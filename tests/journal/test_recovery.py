@@ -311,7 +311,7 @@ def test_changing_the_file_size_between_restarts_keeps_the_data(tmp_path: Path) 
     )
 
 
-def test_file_with_a_damaged_header_goes_to_the_attic(tmp_path: Path) -> None:
+def test_a_free_file_with_a_damaged_header_goes_to_the_attic(tmp_path: Path) -> None:
     j = open_journal(tmp_path)
     j.append_add(1, 1, b"x", sync=True)
     j.stop()
@@ -322,6 +322,59 @@ def test_file_with_a_damaged_header_goes_to_the_attic(tmp_path: Path) -> None:
         assert load(tmp_path).records == [RecordInfo(1, 1, b"x")]
     assert (tmp_path / "attic" / free.name).exists()
     assert any("moved to the attic" in e["event"] for e in logs)
+
+
+def test_a_data_file_with_a_damaged_header_keeps_its_records(tmp_path: Path) -> None:
+    """A flipped bit in a file's header cost the whole file (up to journal-file-size of
+    records) where one in a record costs that record: the file went to the attic. Each
+    record names its file's epoch, so the first one gives the header back."""
+    j = open_journal(tmp_path)
+    for i in range(1, 101):
+        j.append_add(i, 1, b"kept" * 50, sync=False)
+    j.append_delete(7, sync=True)
+    j.stop()
+    (data,) = {v.file for v in records_on_disk(tmp_path) if v.valid}
+    with open(tmp_path / data, "r+b") as f:
+        f.seek(9)
+        byte = f.read(1)
+        f.seek(9)
+        f.write(bytes([byte[0] ^ 0x10]))  # in the header's version field
+    with capture_logs() as logs:
+        assert [r.id for r in load(tmp_path).records] == [i for i in range(1, 101) if i != 7]
+    (repaired,) = [e for e in logs if e["event"].startswith("journal file header damaged")]
+    assert repaired["log_level"] == "warning" and repaired["file"].endswith(data)
+    assert not (tmp_path / "attic").exists()
+    with capture_logs() as logs:  # written back: the next start finds it whole
+        assert len(load(tmp_path).records) == 99
+    assert not [e for e in logs if "damaged" in e["event"]]
+
+
+def test_a_recycled_file_with_a_damaged_header_gives_back_none_of_its_old_records(
+    tmp_path: Path,
+) -> None:
+    """A file freed for reuse keeps its old records after the header that marks it free:
+    read as a data file, they would come back. Freeing it voids its first record, so a
+    damaged header over it is a free file's."""
+    j = open_journal(tmp_path)
+    used: set[str] = set()
+    for i in range(1, 301):
+        j.append_add(i, 1, b"old" * 300, sync=False)
+        used.update(j.data_files())
+    for i in range(1, 301):
+        j.append_delete(i, sync=False)
+    n, current = 1000, j.data_files()[-1]
+    while j.data_files()[-1] == current:  # roll, so the deletes are in a sealed file
+        j.append_add(n, 2, b"roll", sync=False)
+        n += 1
+    j.reclaim()
+    recycled = sorted(used & set(j.free_files()))
+    assert recycled
+    j.stop()
+    for path in recycled:
+        assert _stale_records(Path(path), -1), "the test needs old records left in it"
+        with open(path, "r+b") as f:
+            f.write(b"garbage!")
+    assert [r.id for r in load(tmp_path).records] == list(range(1000, n))
 
 
 def test_leftover_temporary_files_are_removed(tmp_path: Path) -> None:
