@@ -1504,6 +1504,16 @@ class Broker:
         if ref.queue.spec.auto_created and not ref.queue.consumer_count():
             self._auto_delete(ref.queue)
 
+    def release_unsettled(self, refs: list[MessageRef]) -> None:
+        """Put back what a consumer leaves unsettled (its link closed, its connection
+        gone): each a failed attempt (delivery-count + 1), all back together in id order
+        once their new counts are durable, each queue's in one pass over its waiting list
+        (`_roll_back`). Released one by one, each offered again on its own, a consumer
+        gone with 200,000 unsettled held every other connection for 0.6 s, and those
+        whose count needs no journal write came back ahead of those whose count did."""
+        refs.sort(key=lambda r: r.message.id)
+        self._roll_back(refs, _nothing)
+
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
         """Put `ref` back; `delivered` makes it a failed attempt (delivery-count + 1)."""
         if (

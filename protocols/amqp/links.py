@@ -886,11 +886,9 @@ class ConsumerLink:
         if stream is not None and self.presettled and not self.browse:
             self.conn.broker.release(stream.ref, delivered=False)  # it never arrived whole
         self._give_back_backlog()
-        refs = sorted(self.unsettled.values(), key=lambda r: r.message.id)
-        self.unsettled.clear()
         broker = self.conn.broker
-        for ref in refs:
-            broker.release(ref, delivered=True)
+        broker.release_unsettled(list(self.unsettled.values()))
+        self.unsettled.clear()
         remove = remote_closed and self.durable
         if remove and self.conn.authorize is not None:
             try:

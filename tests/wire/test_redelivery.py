@@ -76,6 +76,27 @@ def test_unsettled_messages_of_a_closed_connection_go_to_another_consumer(scow_b
     assert [(m.body, m.delivery_count) for m in got] == [("job0", 1), ("job1", 1), ("job2", 0)]
 
 
+def test_what_a_closed_connection_left_unsettled_comes_back_in_order_to_a_waiting_consumer(
+    scow_broker,
+):
+    """Given back one by one, each offered again at once, those whose new delivery count
+    needs no journal write (not durable) reached a waiting consumer ahead of the durable
+    ones before them, whose count waited for its write: job1, job3, ... then job0, ...
+    Now they come back together, in order, once every count is durable."""
+    broker = scow_broker()
+    jobs = [Message(body=f"job{i}", durable=i % 2 == 0) for i in range(10)]
+    with connected(broker.url) as producer, connected(broker.url) as survivor:
+        send(producer, "work", *jobs)
+        with connected(broker.url) as doomed:
+            holder = doomed.create_receiver("work", credit=0)
+            holder.link.flow(10)
+            doomed.wait(lambda: holder.fetcher.has_message == 10, msg="ten unsettled messages")
+            waiting = survivor.create_receiver("work", credit=10)
+        got = receive(waiting, 10)
+    assert [m.body for m in got] == [f"job{i}" for i in range(10)]
+    assert {m.delivery_count for m in got} == {1}
+
+
 def test_message_is_dead_lettered_after_max_delivery_attempts(scow_broker):
     broker = scow_broker(address_settings={"#": {"max-delivery-attempts": 2}})
     with connected(broker.url) as conn:
