@@ -6,17 +6,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import zlib
 from enum import IntEnum
 
 from .format import (
     DATA_START,
     FREE_EPOCH,
     HEADER_SIZE,
-    MAX_KIND,
     RECORD_HEADER,
     encode_file_header,
     file_name_pattern,
+    whole_record,
 )
 
 _ZEROS = bytes(1 << 20)
@@ -179,19 +178,11 @@ def write_header(path: str, epoch: int) -> None:
 def first_record_epoch(path: str) -> int | None:
     """The epoch a file's first record names, if a whole one whose CRC holds is there:
     what a file whose own header is damaged had (every record names its file's epoch)."""
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        f.seek(DATA_START)
-        head = f.read(HEADER_SIZE)
-        if len(head) < HEADER_SIZE:
-            return None
-        crc, kind, _type, _flags, epoch, length, _id, _tx = RECORD_HEADER.unpack(head)
-        if not (0 < kind <= MAX_KIND and HEADER_SIZE <= length <= size - DATA_START):
-            return None
-        body = f.read(length - HEADER_SIZE)
-    if epoch == FREE_EPOCH or zlib.crc32(body, zlib.crc32(head[4:])) != crc:
+    buf = read_whole(path)
+    if len(buf) < DATA_START + HEADER_SIZE or not whole_record(buf, DATA_START):
         return None
-    return int(epoch)
+    epoch = int(RECORD_HEADER.unpack_from(buf, DATA_START)[4])
+    return None if epoch == FREE_EPOCH else epoch
 
 
 def read_block(path: str, length: int = DATA_START) -> bytes:

@@ -86,6 +86,17 @@ def encode_record(
     return RECORD_CRC.pack(zlib.crc32(body, zlib.crc32(rest))) + rest + body
 
 
+def whole_record(buf: bytes | bytearray | memoryview, off: int) -> bool:
+    """Whether a whole record whose CRC holds starts at `off` of `buf` (whatever its
+    epoch; `buf` holds at least a header from `off`)."""
+    crc, kind, _type, _flags, _epoch, length, _id, _tx = RECORD_HEADER.unpack_from(buf, off)
+    return (
+        0 < kind <= MAX_KIND
+        and HEADER_SIZE <= length <= len(buf) - off
+        and zlib.crc32(memoryview(buf)[off + 4 : off + length]) == crc
+    )
+
+
 def encode_pairs(pairs: list[tuple[int, int]], extra: bytes = b"") -> bytes:
     """The body of a COMMIT or PREPARE: (file epoch, tx record count) pairs, then `extra`."""
     return PAIR_COUNT.pack(len(pairs)) + b"".join(PAIR.pack(e, n) for e, n in pairs) + extra

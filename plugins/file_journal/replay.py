@@ -35,6 +35,7 @@ from .format import (
     RECORD_HEADER,
     Kind,
     decode_pairs,
+    whole_record,
 )
 
 #: Log load progress after this many records or seconds since the last progress line.
@@ -132,19 +133,13 @@ _EPOCH = struct.Struct("<I")
 def next_valid_record(buf: bytes | bytearray, start: int, epoch: int) -> int | None:
     """The offset of the first whole record of `epoch` at or after `start` whose CRC holds
     (a damaged record's successor), or None. Candidates are found by the epoch's bytes."""
-    mv = memoryview(buf)
     end = len(buf)
     needle = _EPOCH.pack(epoch)
     at = start + _EPOCH_AT
     while (at := buf.find(needle, at, end - HEADER_SIZE + _EPOCH_AT + len(needle))) >= 0:
         off = at - _EPOCH_AT
         at += 1
-        crc, kind, _rt, _fl, _ep, length, _id, _tx = RECORD_HEADER.unpack_from(mv, off)
-        if (
-            0 < kind <= MAX_KIND
-            and HEADER_SIZE <= length <= end - off
-            and zlib.crc32(mv[off + 4 : off + length]) == crc
-        ):
+        if whole_record(buf, off):
             return off
     return None
 
