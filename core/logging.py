@@ -10,7 +10,6 @@ import json
 import logging
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO, cast
@@ -125,9 +124,12 @@ def _console_dropped(count: int) -> str:
     return f"scow: {count} {_DROPPED}\n"
 
 
+#: The log lines' time stamp, for the line the writer adds itself.
+_STAMP = structlog.processors.TimeStamper(fmt="iso", utc=True)
+
+
 def _json_dropped(count: int) -> str:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    line = {"dropped": count, "event": _DROPPED, "level": "warning", "timestamp": stamp}
+    line = _STAMP(None, "", {"dropped": count, "event": _DROPPED, "level": "warning"})
     return json.dumps(line) + "\n"
 
 
@@ -195,7 +197,7 @@ def configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _STAMP,
             *renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
