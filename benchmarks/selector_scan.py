@@ -1,7 +1,9 @@
 """A restrictive selector behind a paged backlog: seconds until its messages arrive.
 
 The example of the paging documentation: --count messages with `color = 'blue'` are sent
-to an address that pages everything (`max-size-bytes = 0`), then 10 with
+to an address that pages everything (`max-size-bytes = 0`; `--max-size-bytes 128MiB`
+keeps the first of them in memory, as the packaged config's derived `global-max-size`
+does, so the selector also scans a queue's memory), then 10 with
 `color = 'red'`; a consumer attaches with the selector `color = 'red'` and the time until
 it holds all 10 is measured, with the broker's RSS (sampled every 0.1 s). Then 10 more
 red ones are sent and a consumer with `color LIKE 'r%'` (which page summaries cannot
@@ -18,6 +20,7 @@ the backlog; the selector consumers are python-qpid-proton's blocking client.
     .venv/bin/python benchmarks/selector_scan.py                  # 1 M x 1 KiB
     .venv/bin/python benchmarks/selector_scan.py --count 10000000 --size 100
     .venv/bin/python benchmarks/selector_scan.py --stream         # a stream of 1 M x 1 KiB
+    .venv/bin/python benchmarks/selector_scan.py --max-size-bytes 128MiB  # memory, then pages
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
     if args.stream:
         broker = Broker(root / "broker", plugins=f'{PLUGINS}, "spark"', extra=STREAM)
     else:
-        broker = Broker(root / "broker", settings="max-size-bytes = 0")
+        broker = Broker(root / "broker", settings=f'max-size-bytes = "{args.max_size_bytes}"')
     broker.start()
     try:
         rate = send(broker, args.count, args.size, "blue")
@@ -123,6 +126,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait")
     parser.add_argument(
         "--stream", action="store_true", help="a stream queue instead of a paged address"
+    )
+    parser.add_argument(
+        "--max-size-bytes", default="0", help="the address's max-size-bytes (default 0: page all)"
     )
     args = parser.parse_args()
     print(platform_line())

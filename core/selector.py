@@ -1180,19 +1180,38 @@ class SelectorFilter:
 
     Called with a message; `selector` stays reachable for readers that evaluate it
     without building a message (paged records: `selector.matches` over their bytes).
+    A selector that reads application properties only runs on its message format's
+    `properties` of the message's bytes, which a format may share between messages whose
+    encoded properties are the same (the AMQP format does): the verdict on the last
+    mapping is kept, so a scan of one producer's messages mostly reads a slice of each.
     """
 
-    __slots__ = ("_evaluate", "selector")
+    __slots__ = ("_by_properties", "_evaluate", "_last", "selector")
 
     def __init__(self, selector: Selector) -> None:
         self.selector = selector
         self._evaluate = selector._evaluate
+        self._by_properties = all(is_property_name(name) for name in selector.identifiers)
+        #: (properties, verdict) of the last message read by properties; one tuple, so
+        #: that a page reader's thread calling it too reads a consistent pair.
+        self._last: tuple[object, bool] = (None, False)
 
     def __call__(self, message: Any) -> bool:
         try:
-            return self._evaluate(message.lookup()) is True
+            if not self._by_properties:
+                return self._evaluate(message.lookup()) is True
+            properties = message.kind.format.properties(message.data)
         except ValueError:  # properties that cannot be read (a malformed message): no match
             return False
+        last = self._last
+        if last[0] is properties:
+            return last[1]
+        try:
+            verdict = self._evaluate(properties.get) is True
+        except ValueError:
+            return False
+        self._last = (properties, verdict)
+        return verdict
 
     def __repr__(self) -> str:
         return f"SelectorFilter({self.selector.text!r})"

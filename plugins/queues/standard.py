@@ -41,14 +41,22 @@ class StandardQueue:
         self.broker = broker
         #: Waiting entries in delivery order: messages never delivered from this queue,
         #: and refs that came back with per-queue state.
-        self._messages: Waiting = Fifo() if waiting is None else waiting
-        #: The standard type's own list: entries go out in the order they came.
-        self._arrival_order = waiting is None
+        #: The standard type's own list, entries in the order they came (message id
+        #: order); None for the other types' lists.
+        self._fifo = Fifo() if waiting is None else None
+        self._messages: Waiting = waiting if self._fifo is None else self._fifo
         self._attached: list[Consumer] = []  # consumers in the order they attached
         #: Those that receive: all of them, or only the first of an exclusive queue.
         self._consumers: list[Consumer] = []
         self._browsers: dict[Consumer, int] = {}  # browser -> last message id it saw
         self._filtered = False  # any consumer with a selector
+        #: In arrival order: consumer with a selector -> a message id such that every
+        #: waiting message up to it fails that selector (see `_dispatch_filtered`).
+        self._refused: dict[Consumer, int] = {}
+        #: The highest of those ids: an entry that comes to wait at or below it (put
+        #: back, or moved in) voids them all.
+        self._refused_to = 0
+        self._scanning = False  # in a pass of `_dispatch_filtered` over a FIFO
         self._rr = 0
         self._dispatching = False
         #: Set by the paging plugin while the queue's address has pages.
@@ -99,6 +107,14 @@ class StandardQueue:
         attached = self._attached
         self._consumers = attached[:1] if self.spec.exclusive else attached
         self._filtered = any(c.filter is not None for c in self._consumers)
+        if self._refused:
+            self._refused = {c: i for c, i in self._refused.items() if c in self._consumers}
+            if not self._refused:
+                self._refused_to = 0
+
+    def _forget_refusals(self) -> None:
+        self._refused.clear()
+        self._refused_to = 0
 
     def close(self) -> None:
         """Deleted: a standard queue holds nothing outside memory."""
@@ -124,6 +140,8 @@ class StandardQueue:
             self._drop(entry)  # a newer value of its key is in pages: never delivered
             return
         if not (self._consumers and not self._dispatching and self._offer(entry)):
+            if entry.message.id <= self._refused_to:
+                self._forget_refusals()  # not newer than what selectors refused
             replaced = self._messages.append(entry)
             if replaced is not None:
                 self._drop(replaced)
@@ -180,13 +198,14 @@ class StandardQueue:
         the cursor, not as objects in the queue. None when entries may wait or be
         offered around."""
         consumers = self._consumers
-        if len(consumers) != 1 or self._filtered or self._browsers or not self._arrival_order:
+        if len(consumers) != 1 or self._filtered or self._browsers or self._fifo is None:
             return None
         credit = consumers[0].credit() - len(self._messages)
         return credit if credit > 0 else 0
 
     def _offer(self, entry: Entry) -> bool:
-        """Give `entry` to the next consumer with credit that accepts it."""
+        """Give `entry` to the next consumer with credit that accepts it (in a pass of
+        `_dispatch_filtered` over a FIFO, noting the selectors that refuse it)."""
         consumers = self._consumers
         n = len(consumers)
         message = entry.message
@@ -198,13 +217,25 @@ class StandardQueue:
         for _ in range(n):
             self._rr = (self._rr + 1) % n
             consumer = consumers[self._rr]
-            if consumer.credit() > 0 and (consumer.filter is None or consumer.filter(message)):
-                ref = entry.as_ref(self)
-                ref.consumer = consumer
-                self.delivering += 1
-                self.delivering_bytes += len(message.data)
-                consumer.deliver(ref)
-                return True
+            if consumer.credit() <= 0:
+                continue
+            selector = consumer.filter
+            if selector is not None:
+                refused = self._refused
+                if refused and refused.get(consumer, 0) >= message.id:
+                    continue  # it refused this one in an earlier pass
+                if not selector(message):
+                    if self._scanning:
+                        refused[consumer] = message.id
+                        if message.id > self._refused_to:
+                            self._refused_to = message.id
+                    continue
+            ref = entry.as_ref(self)
+            ref.consumer = consumer
+            self.delivering += 1
+            self.delivering_bytes += len(message.data)
+            consumer.deliver(ref)
+            return True
         return False
 
     def dispatch(self) -> None:
@@ -288,8 +319,36 @@ class StandardQueue:
                     break  # it takes no more now; or round robin: one per consumer per turn
 
     def _dispatch_filtered(self) -> None:
+        """Offer the waiting messages, in order, to consumers of which some have selectors.
+
+        Over a FIFO a pass notes, for each consumer with credit, the last message its
+        selector refused (`_refused`): every waiting message up to it fails that
+        selector, since the pass offered it each one in order and credit only falls
+        during a pass. The next pass (new credit: a flow frame, an acknowledgement)
+        starts after the lowest such id among the consumers with credit and asks no
+        selector again about a message it refused, so a selector that matches none of
+        100,000 waiting messages reads each once, not once per flow frame. An entry that
+        comes to wait among them (a message put back) voids the notes.
+        """
         consumers = self._consumers
-        self._messages.remove_if(self._offer, lambda: not any(c.credit() > 0 for c in consumers))
+        with_credit = [c for c in consumers if c.credit() > 0]
+        if not with_credit:
+            return
+
+        def no_credit() -> bool:
+            return not any(c.credit() > 0 for c in consumers)
+
+        fifo = self._fifo
+        if fifo is None:
+            self._messages.remove_if(self._offer, no_credit)
+            return
+        refused = self._refused
+        after = min(refused.get(c, 0) if c.filter is not None else 0 for c in with_credit)
+        self._scanning = True
+        try:
+            fifo.remove_if(self._offer, no_credit, after)
+        finally:
+            self._scanning = False
 
     def _dispatch_browser(self, browser: Consumer) -> None:
         """Show a browser the messages it has not seen yet, oldest first."""
@@ -322,6 +381,7 @@ class StandardQueue:
     def release(self, ref: MessageRef, *, delivered: bool) -> None:
         """Return an unsettled ref to its original place and offer it again."""
         self._undeliver(ref)
+        self._forget_refusals()  # it goes back among messages selectors refused
         superseded = self._messages.put_back(ref)
         if superseded is not None:
             self._drop(superseded)
@@ -332,6 +392,7 @@ class StandardQueue:
         one pass over the waiting list and offered once."""
         for ref in refs:
             self._undeliver(ref)
+        self._forget_refusals()
         for superseded in put_back_all(self._messages, refs):
             self._drop(superseded)
         self.dispatch()

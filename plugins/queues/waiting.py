@@ -251,13 +251,42 @@ class Fifo(Unaware):
         return unseen
 
     def remove_if(
-        self, predicate: Callable[[Entry], bool], stop: Callable[[], bool] | None = None
+        self,
+        predicate: Callable[[Entry], bool],
+        stop: Callable[[], bool] | None = None,
+        after: int = 0,
     ) -> list[Entry]:
-        taken, keep = _remove_if(self, predicate, stop)
-        self.clear()
+        """`Waiting.remove_if`, asking `predicate` only about the entries whose id is
+        above `after`: those before stay as they are, unread."""
+        if after > 0:
+            tail = self._pop_newer_than(after)
+            taken, keep = _remove_if(tail, predicate, stop)
+        else:
+            taken, keep = _remove_if(self, predicate, stop)
+            self.clear()
         for entry in keep:
             self.append(entry)
         return taken
+
+    def _pop_newer_than(self, message_id: int) -> list[Entry]:
+        """Take the entries whose id is above `message_id` off the end, in order."""
+        entries, ids, kind = self._entries, self._ids, self._kind
+        tail: list[Entry] = []
+        while entries:
+            item = entries[-1]
+            if item.__class__ is bytes:
+                item_id = ids[-1]
+                if item_id <= message_id:
+                    break
+                entries.pop()
+                ids.pop()
+                tail.append(_plain(item_id, item, kind))
+            else:
+                if item.message.id <= message_id:
+                    break
+                tail.append(entries.pop())
+        tail.reverse()
+        return tail
 
     def clear(self) -> None:
         self._entries.clear()
