@@ -10,6 +10,7 @@ security settings apply, every request needs the `manage` permission on `$manage
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -25,7 +26,7 @@ from aiohttp import web
 from scow.core import version
 from scow.core.management import MANAGEMENT_ADDRESS, Management, status_of
 from scow.core.model import BrokerError
-from scow.plugins.management.metrics import exposition, registry_for
+from scow.plugins.management.metrics import MetricsSnapshot, exposition
 from scow.plugins.management.rates import Rates
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -93,7 +94,6 @@ class ManagementApi:
         self.security = broker.security
         self.anonymous = anonymous
         self.started = started
-        self.registry = registry_for(broker, lambda: len(broker.connections))
         self.rates = Rates(broker)
         broker_config = broker.config.section("broker")
         self.data_dir = Path(str(broker_config["data-dir"]))
@@ -237,8 +237,9 @@ class ManagementApi:
         return web.Response(text=page.read_text(), content_type="text/html")
 
     async def get_metrics(self, request: web.Request) -> web.Response:
+        snapshot = MetricsSnapshot(self.broker, len(self.broker.connections))
         return web.Response(
-            body=exposition(self.registry),
+            body=await asyncio.to_thread(exposition, snapshot),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 

@@ -1,13 +1,15 @@
 """Prometheus metrics with Artemis's names, built from the broker's statistics per scrape.
 
 Nothing is counted on the per-message path: a scrape reads `Broker.stats()` (and the
-connections the plugin tracks) once and turns it into metric families.
+connections the plugin tracks) once on the event loop (`snapshot`), and the metric
+families and their text are made from that copy on a worker thread (`exposition`):
+with 10,000 queues the text took 0.7 s, every connection stalled meanwhile.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,16 +51,28 @@ ADDRESS_METRICS = (
 )
 
 
-class BrokerCollector:
-    """A prometheus_client collector over one broker."""
+class MetricsSnapshot:
+    """What one scrape reports, read on the event loop: the broker's statistics, its
+    connection count and its data dir (for the disk's usage)."""
 
-    def __init__(self, broker: Broker, connections: Callable[[], int]) -> None:
-        self.broker = broker
+    __slots__ = ("connections", "data_dir", "stats")
+
+    def __init__(self, broker: Broker, connections: int) -> None:
+        self.stats = broker.stats()
+        # the one live object in it: copied, as a thread reads the rest
+        self.stats["storage-blocked-by"] = list(self.stats["storage-blocked-by"])
         self.connections = connections
         self.data_dir = Path(str(broker.config.section("broker")["data-dir"]))
 
+
+class BrokerCollector:
+    """A prometheus_client collector over one snapshot of a broker."""
+
+    def __init__(self, snapshot: MetricsSnapshot) -> None:
+        self.snapshot = snapshot
+
     def collect(self) -> Iterator[Metric]:
-        stats = self.broker.stats()
+        stats = self.snapshot.stats
         yield from self._broker(stats)
         families = {
             m: GaugeMetricFamily(m, h, labels=["address", "queue"]) for m, h, _ in QUEUE_METRICS
@@ -89,9 +103,11 @@ class BrokerCollector:
             if stats["global-max-size"] > 0
             else 0,
         )
-        yield gauge("artemis_connection_count", "Client connections open", self.connections())
+        yield gauge(
+            "artemis_connection_count", "Client connections open", self.snapshot.connections
+        )
         try:
-            disk = shutil.disk_usage(self.data_dir)
+            disk = shutil.disk_usage(self.snapshot.data_dir)
             usage = disk.used / disk.total
         except OSError:
             usage = 0.0
@@ -124,12 +140,10 @@ class BrokerCollector:
         yield blocked
 
 
-def registry_for(broker: Broker, connections: Callable[[], int]) -> CollectorRegistry:
+def exposition(snapshot: MetricsSnapshot) -> bytes:
+    """The text of a scrape (Prometheus's format 0.0.4): safe on any thread, as it reads
+    only `snapshot` and the process's own /proc figures."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker, connections))
+    registry.register(BrokerCollector(snapshot))
     registry.register(ProcessCollector(registry=None))
-    return registry
-
-
-def exposition(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)
