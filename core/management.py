@@ -179,8 +179,17 @@ class Management:
         return describe_queue(self._queue(name))
 
     def list_queues(self) -> list[dict[str, Any]]:
+        return [d for name in self.queue_names() if (d := self.queue_if_any(name)) is not None]
+
+    def queue_names(self) -> list[str]:
+        """Every queue's name, in order (a listing made in slices: `queue_if_any`)."""
         self._authorize("manage", MANAGEMENT_ADDRESS)
-        return [describe_queue(q) for _, q in sorted(self.broker.queues.items())]
+        return sorted(self.broker.queues)
+
+    def queue_if_any(self, name: str) -> dict[str, Any] | None:
+        """`read_queue` for a listing `queue_names` began: None for a queue gone since."""
+        queue = self.broker.queues.get(name)
+        return None if queue is None else describe_queue(queue)
 
     def purge_queue(self, name: str) -> int:
         """Drop every waiting message of queue `name`, in memory and in pages (not those
@@ -234,8 +243,18 @@ class Management:
         self._audit("delete address", address=name, force=force)
 
     def list_addresses(self) -> list[dict[str, Any]]:
+        return [d for name in self.address_names() if (d := self.address_if_any(name)) is not None]
+
+    def address_names(self) -> list[str]:
+        """Every address's name, in order (a listing made in slices: `address_if_any`)."""
         self._authorize("manage", MANAGEMENT_ADDRESS)
-        return [self._describe_address(name) for name in sorted(self.broker.addresses)]
+        return sorted(self.broker.addresses)
+
+    def address_if_any(self, name: str) -> dict[str, Any] | None:
+        """`read_address` for a listing `address_names` began: None for one gone since."""
+        if name not in self.broker.addresses:
+            return None
+        return self._describe_address(name)
 
     def read_address(self, name: str) -> dict[str, Any]:
         self._authorize("manage", name)

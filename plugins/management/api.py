@@ -79,7 +79,34 @@ OPENAPI: dict[str, Any] = {
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
+    return web.json_response(data, status=status, dumps=_dumps)
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, default=str)
+
+
+#: Queues or addresses a listing describes between two turns of the event loop.
+LISTING_SLICE = 256
+
+
+async def _listing(
+    names: list[str], describe: Callable[[str], dict[str, Any] | None]
+) -> web.Response:
+    """A JSON listing of every queue or address (`describe` of each of `names`, those
+    gone since left out), described and encoded a slice at a time with the connections
+    served between: with 10,000 queues a listing held the event loop 0.1-0.3 s whole
+    (the console asks for two every second), and encoding it on a thread would not help,
+    as the json module's encoder keeps the interpreter lock throughout."""
+    parts = []
+    for start in range(0, len(names), LISTING_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        for name in names[start : start + LISTING_SLICE]:
+            described = describe(name)
+            if described is not None:
+                parts.append(_dumps(described))
+    return web.Response(text=f"[{','.join(parts)}]", content_type="application/json")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -198,7 +225,8 @@ class ManagementApi:
         )
 
     async def get_addresses(self, request: web.Request) -> web.Response:
-        return _json(_management(request).list_addresses())
+        management = _management(request)
+        return await _listing(management.address_names(), management.address_if_any)
 
     async def get_address(self, request: web.Request) -> web.Response:
         return _json(_management(request).read_address(request.match_info["name"]))
@@ -218,9 +246,13 @@ class ManagementApi:
         return web.Response(status=204)
 
     async def get_queues(self, request: web.Request) -> web.Response:
-        return _json(
-            [{**q, **self.rates.of(q["name"])} for q in _management(request).list_queues()]
-        )
+        management = _management(request)
+
+        def describe(name: str) -> dict[str, Any] | None:
+            queue = management.queue_if_any(name)
+            return None if queue is None else {**queue, **self.rates.of(name)}
+
+        return await _listing(management.queue_names(), describe)
 
     async def get_queue(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
