@@ -1,7 +1,7 @@
 """Prometheus metrics with Artemis's names, built from the broker's statistics per scrape.
 
 Nothing is counted on the per-message path: a scrape reads `Broker.stats()` (and the
-connections the plugin tracks) once on the event loop (`snapshot`), and the metric
+connections the plugin tracks) once on the event loop (`MetricsSnapshot`), and the metric
 families and their text are made from that copy on a worker thread (`exposition`):
 with 10,000 queues the text took 0.7 s, every connection stalled meanwhile.
 """
