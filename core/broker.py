@@ -33,6 +33,7 @@ from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
     MEMORY_OVERHEAD,
+    REF_OVERHEAD,
     Header,
     Message,
     MessageFormat,
@@ -975,7 +976,12 @@ class Broker:
         refs = refs or len(queues)
         if refs == 1:  # message.shared's first test, inlined: per message
             return message, bool(durable_ids)
-        return message.shared(refs, len(durable_ids)), bool(durable_ids)
+        shared = message.shared(refs, len(durable_ids))
+        if isinstance(shared, SharedMessage):  # its further queues' slots, counted too
+            shared.ref_bytes = extra = REF_OVERHEAD * (refs - 1)
+            address.size += extra
+            limits.size += extra
+        return shared, bool(durable_ids)
 
     def _in_journal(self, ref: MessageRef) -> bool:
         """Whether `ref` (not paged) has its place in a journal record of its message."""
@@ -1285,7 +1291,7 @@ class Broker:
         """The reverse of `_store`'s accounting, for a message never enqueued."""
         if (body := large_body(message.data)) is not None:
             body.release()
-        size = len(message.data) + MEMORY_OVERHEAD
+        size = len(message.data) + MEMORY_OVERHEAD + message.ref_bytes
         address.size -= size
         address.message_count -= 1
         limits = self.limits
@@ -1671,9 +1677,8 @@ class Broker:
                 body.release()
             address = self.addresses.get(message.kind.address)
             if address is not None:
-                size = (
-                    len(message.data) + MEMORY_OVERHEAD
-                )  # the reverse of add_memory, inlined: per message
+                # the reverse of add_memory (and of `_store`'s ref_bytes), inlined
+                size = len(message.data) + MEMORY_OVERHEAD + message.ref_bytes
                 address.size -= size
                 address.message_count -= 1
                 limits = self.limits
