@@ -149,7 +149,12 @@ def test_a_stalled_disk_holds_durable_producers_back_and_nothing_else(
         while time.monotonic() < stalled_until:
             _answers_quickly(broker, non_durable=in_memory)
         held = broker.api("/api/queues/durable")["message-count"]
-        assert held < COUNT // 2, held
+        # (it failed once in CI, 16,500 held, and not in 20 runs since: say what it saw)
+        assert held < COUNT // 2, (
+            held,
+            broker.api("/api/broker")["journal"],
+            broker.log_lines("journal behind", "slow disk", "producers"),
+        )
         assert broker.rss_kib() * 1024 - rss_before < 64 * MiB
         assert producer.poll() is None  # none of its sends can be confirmed yet
         if in_memory:  # the log's writer thread may not have written it yet
