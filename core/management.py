@@ -187,7 +187,8 @@ class Management:
         return sorted(self.broker.queues)
 
     def queue_if_any(self, name: str) -> dict[str, Any] | None:
-        """`read_queue` for a listing `queue_names` began: None for a queue gone since."""
+        """`read_queue` for a listing `queue_names` began (and authorized: this checks
+        nothing itself); None for a queue gone since."""
         queue = self.broker.queues.get(name)
         return None if queue is None else describe_queue(queue)
 
@@ -251,7 +252,8 @@ class Management:
         return sorted(self.broker.addresses)
 
     def address_if_any(self, name: str) -> dict[str, Any] | None:
-        """`read_address` for a listing `address_names` began: None for one gone since."""
+        """`read_address` for a listing `address_names` began (and authorized: this checks
+        nothing itself); None for an address gone since."""
         if name not in self.broker.addresses:
             return None
         return self._describe_address(name)

@@ -1144,7 +1144,7 @@ def _requirements(node: _Node) -> Requirements:
 class Selector:
     """A compiled selector; build one with `compile_selector`."""
 
-    __slots__ = ("_evaluate", "identifiers", "requires", "text")
+    __slots__ = ("_evaluate", "identifiers", "properties_only", "requires", "text")
 
     def __init__(
         self,
@@ -1156,6 +1156,9 @@ class Selector:
         self.text = text
         #: The identifiers the selector reads, for callers that resolve them up front.
         self.identifiers = identifiers
+        #: Whether every identifier is an application property's name (`is_property_name`):
+        #: the selector can run on a format's `properties` of a message's bytes.
+        self.properties_only = all(is_property_name(name) for name in identifiers)
         #: What any message it matches must hold: identifier -> `value_key`s, one of which
         #: the identifier's value has. Empty when it cannot say (LIKE, ranges, OR of
         #: unrelated conditions...); an empty key set means nothing can match.
@@ -1186,19 +1189,18 @@ class SelectorFilter:
     mapping is kept, so a scan of one producer's messages mostly reads a slice of each.
     """
 
-    __slots__ = ("_by_properties", "_evaluate", "_last", "selector")
+    __slots__ = ("_evaluate", "_last", "selector")
 
     def __init__(self, selector: Selector) -> None:
         self.selector = selector
         self._evaluate = selector._evaluate
-        self._by_properties = all(is_property_name(name) for name in selector.identifiers)
         #: (properties, verdict) of the last message read by properties; one tuple, so
         #: that a page reader's thread calling it too reads a consistent pair.
         self._last: tuple[object, bool] = (None, False)
 
     def __call__(self, message: Any) -> bool:
         try:
-            if not self._by_properties:
+            if not self.selector.properties_only:
                 return self._evaluate(message.lookup()) is True
             properties = message.kind.format.properties(message.data)
         except ValueError:  # properties that cannot be read (a malformed message): no match

@@ -269,7 +269,7 @@ class ManagementApi:
         return web.Response(text=page.read_text(), content_type="text/html")
 
     async def get_metrics(self, request: web.Request) -> web.Response:
-        snapshot = MetricsSnapshot(self.broker, len(self.broker.connections))
+        snapshot = MetricsSnapshot(self.broker, self.data_dir)
         return web.Response(
             body=await asyncio.to_thread(exposition, snapshot),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},

@@ -57,12 +57,12 @@ class MetricsSnapshot:
 
     __slots__ = ("connections", "data_dir", "stats")
 
-    def __init__(self, broker: Broker, connections: int) -> None:
+    def __init__(self, broker: Broker, data_dir: Path) -> None:
         self.stats = broker.stats()
         # the one live object in it: copied, as a thread reads the rest
         self.stats["storage-blocked-by"] = list(self.stats["storage-blocked-by"])
-        self.connections = connections
-        self.data_dir = Path(str(broker.config.section("broker")["data-dir"]))
+        self.connections = len(broker.connections)
+        self.data_dir = data_dir
 
 
 class BrokerCollector:

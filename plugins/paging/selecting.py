@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from scow.core.selector import Requirements, Selector, is_property_name
+from scow.core.selector import Requirements, Selector
 from scow.plugins.paging.summary import PageSummary
 
 
@@ -38,7 +38,7 @@ class RecordFilter:
         known = [s for s in selectors if s is not None]
         if len(known) < len(selectors) or not known:
             return
-        if all(all(is_property_name(name) for name in s.identifiers) for s in known):
+        if all(s.properties_only for s in known):
             self._selectors = known
         if all(s.requires for s in known):
             self._requires = [s.requires for s in known]
