@@ -28,7 +28,7 @@ from scow.core.duplicates import (
     duplicate_error,
     id_key,
 )
-from scow.core.interfaces import after_all
+from scow.core.interfaces import after_all, take_expired
 from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
 from scow.core.message import (
@@ -1813,7 +1813,7 @@ class Broker:
         now = now_ms()
         count = 0
         for queue in list(self.queues.values()):
-            for ref in queue.take(lambda r: 0 < r.message.expiration <= now):
+            for ref in take_expired(queue, now):
                 self.expire(ref)
                 count += 1
             if queue.cursor is not None and queue.cursor.backlog:

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from scow.core.message import expired_by
+
 if TYPE_CHECKING:
     from scow.core.message import Entry, Message, MessageRef
     from scow.core.model import QueueSpec, RouteStatus, RoutingType
@@ -380,7 +382,8 @@ class Queue(Protocol):
     when the queue has it (the standard queue serves its one consumer's credit without
     asking for it per message), else one `enqueue` at a time. And `deliverable()`: how
     many entries it would hand straight to a consumer now, or None when entries may
-    wait or be offered around; a cursor then hands over no more than that.
+    wait or be offered around; a cursor then hands over no more than that. And
+    `take_expired(now)`: see `take_expired`.
     """
 
     spec: QueueSpec
@@ -494,6 +497,18 @@ def holds_drain(queue: Queue, consumer: Consumer) -> bool:
     a protocol asks on each flow that drains, never per message."""
     held = getattr(queue, "holds_drain", None)
     return held is not None and bool(held(consumer))
+
+
+def take_expired(queue: Queue, now: int) -> list[MessageRef]:
+    """`queue.take` of the waiting messages expired by `now` (ms since the epoch): the
+    broker's expiry scan, every period, of every queue. A queue that knows which of its
+    entries can expire without reading each says so with a `take_expired(now)` method
+    (the standard queue: a message held compactly has no expiry); any other is asked
+    about each entry."""
+    own = getattr(queue, "take_expired", None)
+    if own is not None:
+        return own(now)
+    return queue.take(lambda entry: expired_by(entry, now))
 
 
 def keeps_durable_copy(queue: Queue) -> bool:

@@ -278,6 +278,11 @@ class MessageRef:
 Entry = Message | MessageRef
 
 
+def expired_by(entry: Entry, now: int) -> bool:
+    """Whether `entry`'s message expired by `now` (ms since the epoch)."""
+    return 0 < entry.message.expiration <= now
+
+
 class PagedRef(MessageRef):
     """A reference whose message is stored in its address's pages, not in the journal.
 

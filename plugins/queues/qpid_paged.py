@@ -79,6 +79,7 @@ from scow.core.message import (
     MessageKind,
     MessageRef,
     OnDisk,
+    expired_by,
     kind_of,
 )
 from scow.core.model import BrokerError, ResourceLimitExceeded
@@ -525,6 +526,15 @@ class PagedWaiting(Unaware):
         kept_returned.extend(returned[index:])
         self._returned = kept_returned
         return taken
+
+    def remove_expired(self, now: int) -> list[Entry]:
+        """`Waiting.remove_expired`: pages are loaded only when some message in them
+        expired (`accepts_any`)."""
+
+        def expired(entry: Entry) -> bool:
+            return expired_by(entry, now)
+
+        return self.remove_if(expired) if self.accepts_any(expired) else []
 
     def accepts_any(self, predicate: Callable[[Entry], bool]) -> bool:
         """Whether `predicate` accepts any waiting entry, loading no page.
@@ -1007,8 +1017,8 @@ class QpidPagedQueue(StandardQueue):
     def take(self, predicate: Callable[[Entry], bool] | None = None) -> list[MessageRef]:
         """Remove waiting entries `predicate` accepts (all when None); returns their refs.
 
-        As the standard queue's, with its cheap first pass (the broker's expiry scan asks
-        every queue every period, and mostly nothing has expired) done without decoding
+        As the standard queue's, with its cheap first pass (mostly nothing is taken: the
+        expiry scan's `remove_expired` goes through it too) done without decoding
         the pages (`PagedWaiting.accepts_any`). Taking everything from a queue the broker
         no longer has (it is being deleted) deletes the page file too.
         """

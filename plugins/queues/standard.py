@@ -436,7 +436,15 @@ class StandardQueue:
         elif any(map(predicate, self._messages)):
             taken = self._messages.remove_if(predicate)
         else:
-            return []  # the common case for expiry scans: nothing to rebuild
+            return []  # nothing to rebuild
+        return self._taken(taken)
+
+    def take_expired(self, now: int) -> list[MessageRef]:
+        """`take` of the waiting entries expired by `now` (ms), asking the list only about
+        those that can have expired (`Waiting.remove_expired`)."""
+        return self._taken(self._messages.remove_expired(now))
+
+    def _taken(self, taken: list[Entry]) -> list[MessageRef]:
         for entry in taken:  # whoever takes them reads them (expiry, dead letters)
             entry.message.restore()
         # still counted in memory_bytes until remove_delivering or deletion

@@ -18,7 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from scow.core.message import Entry, Message, MessageKind, MessageRef
+from scow.core.message import Entry, Message, MessageKind, MessageRef, expired_by
 
 
 class Waiting(Protocol):
@@ -47,6 +47,11 @@ class Waiting(Protocol):
     ) -> list[Entry]:
         """Remove and return, in delivery order, the entries `predicate` accepts; stop
         early (keeping the rest) once `stop()` is true."""
+
+    def remove_expired(self, now: int) -> list[Entry]:
+        """Remove and return, in delivery order, the entries whose message expired by
+        `now` (ms since the epoch): the broker's expiry scan, every period, mostly
+        finding none."""
 
     def clear(self) -> None: ...
 
@@ -268,6 +273,20 @@ class Fifo(Unaware):
             self.append(entry)
         return taken
 
+    def remove_expired(self, now: int) -> list[Entry]:
+        """`Waiting.remove_expired`, reading only the entries held as objects: a plain
+        message has no expiry. A backlog of plain messages costs the scan nothing (it
+        built a message for each: 0.16 s per 500,000, on the event loop)."""
+        entries = self._entries
+        if len(entries) == len(self._ids) - self._head:
+            return []  # every entry is plain
+        taken = [e for e in entries if e.__class__ is not bytes and expired_by(e, now)]
+        if taken:  # the plain ones keep their places, and so their ids
+            self._entries = deque(
+                e for e in entries if e.__class__ is bytes or not expired_by(e, now)
+            )
+        return taken
+
     def _pop_newer_than(self, message_id: int) -> list[Entry]:
         """Take the entries whose id is above `message_id` off the end, in order."""
         entries, ids, kind = self._entries, self._ids, self._kind
@@ -406,6 +425,11 @@ class ByPriority(Unaware):
         self._size -= len(taken)
         return taken
 
+    def remove_expired(self, now: int) -> list[Entry]:
+        taken = [e for level in reversed(self.levels) for e in level.remove_expired(now)]
+        self._size -= len(taken)
+        return taken
+
     def clear(self) -> None:
         for level in self.levels:
             level.clear()
@@ -496,6 +520,11 @@ class LastValue:
                 del self._entries[key]
                 taken.append(entry)
         return taken
+
+    def remove_expired(self, now: int) -> list[Entry]:
+        if not any(expired_by(entry, now) for entry in self._entries.values()):
+            return []
+        return self.remove_if(lambda entry: expired_by(entry, now))
 
     def clear(self) -> None:
         self._entries.clear()

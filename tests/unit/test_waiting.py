@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scow.core.message import Message, MessageRef, SharedMessage
-from scow.plugins.queues.waiting import ByPriority, Fifo
+from scow.plugins.queues.waiting import ByPriority, Fifo, LastValue
 from scow.protocols.amqp.format import AMQP_FORMAT
 
 
@@ -140,3 +140,46 @@ def test_put_back_all_on_priorities_puts_each_ref_back_in_its_level() -> None:
     queue.put_back_all(back)
     assert len(queue) == 7
     assert ids(queue) == [3, 4, 7, 1, 2, 5, 6]  # priority 9 first, each level in id order
+
+
+def test_remove_expired_takes_the_expired_entries_and_keeps_plain_messages_in_place() -> None:
+    fifo = Fifo()
+    for n in range(1, 1501):
+        fifo.append(message(n))
+    for _ in range(1200):  # past the id array's cut-off: its head moved
+        fifo.popleft()
+    assert fifo.remove_expired(10**15) == []  # only plain messages: none can expire
+    expired = message(1501, expiration=100)
+    later = message(1503, expiration=10**6)
+    ref = MessageRef(message(1504, expiration=50), object(), delivery_count=1)
+    for entry in (expired, message(1502), later, ref, message(1505).shared(2, 0)):
+        fifo.append(entry)
+    fifo.append(message(1506))
+    taken = fifo.remove_expired(100)
+    assert taken == [expired, ref]
+    left = [*range(1201, 1501), 1502, 1503, 1505, 1506]
+    assert ids(fifo) == left
+    out = [fifo.popleft() for _ in range(len(fifo))]
+    assert [(e.message.id, e.message.data) for e in out] == [(n, b"body %d" % n) for n in left]
+    assert out[301] is later
+
+
+def test_remove_expired_on_priorities_and_last_values_keeps_the_rest() -> None:
+    levels = ByPriority()
+    for entry in (
+        message(1, priority=1, expiration=10),
+        message(2, priority=9),
+        message(3, priority=9, expiration=10),
+        message(4, priority=1),
+    ):
+        levels.append(entry)
+    assert ids(levels.remove_expired(10)) == [3, 1]  # delivery order: highest first
+    assert len(levels) == 2 and ids(levels) == [2, 4]
+    assert levels.remove_expired(10) == []
+
+    values = LastValue(lambda entry: entry.message.address)
+    for entry in (message(5, address="x", expiration=10), message(6, address="y")):
+        values.append(entry)
+    assert ids(values.remove_expired(9)) == []
+    assert ids(values.remove_expired(10)) == [5]
+    assert ids(values) == [6]

@@ -10,6 +10,8 @@ import pytest
 from proton import Message
 from proton.utils import LinkDetached
 
+from scow.core.testing import DEFAULT_PLUGINS, wait_for
+
 from .helpers import NodeProperties, bodies, connected, receive, send
 from .test_config_errors import PLUGINS, run_rejected
 
@@ -225,3 +227,38 @@ def test_export_and_import_carry_queue_types_and_arguments(scow_broker_process, 
     with connected(restarted.url) as conn:
         send(conn, "jobs", Message(body="p9", priority=9, durable=True))
         assert bodies(receive(conn.create_receiver("jobs"), 3)) == ["p9", "p7", "p2"]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{}, {"qpid.priorities": 10}, {"last-value-key": "k"}, {"qpid.paging": True}],
+    ids=["standard", "priority", "last-value", "qpid-paged"],
+)
+def test_the_expiry_scan_finds_expired_messages_among_plain_ones_in_every_queue_type(
+    scow_broker, arguments
+):
+    """A standard queue keeps plain messages (no expiry) compactly and the scan reads
+    only the others: a message that expires waiting, and one delivered, put back and
+    expiring then, both go; none of the rest does."""
+    broker = scow_broker(
+        plugins=[*DEFAULT_PLUGINS, "qpid-paged-queues"],
+        sections=queues(q={"arguments": arguments}),
+    )
+    plain = [Message(body=f"plain{n}", properties={"k": f"p{n}"}) for n in range(30)]
+    with connected(broker.url) as conn:
+        send(conn, "q", Message(body="put back", ttl=0.5, properties={"k": "b"}))
+        receiver = conn.create_receiver("q", credit=1)
+        assert receiver.receive(timeout=10).body == "put back"
+        receiver.close()  # unsettled: it goes back to wait, and expires there
+        send(conn, "q", *plain[:20], Message(body="stale", ttl=0.5, properties={"k": "s"}))
+        send(conn, "q", *plain[20:])
+        wait_for(
+            lambda: (broker.queue_stats("ExpiryQueue") or {}).get("message-count") == 2,
+            what="the expiry scan to move both",
+        )
+        assert broker.queue_stats("q")["messages-expired"] == 2
+        assert bodies(receive(conn.create_receiver("q"), 30)) == [f"plain{n}" for n in range(30)]
+        assert sorted(bodies(receive(conn.create_receiver("ExpiryQueue"), 2))) == [
+            "put back",
+            "stale",
+        ]
