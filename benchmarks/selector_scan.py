@@ -14,6 +14,9 @@ spark plugin) instead, and the consumers read it from its first record
 (`scow:stream-offset`) with the same selectors: chunk summaries take the place of page
 summaries.
 
+With --arguments the queue is declared at startup with those arguments (a TOML inline
+table's keys, e.g. `'"qpid.priorities" = 10'` for a priority queue).
+
 `scow run` is a subprocess; `scow perf client --mode send --property color=...` fills
 the backlog; the selector consumers are python-qpid-proton's blocking client.
 
@@ -21,6 +24,8 @@ the backlog; the selector consumers are python-qpid-proton's blocking client.
     .venv/bin/python benchmarks/selector_scan.py --count 10000000 --size 100
     .venv/bin/python benchmarks/selector_scan.py --stream         # a stream of 1 M x 1 KiB
     .venv/bin/python benchmarks/selector_scan.py --max-size-bytes 128MiB  # memory, then pages
+    .venv/bin/python benchmarks/selector_scan.py --max-size-bytes 128MiB \\
+        --arguments '"qpid.priorities" = 10'                       # a priority queue
 """
 
 from __future__ import annotations
@@ -42,11 +47,12 @@ from run_perf import platform_line
 
 ADDRESS = "colors"
 MATCHES = 10
-#: The stream queue of --stream: declared at startup, read from its first record.
-STREAM = f"""
-[queues."{ADDRESS}"]
+#: The queue declared at startup with --stream (read from its first record) or
+#: --arguments.
+DECLARED = """
+[queues."{address}"]
 routing-type = "ANYCAST"
-arguments = {{ "x-queue-type" = "stream" }}
+arguments = {{ {arguments} }}
 """
 
 
@@ -91,9 +97,17 @@ def time_selector(broker: Broker, selector: str, timeout: float, stream: bool) -
 
 def run(args: argparse.Namespace, root: Path) -> dict[str, float]:
     if args.stream:
-        broker = Broker(root / "broker", plugins=f'{PLUGINS}, "spark"', extra=STREAM)
+        extra = DECLARED.format(address=ADDRESS, arguments='"x-queue-type" = "stream"')
+        broker = Broker(root / "broker", plugins=f'{PLUGINS}, "spark"', extra=extra)
     else:
-        broker = Broker(root / "broker", settings=f'max-size-bytes = "{args.max_size_bytes}"')
+        broker = Broker(
+            root / "broker",
+            settings=f'max-size-bytes = "{args.max_size_bytes}"',
+            plugins=f'{PLUGINS}, "priority-queues", "last-value-queues", "qpid-paged-queues"',
+            extra=DECLARED.format(address=ADDRESS, arguments=args.arguments)
+            if args.arguments
+            else "",
+        )
     broker.start()
     try:
         rate = send(broker, args.count, args.size, "blue")
@@ -129,6 +143,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--max-size-bytes", default="0", help="the address's max-size-bytes (default 0: page all)"
+    )
+    parser.add_argument(
+        "--arguments", default="", help="queue arguments, as a TOML inline table's contents"
     )
     args = parser.parse_args()
     print(platform_line())

@@ -320,6 +320,8 @@ class PagedWaiting(Unaware):
     books with them); pinned entries never leave, so neither hears of them.
     """
 
+    parts = 1  # arrival order: released refs go back among the pages' entries by id
+
     def __init__(
         self,
         path: Path,
@@ -526,6 +528,17 @@ class PagedWaiting(Unaware):
         kept_returned.extend(returned[index:])
         self._returned = kept_returned
         return taken
+
+    def remove_if_in(
+        self,
+        part: int,
+        predicate: Callable[[Entry], bool],
+        stop: Callable[[], bool] | None,
+        after: int,
+    ) -> list[Entry]:
+        """`remove_if`, asking `predicate` nothing about the entries up to `after` (their
+        pages are still walked)."""
+        return self.remove_if(lambda entry: entry.message.id > after and predicate(entry), stop)
 
     def remove_expired(self, now: int) -> list[Entry]:
         """`Waiting.remove_expired`: pages are loaded only when some message in them

@@ -50,13 +50,17 @@ class StandardQueue:
         self._consumers: list[Consumer] = []
         self._browsers: dict[Consumer, int] = {}  # browser -> last message id it saw
         self._filtered = False  # any consumer with a selector
-        #: In arrival order: consumer with a selector -> a message id such that every
-        #: waiting message up to it fails that selector (see `_dispatch_filtered`).
+        #: Per part of the waiting list (`Waiting.parts`; made at the first pass of
+        #: `_dispatch_filtered`), in arrival order: consumer with a selector -> a
+        #: message id such that every waiting message of the part up to it fails that
+        #: selector.
+        self._notes: list[dict[Consumer, int]] = []
+        #: Those of the part a pass is in.
         self._refused: dict[Consumer, int] = {}
-        #: The highest of those ids: an entry that comes to wait at or below it (put
-        #: back, or moved in) voids them all.
+        #: The highest id noted: an entry that comes to wait at or below it (put back,
+        #: or moved in) voids every note.
         self._refused_to = 0
-        self._scanning = False  # in a pass of `_dispatch_filtered` over a FIFO
+        self._scanning = False  # in a pass of `_dispatch_filtered`
         self._rr = 0
         self._dispatching = False
         #: Set by the paging plugin while the queue's address has pages.
@@ -107,13 +111,16 @@ class StandardQueue:
         attached = self._attached
         self._consumers = attached[:1] if self.spec.exclusive else attached
         self._filtered = any(c.filter is not None for c in self._consumers)
-        if self._refused:
-            self._refused = {c: i for c, i in self._refused.items() if c in self._consumers}
-            if not self._refused:
+        if self._refused_to:
+            for notes in self._notes:
+                for gone in [c for c in notes if c not in self._consumers]:
+                    del notes[gone]
+            if not any(self._notes):
                 self._refused_to = 0
 
     def _forget_refusals(self) -> None:
-        self._refused.clear()
+        for notes in self._notes:
+            notes.clear()
         self._refused_to = 0
 
     def close(self) -> None:
@@ -205,7 +212,7 @@ class StandardQueue:
 
     def _offer(self, entry: Entry) -> bool:
         """Give `entry` to the next consumer with credit that accepts it (in a pass of
-        `_dispatch_filtered` over a FIFO, noting the selectors that refuse it)."""
+        `_dispatch_filtered`, noting the selectors that refuse it)."""
         consumers = self._consumers
         n = len(consumers)
         message = entry.message
@@ -221,15 +228,18 @@ class StandardQueue:
                 continue
             selector = consumer.filter
             if selector is not None:
-                refused = self._refused
-                if refused and refused.get(consumer, 0) >= message.id:
-                    continue  # it refused this one in an earlier pass
-                if not selector(message):
-                    if self._scanning:
+                if not self._scanning:
+                    if not selector(message):
+                        continue
+                else:
+                    refused = self._refused
+                    if refused and refused.get(consumer, 0) >= message.id:
+                        continue  # it refused this one in an earlier pass
+                    if not selector(message):
                         refused[consumer] = message.id
                         if message.id > self._refused_to:
                             self._refused_to = message.id
-                    continue
+                        continue
             ref = entry.as_ref(self)
             ref.consumer = consumer
             self.delivering += 1
@@ -321,14 +331,16 @@ class StandardQueue:
     def _dispatch_filtered(self) -> None:
         """Offer the waiting messages, in order, to consumers of which some have selectors.
 
-        Over a FIFO a pass notes, for each consumer with credit, the last message its
-        selector refused (`_refused`): every waiting message up to it fails that
-        selector, since the pass offered it each one in order and credit only falls
-        during a pass. The next pass (new credit: a flow frame, an acknowledgement)
-        starts after the lowest such id among the consumers with credit and asks no
-        selector again about a message it refused, so a selector that matches none of
-        100,000 waiting messages reads each once, not once per flow frame. An entry that
-        comes to wait among them (a message put back) voids the notes.
+        A pass goes over each part of the waiting list in turn (`Waiting.parts`: each in
+        message id order; a priority queue's levels) and notes, per part, for each
+        consumer with credit, the last message its selector refused (`_notes`): every
+        waiting message of the part up to it fails that selector, since the pass offered
+        it each one in order and credit only falls during a pass. The next pass (new
+        credit: a flow frame, an acknowledgement) starts each part after the lowest such
+        id among the consumers with credit and asks no selector again about a message it
+        refused, so a selector that matches none of 100,000 waiting messages reads each
+        once, not once per flow frame. An entry that comes to wait among them (a message
+        put back) voids the notes.
         """
         consumers = self._consumers
         with_credit = [c for c in consumers if c.credit() > 0]
@@ -338,15 +350,19 @@ class StandardQueue:
         def no_credit() -> bool:
             return not any(c.credit() > 0 for c in consumers)
 
-        fifo = self._fifo
-        if fifo is None:
-            self._messages.remove_if(self._offer, no_credit)
-            return
-        refused = self._refused
-        after = min(refused.get(c, 0) if c.filter is not None else 0 for c in with_credit)
+        messages = self._messages
+        notes = self._notes
+        if not notes:
+            notes.extend({} for _ in range(messages.parts))
         self._scanning = True
         try:
-            fifo.remove_if(self._offer, no_credit, after)
+            for part, refused in enumerate(notes):
+                self._refused = refused
+                after = min(refused.get(c, 0) if c.filter is not None else 0 for c in with_credit)
+                messages.remove_if_in(part, self._offer, no_credit, after)
+                with_credit = [c for c in with_credit if c.credit() > 0]
+                if not with_credit:
+                    break
         finally:
             self._scanning = False
 

@@ -24,6 +24,9 @@ from scow.core.message import Entry, Message, MessageKind, MessageRef, expired_b
 class Waiting(Protocol):
     #: Whether a new entry can be superseded before it waits (`superseded`).
     may_supersede: bool
+    #: How many lists in message id order the entries are in, one after another in
+    #: delivery order (a FIFO: 1, a priority queue: its levels), for `remove_if_in`.
+    parts: int
 
     def __len__(self) -> int: ...
 
@@ -47,6 +50,16 @@ class Waiting(Protocol):
     ) -> list[Entry]:
         """Remove and return, in delivery order, the entries `predicate` accepts; stop
         early (keeping the rest) once `stop()` is true."""
+
+    def remove_if_in(
+        self,
+        part: int,
+        predicate: Callable[[Entry], bool],
+        stop: Callable[[], bool] | None,
+        after: int,
+    ) -> list[Entry]:
+        """`remove_if` over one of the `parts` (0: the first to be delivered), asking
+        `predicate` only about the entries whose id is above `after`."""
 
     def remove_expired(self, now: int) -> list[Entry]:
         """Remove and return, in delivery order, the entries whose message expired by
@@ -127,6 +140,8 @@ class Fifo(Unaware):
     """
 
     __slots__ = ("_entries", "_head", "_ids", "_kind")
+
+    parts = 1
 
     def __init__(self) -> None:
         #: Entries in order; a `bytes` is a plain message's body.
@@ -272,6 +287,15 @@ class Fifo(Unaware):
         for entry in keep:
             self.append(entry)
         return taken
+
+    def remove_if_in(
+        self,
+        part: int,
+        predicate: Callable[[Entry], bool],
+        stop: Callable[[], bool] | None,
+        after: int,
+    ) -> list[Entry]:
+        return self.remove_if(predicate, stop, after)
 
     def remove_expired(self, now: int) -> list[Entry]:
         """`Waiting.remove_expired`, reading only the entries held as objects: a plain
@@ -425,6 +449,22 @@ class ByPriority(Unaware):
         self._size -= len(taken)
         return taken
 
+    @property
+    def parts(self) -> int:
+        return len(self.levels)
+
+    def remove_if_in(
+        self,
+        part: int,
+        predicate: Callable[[Entry], bool],
+        stop: Callable[[], bool] | None,
+        after: int,
+    ) -> list[Entry]:
+        """`Fifo.remove_if` on a level: part 0 is the highest."""
+        taken = self.levels[len(self.levels) - 1 - part].remove_if(predicate, stop, after)
+        self._size -= len(taken)
+        return taken
+
     def remove_expired(self, now: int) -> list[Entry]:
         taken = [e for level in reversed(self.levels) for e in level.remove_expired(now)]
         self._size -= len(taken)
@@ -445,6 +485,7 @@ class LastValue:
     """
 
     may_supersede = True
+    parts = 1  # arrival order: a newer value is a newer message
 
     def __init__(self, key_of: Callable[[Entry], object]) -> None:
         self.key_of = key_of
@@ -514,6 +555,29 @@ class LastValue:
     ) -> list[Entry]:
         taken: list[Entry] = []
         for key, entry in list(self._entries.items()):
+            if stop is not None and stop():
+                break
+            if predicate(entry):
+                del self._entries[key]
+                taken.append(entry)
+        return taken
+
+    def remove_if_in(
+        self,
+        part: int,
+        predicate: Callable[[Entry], bool],
+        stop: Callable[[], bool] | None,
+        after: int,
+    ) -> list[Entry]:
+        """`remove_if` of the entries newer than `after`: the list is in arrival order
+        (a newer value is a newer message), so they are the last ones."""
+        newer: list[tuple[object, Entry]] = []
+        for key, entry in reversed(self._entries.items()):
+            if entry.message.id <= after:
+                break
+            newer.append((key, entry))
+        taken: list[Entry] = []
+        for key, entry in reversed(newer):
             if stop is not None and stop():
                 break
             if predicate(entry):

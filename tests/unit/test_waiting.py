@@ -183,3 +183,28 @@ def test_remove_expired_on_priorities_and_last_values_keeps_the_rest() -> None:
     assert ids(values.remove_expired(9)) == []
     assert ids(values.remove_expired(10)) == [5]
     assert ids(values) == [6]
+
+
+def test_remove_if_in_asks_only_about_entries_newer_than_after() -> None:
+    values = LastValue(lambda entry: entry.message.address)
+    for n, key in enumerate("abcde", 1):
+        values.append(message(n, address=key))
+    values.append(message(6, address="b"))  # replaces 2: a newer value is the last entry
+    asked: list[int] = []
+
+    def ask(entry: object) -> bool:
+        asked.append(entry.message.id)  # type: ignore[attr-defined]
+        return entry.message.id % 2 == 0  # type: ignore[attr-defined]
+
+    assert ids(values.remove_if_in(0, ask, None, 3)) == [4, 6]
+    assert asked == [4, 5, 6]
+    assert ids(values) == [1, 3, 5]
+
+    levels = ByPriority()
+    for n, priority in ((1, 9), (2, 1), (3, 9), (4, 1)):
+        levels.append(message(n, priority=priority))
+    assert levels.parts == 10
+    asked.clear()
+    assert ids(levels.remove_if_in(0, ask, None, 1)) == []  # the highest level: 3 is odd
+    assert ids(levels.remove_if_in(8, ask, None, 0)) == [2, 4]  # priority 1's level
+    assert asked == [3, 2, 4] and len(levels) == 2

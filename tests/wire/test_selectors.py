@@ -9,6 +9,8 @@ from proton import Message
 from proton.reactor import Selector
 from proton.utils import LinkDetached
 
+from scow.core.testing import DEFAULT_PLUGINS
+
 from .helpers import bodies, connected, drain, pump, receive, send
 
 #: Five messages with application properties covering strings, numbers, NULLs and escapes.
@@ -239,17 +241,43 @@ class _CountingFilter:
         return bool(self._inner(message))
 
 
+#: The queue types, by the arguments of a queue "paint" (None: the standard type,
+#: auto-created).
+QUEUE_TYPES = pytest.mark.parametrize(
+    "arguments",
+    [None, {"qpid.priorities": 10}, {"last-value-key": "k"}, {"qpid.paging": True}],
+    ids=["standard", "priority", "last-value", "qpid-paged"],
+)
+
+
+def paint_broker(scow_broker: Any, arguments: dict[str, Any] | None) -> Any:
+    if arguments is None:
+        return scow_broker()
+    return scow_broker(
+        plugins=[*DEFAULT_PLUGINS, "qpid-paged-queues"],
+        sections={"queues": {"paint": {"routing-type": "ANYCAST", "arguments": arguments}}},
+    )
+
+
+def blue(i: int) -> Message:
+    """A message a red selector refuses: of its own key (last-value) and, on a priority
+    queue, level."""
+    return Message(body=f"blue{i}", priority=i % 10, properties={"color": "blue", "k": i})
+
+
+@QUEUE_TYPES
 def test_a_selector_is_asked_about_each_waiting_message_once_however_often_credit_comes(
-    scow_broker,
+    scow_broker, arguments
 ):
     """A selector consumer's every flow frame used to scan the whole waiting list again:
     with 115,905 non-matching messages in memory (the packaged config's limit, 1 KiB
-    each) the 10 matching ones behind them took 2.5 s to arrive, and 60 s with a LIKE."""
-    broker = scow_broker()
+    each) the 10 matching ones behind them took 2.5 s to arrive, and 60 s with a LIKE.
+    A priority queue (whose levels are each in arrival order), a last-value and a
+    qpid-paged queue did so until the notes were kept per level and for every list."""
+    broker = paint_broker(scow_broker, arguments)
     waiting = 300
     with connected(broker.url) as conn:
-        blues = [Message(body=f"blue{i}", properties={"color": "blue"}) for i in range(waiting)]
-        send(conn, "paint", *blues)
+        send(conn, "paint", *(blue(i) for i in range(waiting)))
         reds = conn.create_receiver(
             "paint", credit=0, name="reds", options=Selector("color = 'red'")
         )
@@ -269,17 +297,17 @@ def test_a_selector_is_asked_about_each_waiting_message_once_however_often_credi
         assert broker.call(lambda: counting.calls) == waiting + 1
 
 
-def test_a_message_put_back_among_those_a_selector_refused_still_reaches_it(scow_broker):
+@QUEUE_TYPES
+def test_a_message_put_back_among_those_a_selector_refused_still_reaches_it(scow_broker, arguments):
     """What a pass notes as refused holds for the messages that waited then: one given
     back later by another consumer (id below the note) is offered to the selector again."""
-    broker = scow_broker()
+    broker = paint_broker(scow_broker, arguments)
     with connected(broker.url) as conn:
-        send(conn, "paint", Message(body="red0", properties={"color": "red"}))
+        send(conn, "paint", Message(body="red0", properties={"color": "red", "k": "red"}))
         plain = conn.create_receiver("paint", credit=1, name="plain")
         (held,) = receive(plain, 1, accept=False)
         assert held.body == "red0"
-        blues = [Message(body=f"blue{i}", properties={"color": "blue"}) for i in range(3)]
-        send(conn, "paint", *blues)
+        send(conn, "paint", *(blue(i) for i in (9, 4, 14)))  # levels 9, 4 (red0's) and 4
         reds = conn.create_receiver(
             "paint", credit=0, name="reds", options=Selector("color = 'red'")
         )
