@@ -1950,9 +1950,20 @@ class Broker:
 
     # ------------------------------------------------------------------ introspection
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, *, each: bool = True) -> dict[str, Any]:
         """Broker-wide figures, every queue's, and every address's (memory and paging),
-        and those of plugins that registered some in `stats_sections`."""
+        and those of plugins that registered some in `stats_sections`. Without `each`,
+        "queues" and "address-stats" are left empty for the caller to fill from
+        `queue.stats()` and `address_stats` (a few at a time, with many)."""
+        if not each:
+            return {**self._broker_stats(), "address-stats": {}, "queues": {}}
+        return {
+            **self._broker_stats(),
+            "address-stats": {name: self.address_stats(a) for name, a in self.addresses.items()},
+            "queues": {name: q.stats() for name, q in self.queues.items()},
+        }
+
+    def _broker_stats(self) -> dict[str, Any]:
         return {
             **self.limits.stats(),
             **{name: section() for name, section in self.stats_sections.items()},
@@ -1961,8 +1972,6 @@ class Broker:
             "max-client-sockets": self.security.max_sockets,
             "client-sockets-refused": self.security.sockets_refused,
             "addresses": len(self.addresses),
-            "address-stats": {name: self.address_stats(a) for name, a in self.addresses.items()},
-            "queues": {name: q.stats() for name, q in self.queues.items()},
             "messages-routed": self.messages_routed,
             "messages-unrouted": self.messages_unrouted,
             "messages-expired": self.messages_expired,

@@ -16,10 +16,10 @@ import binascii
 import json
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -29,7 +29,11 @@ from scow.core.model import BrokerError
 from scow.plugins.management.metrics import MetricsSnapshot, exposition
 from scow.plugins.management.rates import Rates
 
+if TYPE_CHECKING:
+    from scow.core.broker import Broker
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 #: The operations on behalf of the request's authenticated user.
 _MANAGEMENT = web.RequestKey("management", Management)
 
@@ -107,6 +111,31 @@ async def _listing(
             if described is not None:
                 parts.append(_dumps(described))
     return web.Response(text=f"[{','.join(parts)}]", content_type="application/json")
+
+
+async def _stats(broker: Broker) -> dict[str, Any]:
+    """`broker.stats()`, each queue's and address's figures read a slice at a time with
+    the connections served between: with 10,000 queues, reading them whole held the
+    event loop 0.09 s for every scrape and every /api/broker (the console's, each
+    second). Each queue and address is as it was when read, not all at one instant."""
+    stats = broker.stats(each=False)
+    stats["queues"] = await _each(broker.queues, lambda queue: queue.stats())
+    stats["address-stats"] = await _each(broker.addresses, broker.address_stats)
+    return stats
+
+
+async def _each(table: Mapping[str, T], read: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
+    """`read` of each of `table`'s values that is still there when its slice comes."""
+    names = list(table)
+    out = {}
+    for start in range(0, len(names), LISTING_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        for name in names[start : start + LISTING_SLICE]:
+            item = table.get(name)
+            if item is not None:
+                out[name] = read(item)
+    return out
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -190,7 +219,7 @@ class ManagementApi:
     # ------------------------------------------------------------------ reading
 
     async def get_broker(self, request: web.Request) -> web.Response:
-        stats = self.broker.stats()
+        stats = await _stats(self.broker)
         addresses = list(stats["address-stats"].values())
         return _json(
             {
@@ -269,7 +298,7 @@ class ManagementApi:
         return web.Response(text=page.read_text(), content_type="text/html")
 
     async def get_metrics(self, request: web.Request) -> web.Response:
-        snapshot = MetricsSnapshot(self.broker, self.data_dir)
+        snapshot = MetricsSnapshot(await _stats(self.broker), self.broker, self.data_dir)
         return web.Response(
             body=await asyncio.to_thread(exposition, snapshot),
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},

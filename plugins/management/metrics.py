@@ -1,9 +1,10 @@
 """Prometheus metrics with Artemis's names, built from the broker's statistics per scrape.
 
 Nothing is counted on the per-message path: a scrape reads `Broker.stats()` (and the
-connections the plugin tracks) once on the event loop (`MetricsSnapshot`), and the metric
-families and their text are made from that copy on a worker thread (`exposition`):
-with 10,000 queues the text took 0.7 s, every connection stalled meanwhile.
+connections the plugin tracks) on the event loop, each queue's and address's figures a
+slice at a time (`api._stats`), and the metric families and their text are made from that
+copy (`MetricsSnapshot`) on a worker thread (`exposition`): with 10,000 queues the text
+took 0.7 s, every connection stalled meanwhile.
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ ADDRESS_METRICS = (
 
 
 class MetricsSnapshot:
-    """What one scrape reports, read on the event loop: the broker's statistics, its
-    connection count and its data dir (for the disk's usage)."""
+    """What one scrape reports, read on the event loop: the broker's statistics
+    (`Broker.stats`), its connection count and its data dir (for the disk's usage)."""
 
     __slots__ = ("connections", "data_dir", "stats")
 
-    def __init__(self, broker: Broker, data_dir: Path) -> None:
-        self.stats = broker.stats()
+    def __init__(self, stats: dict[str, Any], broker: Broker, data_dir: Path) -> None:
+        self.stats = stats
         # the one live object in it: copied, as a thread reads the rest
         self.stats["storage-blocked-by"] = list(self.stats["storage-blocked-by"])
         self.connections = len(broker.connections)

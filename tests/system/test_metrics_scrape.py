@@ -6,7 +6,9 @@ With 10,000 queues (one per tenant or device, as brokers are used), the text of
 console asks for every second) 0.17 and 0.3 s: no connection was served meanwhile. Now a
 scrape reads only the statistics there and makes its text on a worker thread, and a
 listing describes a slice of queues or addresses per turn of the loop and is encoded on
-a worker thread.
+a worker thread. The statistics themselves (every queue's and address's, which
+`/api/broker` also reads: the console, every second) took 0.09 s; they too are read a
+slice at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tests.system.topology import BrokerSpec
 QUEUES = 3000
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/api/queues", "/api/addresses"])
+@pytest.mark.parametrize("path", ["/metrics", "/api/broker", "/api/queues", "/api/addresses"])
 def test_a_scrape_of_thousands_of_queues_does_not_stop_the_broker_serving(system_broker, path):
     queues = {f"tenant.{n}": {"routing-type": "ANYCAST"} for n in range(QUEUES)}
     broker = system_broker(BrokerSpec(queues=queues))
@@ -74,5 +76,7 @@ def test_a_scrape_of_thousands_of_queues_does_not_stop_the_broker_serving(system
     # every queue, the probe's too
     if path == "/metrics":
         assert text.count("artemis_message_count{") == QUEUES + 1
+    elif path == "/api/broker":
+        assert json.loads(text)["queues"] == QUEUES + 1
     else:
         assert len(json.loads(text)) == QUEUES + 1
