@@ -346,6 +346,48 @@ def _indexed_run(
 class QueueCursor:
     """One queue's read position in its address's pages."""
 
+    # every queue of a paging address has one, paging or not: 1.2 KB less per queue
+    # than as a dict
+    __slots__ = (
+        "_batch",
+        "_batch_for",
+        "_browsing",
+        "_deliverable",
+        "_fill_due",
+        "_filling",
+        "_held_by_unsettled",
+        "_held_logged_at",
+        "_kinds",
+        "_next_expiry",
+        "_queue_enqueue_all",
+        "_reading",
+        "_scan",
+        "_scan_key",
+        "_settled",
+        "_windows",
+        "acked",
+        "backlog",
+        "backlog_bytes",
+        "closed",
+        "counts",
+        "drain_to_queue",
+        "held",
+        "indexed_reads",
+        "offset",
+        "page",
+        "paged_priorities",
+        "pager",
+        "pages_skipped",
+        "pending",
+        "priorities_known",
+        "purging",
+        "queue",
+        "reads",
+        "reads_held_by_unsettled",
+        "records",
+        "taken",
+    )
+
     def __init__(self, pager: AddressPager, queue: Queue) -> None:
         self.pager = pager
         self.queue = queue
