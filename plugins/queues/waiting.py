@@ -367,6 +367,7 @@ class ByPriority(Unaware):
 
     def __init__(self, levels: int = 10, fairshare: int = 0) -> None:
         self.levels = [Fifo() for _ in range(levels)]
+        self.parts = levels  # each level, highest first (`remove_if_in`)
         self._lowest = 10 - levels
         self.fairshare = fairshare
         self._streak = 0  # messages the current level handed out in a row
@@ -448,10 +449,6 @@ class ByPriority(Unaware):
             taken += level.remove_if(predicate, stop)
         self._size -= len(taken)
         return taken
-
-    @property
-    def parts(self) -> int:
-        return len(self.levels)
 
     def remove_if_in(
         self,
