@@ -1732,11 +1732,13 @@ class Broker:
         *,
         retry: bool = False,
     ) -> None:
-        """Move `ref`'s message to `target` (a copy there, then `ref` dereferenced).
+        """Move `ref`'s message to `target`: a copy there and `ref` dereferenced, in one
+        transaction (`_store_move`).
 
-        When storage has no room for the copy, the message stays where it was (in memory
-        and in its queue's journal record) and the move is tried again every
-        MOVE_RETRY seconds until it is stored: once space returns it happens, once."""
+        When storage has no room for the copy or the acknowledgement, the message stays
+        where it was (in memory and in its queue's journal record) and the move is tried
+        again every MOVE_RETRY seconds until it is stored: once space returns it happens,
+        once."""
         message = ref.message
         queue: Any = ref.queue
         if target and target != queue.address:
@@ -1760,14 +1762,8 @@ class Broker:
                     durable=message.durable,
                     priority=message.priority,
                 )
-                target_address = self.addresses[target]
-                # `ref` goes once the copy is stored: the copy may go to pages, which the
-                # journal, where `ref`'s acknowledgement goes, does not wait for
-                stored = after_all(1, partial(self._dereference, ref))
                 try:
-                    status = self._accept(
-                        copy, queues, target_address, stored, target_address.is_full()
-                    )
+                    self._store_move(ref, copy, queues, self.addresses[target])
                 except StorageFull as exc:
                     # The copy cannot be stored: the message keeps its place (its memory,
                     # its journal record) and the move is tried again later, not offered
@@ -1784,13 +1780,32 @@ class Broker:
                     asyncio.get_running_loop().call_later(
                         MOVE_RETRY, self._retry_move, ref, target, prefix, extra
                     )
-                    return
-                if status is not RouteStatus.PENDING:
-                    stored()  # nothing waits for storage
                 return
             else:
                 log.warning("no queue on dead-letter/expiry address", address=target)
         self._dereference(ref)
+
+    def _store_move(
+        self, ref: MessageRef, copy: Message, queues: list[Any], address: AddressInfo
+    ) -> None:
+        """Store `copy` for `queues` of `address` (its memory or its pages) and journal
+        `ref`'s acknowledgement as one transaction, so that a crash leaves one of them,
+        never both (the restarted broker would move the original again: two copies);
+        `ref` lets go of its memory once the transaction is durable. Raises StorageFull,
+        having changed nothing, when storage has no room for either."""
+        kept: list[tuple[Message, list[Any], AddressInfo]] = []
+        paged: list[tuple[Message, list[Any], Any]] = []
+        _place((copy, queues, address.is_full()), address, kept, paged)
+        tx = Transaction(self.next_id())
+        taken = _Taken()
+        try:
+            self._store_kept(tx, kept, taken)
+            self._store_acks(tx, [ref], taken)
+            self._store_last(tx, [], paged, taken)
+        except StorageFull:
+            self._abandon_commit(tx, taken.stored, taken.acks, 0)  # a copy is not routed
+            raise
+        self._commit_stored(tx, partial(self._release_memory, ref), [], paged, taken)
 
     def _retry_move(self, ref: MessageRef, target: str | None, prefix: str, extra: dict) -> None:
         self.moves_waiting -= 1
