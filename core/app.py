@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from scow.core.ha import FileStoreLock, HaMember, StoreLock
 from scow.core.interfaces import Completion, Journal, ProtocolServer, Service
 from scow.core.large_message_files import configured_store
 from scow.core.memory_trim import MemoryTrimmer
-from scow.core.model import BrokerError, ConnectionInfo, host_port
+from scow.core.model import BrokerError, ConnectionInfo, MemoryLimits, host_port
 from scow.core.plugins import PluginError, PluginManager
 from scow.core.selector import compile_selector
 from scow.core.storage import StorageManager
@@ -86,6 +87,33 @@ def _only_known(
 def _run_all(completions: list[Completion]) -> None:
     for completion in completions:
         completion()
+
+
+class _Backlog:
+    """Tells the broker's limits that a journal fell behind its disk (producers get no
+    more credit) or caught up. A journal falls behind as the event loop appends to it:
+    then at once, since the loop may go on reading one producer's socket for many
+    messages before it runs a callback, and on a fast link that is megabytes. It catches
+    up on its own threads: then through the loop, where a change that a later one
+    overtook (made at once) is dropped."""
+
+    __slots__ = ("changes", "limits", "loop", "thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limits: MemoryLimits) -> None:
+        self.loop, self.limits = loop, limits
+        self.thread = threading.get_ident()
+        self.changes: dict[str, int] = {}  # per reason: how many changes it had
+
+    def __call__(self, reason: str, hold: bool) -> None:
+        change = self.changes[reason] = self.changes.get(reason, 0) + 1
+        if threading.get_ident() == self.thread:
+            self._apply(reason, hold, change)
+        else:
+            self.loop.call_soon_threadsafe(self._apply, reason, hold, change)
+
+    def _apply(self, reason: str, hold: bool, change: int) -> None:
+        if self.changes[reason] == change:  # the last one
+            (self.limits.block if hold else self.limits.unblock)(reason)
 
 
 class _ConnectionRegistry:
@@ -301,11 +329,7 @@ class Server:
         )
         broker.hooks = self.plugins.hook
         limits = broker.limits
-        storage.hold_producers(
-            lambda reason, hold: loop.call_soon_threadsafe(
-                limits.block if hold else limits.unblock, reason
-            )
-        )
+        storage.hold_producers(_Backlog(loop, limits))
         try:
             broker.load_persisted_settings()
         except BrokerError as exc:

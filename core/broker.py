@@ -1161,9 +1161,13 @@ class Broker:
         then `on_done` runs. ROUTED when that was at once."""
         waiting = self._admit_ids(admitted) if admitted else []
         barrier = _Barrier()
+        # The commit record goes only once the pages hold the transaction's messages: a
+        # crash before it leaves none of the transaction, never its acknowledgements
+        # without the messages it paged (a dead letter's copy, a pipeline's output).
+        pages = _Barrier() if paged and taken.journaled else barrier
         pagers: list[Any] = []
         for message, queues, pager in paged:
-            pager.page(message, queues, barrier.add(), tx.id)
+            pager.page(message, queues, pages.add(), tx.id)
             if pager not in pagers:
                 pagers.append(pager)
         acks, tx.acks, tx.sends, tx.packed = tx.acks, [], [], {}
@@ -1191,7 +1195,10 @@ class Broker:
                     resent()
             done_now = True
 
-        if taken.journaled:
+        if pages is not barrier:
+            committed = barrier.add()
+            pages.arm(lambda: self.storage.commit(tx.id, committed))
+        elif taken.journaled:
             self.storage.commit(tx.id, barrier.add())
         barrier.arm(finish)
         return RouteStatus.ROUTED if done_now else RouteStatus.PENDING

@@ -215,6 +215,11 @@ class FileJournal:
         self._syncer_thread: threading.Thread | None = None
         self._inflight: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._io_slots = threading.BoundedSemaphore(self._max_io)
+        #: Bytes written and not yet synced (`journal-max-io` > 1). The writer takes no
+        #: batch while they are `_max_pending` or more, so that appends then hold
+        #: producers: a stalled sync must not let its writer run ahead by `_max_io`
+        #: batches, whatever their size.
+        self._unsynced = 0
         self._aio = False
 
     # ================================================================== public API
@@ -971,8 +976,11 @@ class FileJournal:
             critical.storage_failed(f"journal {self.directory}", exc)
 
     def _take(self) -> Batch | None:
-        """Wait for work, let the buffer fill until the timeout, take a batch."""
+        """Wait for work, let the buffer fill until the timeout, take a batch (once what
+        is written but not synced is under `_max_pending`)."""
         with self._lock:
+            while self._unsynced >= self._max_pending and self._failed is None:
+                self._done_cond.wait()
             while not (self._pending or self._sealed or self._force):
                 if self._writer_stop or self._failed is not None:
                     return None
@@ -1010,7 +1018,9 @@ class FileJournal:
                 self._chunks = []
             self._seg_start = self._pos
         self._batch_no += 1
-        batch = Batch(self._batch_no, segments, self._comps, self._want_sync or self._force)
+        batch = Batch(
+            self._batch_no, segments, self._comps, self._want_sync or self._force, self._pending
+        )
         self._comps = []
         self._want_sync = self._force = False
         self._pending = 0
@@ -1061,6 +1071,8 @@ class FileJournal:
                 self.counters.batches += 1
                 if self._max_io > 1:
                     self._io_slots.acquire()
+                    with self._lock:
+                        self._unsynced += batch.size
                     self._write(writer, batch)
                     self._inflight.put(batch)
                 else:
@@ -1149,6 +1161,11 @@ class FileJournal:
                 )
         with self._lock:
             self._done_no = batches[-1].number
+            if self._max_io > 1:
+                behind = self._unsynced >= self._max_pending
+                self._unsynced -= sum(b.size for b in batches)
+                if behind:  # the writer may be waiting for this
+                    self._done_cond.notify_all()
             if self._flush_waiters:
                 self._done_cond.notify_all()
 

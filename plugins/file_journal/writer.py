@@ -62,6 +62,8 @@ class Batch:
     segments: list[Segment]
     completions: list[Completion]
     sync: bool
+    #: bytes appended into it
+    size: int = 0
 
 
 def round_up(n: int, align: int = ALIGNMENT) -> int:

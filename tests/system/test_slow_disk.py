@@ -115,19 +115,28 @@ def _answers_quickly(broker, *, non_durable: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("memory", "held_by"),
-    [("256MiB", "journal "), ("2MiB", "")],
-    ids=["in-memory", "paging"],
+    ("memory", "journal_type", "held_by"),
+    [("256MiB", "NIO", "journal "), ("256MiB", "AIO", "journal "), ("2MiB", "NIO", "")],
+    ids=["in-memory", "in-memory-aio", "paging"],
 )
 def test_a_stalled_disk_holds_durable_producers_back_and_nothing_else(
-    system_broker, stalling_disk, memory, held_by
+    system_broker, stalling_disk, memory, journal_type, held_by
 ):
     """In memory, the journal holds its producers back once it is a file behind; where
     everything pages (2 MiB of memory), so does the page writer, and non-durable messages
-    wait for the disk too, as they must: they have nowhere else to go."""
+    wait for the disk too, as they must: they have nowhere else to go.
+
+    It held them late: the loop was told through a callback, and a fast producer kept it
+    reading its socket (libuv reads on while there is data) for 10 MB before it ran; and
+    with AIO the writer went on writing batches while their sync waited, each of them
+    letting the producers go again."""
     command, flag = stalling_disk
     anycast = {"routing-type": "ANYCAST"}
-    spec = BrokerSpec(queues={"durable": anycast, "live": anycast}, global_max_size=memory)
+    spec = BrokerSpec(
+        queues={"durable": anycast, "live": anycast},
+        global_max_size=memory,
+        journal={"journal-file-size": "1MiB", "journal-min-files": 2, "journal-type": journal_type},
+    )
     broker = system_broker(spec, command=command)
     in_memory = memory != "2MiB"
     _answers_quickly(broker, non_durable=True)
@@ -149,8 +158,10 @@ def test_a_stalled_disk_holds_durable_producers_back_and_nothing_else(
         while time.monotonic() < stalled_until:
             _answers_quickly(broker, non_durable=in_memory)
         held = broker.api("/api/queues/durable")["message-count"]
-        # (it failed once in CI, 16,500 held, and not in 20 runs since: say what it saw)
-        assert held < COUNT // 2, (
+        # a file (1 MiB: 1,000 messages) not taken by the writer, with AIO one more written
+        # but not synced, and the producer's credit (1,000); it held 1,500 to 3,000 here,
+        # and 8,500 to 16,500 (20,000: all, with AIO) before
+        assert held <= 4_000, (
             held,
             broker.api("/api/broker")["journal"],
             broker.log_lines("journal behind", "slow disk", "producers"),
@@ -274,8 +285,8 @@ def test_a_dead_letter_leaves_its_queue_only_once_its_copy_in_pages_is_stored(
     writer, while its acknowledgement on the queue it left went to the journal at once.
     The journal does not wait for the page writer, so a crash while the page writer was
     behind (its syncs stalled: records wait in its memory) lost the message from both.
-    Now the acknowledgement waits until the copy is stored: here no copy can be, so after
-    a SIGKILL every message is still in its queue."""
+    Now the move is a transaction whose commit record waits until the copy is stored:
+    here no copy can be, so after a SIGKILL every message is still in its queue."""
     command, flag = stalling_pages
     anycast = {"routing-type": "ANYCAST"}
     spec = BrokerSpec(
@@ -307,3 +318,49 @@ def test_a_dead_letter_leaves_its_queue_only_once_its_copy_in_pages_is_stored(
     broker.start()
     work, dead = (broker.api(f"/api/queues/{q}")["message-count"] for q in ("work", "DLA"))
     assert work == count, f"{count - work} left 'work', and 'DLA' holds {dead}"
+
+
+def test_a_transaction_into_pages_commits_only_once_its_pages_are_stored(
+    system_broker, stalling_pages
+):
+    """A pipeline stage takes messages from one address and sends them on to another
+    that pages, in one transaction. Its commit record went to the journal while its
+    messages still waited for the page writer, so a crash then applied the
+    acknowledgements and lost the messages they were turned into: gone from both
+    addresses. Now the commit record waits for the pages: after a SIGKILL the
+    transaction is undone, every message still where it came from."""
+    command, flag = stalling_pages
+    anycast = {"routing-type": "ANYCAST"}
+    spec = BrokerSpec(
+        queues={"in": anycast, "out": anycast, "marker": anycast},
+        address_settings={"out": {"max-size-bytes": "1KiB"}},
+    )
+    broker = system_broker(spec, command=command)
+    count, before = 50, 20
+    perf_send(broker, "in", count)
+    perf_send(broker, "out", before)  # 2 KiB: what the transaction sends goes to pages
+    written = lambda: broker.api("/api/addresses/out")["messages-written-to-pages"]  # noqa: E731
+    assert broker.api("/api/addresses/out")["paging"]
+    paged = written()
+    flag.touch()  # from here on no page file is synced
+    forward = subprocess.Popen(
+        [sys.executable, "-m", "tests.system.forward", broker.url, "in", "out", str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert forward.stdout is not None
+        assert forward.stdout.readline() == "committing\n"
+        wait_for(lambda: written() == paged + count, 30)  # the commit is under way
+        # the journal keeps order: once this one is confirmed, what the journal was given
+        # for the commit before it is on disk
+        perf_send(broker, "marker", 1)
+        assert forward.poll() is None  # no outcome: the pages are not stored
+        broker.kill()
+    finally:
+        flag.unlink()
+        forward.kill()
+        forward.wait(10)
+    broker.start()
+    left, out = (broker.api(f"/api/queues/{q}")["message-count"] for q in ("in", "out"))
+    assert (left, out) == (count, before), f"{count - left} left 'in', and 'out' holds {out}"
