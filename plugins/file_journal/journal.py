@@ -215,10 +215,10 @@ class FileJournal:
         self._syncer_thread: threading.Thread | None = None
         self._inflight: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._io_slots = threading.BoundedSemaphore(self._max_io)
-        #: Bytes written and not yet synced (`journal-max-io` > 1). The writer takes no
-        #: batch while they are `_max_pending` or more, so that appends then hold
-        #: producers: a stalled sync must not let its writer run ahead by `_max_io`
-        #: batches, whatever their size.
+        #: Bytes taken by the writer and not yet synced. The writer takes no batch while
+        #: they are `_max_pending` or more, so that appends then hold producers: with
+        #: `journal-max-io` > 1 a stalled sync must not let the writer run ahead by
+        #: `_max_io` batches, whatever their size.
         self._unsynced = 0
         self._aio = False
 
@@ -977,7 +977,7 @@ class FileJournal:
 
     def _take(self) -> Batch | None:
         """Wait for work, let the buffer fill until the timeout, take a batch (once what
-        is written but not synced is under `_max_pending`)."""
+        was taken but not synced is under `_max_pending`)."""
         with self._lock:
             while self._unsynced >= self._max_pending and self._failed is None:
                 self._done_cond.wait()
@@ -1023,6 +1023,7 @@ class FileJournal:
         )
         self._comps = []
         self._want_sync = self._force = False
+        self._unsynced += self._pending
         self._pending = 0
         self._last_flush = time.monotonic()
         if self._holding:
@@ -1071,8 +1072,6 @@ class FileJournal:
                 self.counters.batches += 1
                 if self._max_io > 1:
                     self._io_slots.acquire()
-                    with self._lock:
-                        self._unsynced += batch.size
                     self._write(writer, batch)
                     self._inflight.put(batch)
                 else:
@@ -1161,11 +1160,10 @@ class FileJournal:
                 )
         with self._lock:
             self._done_no = batches[-1].number
-            if self._max_io > 1:
-                behind = self._unsynced >= self._max_pending
-                self._unsynced -= sum(b.size for b in batches)
-                if behind:  # the writer may be waiting for this
-                    self._done_cond.notify_all()
+            behind = self._unsynced >= self._max_pending
+            self._unsynced -= sum(b.size for b in batches)
+            if behind:  # the writer may be waiting for this
+                self._done_cond.notify_all()
             if self._flush_waiters:
                 self._done_cond.notify_all()
 
