@@ -46,6 +46,12 @@ log = structlog.get_logger("scow")
 
 #: Allocations between young-generation collections (CPython's default is 700).
 GC_THRESHOLD = 50_000
+#: Seconds a thread running Python may keep the GIL while another waits (CPython's
+#: default is 0.005). The loop's work releases the GIL at every proton call and socket
+#: write; behind a busy helper thread (a stream's selector scan, a page read, an export)
+#: each release cost it up to a whole interval, and a management reply, some hundred
+#: releases, waited 0.1 s.
+SWITCH_INTERVAL = 0.001
 #: Seconds a broker stepping down (HA) waits for its store to close before it restarts.
 STEP_DOWN_TIMEOUT = 10
 #: Seconds into a stop after which the log says storage is what it waits for.
@@ -383,6 +389,7 @@ class Server:
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, 50, 50)
+        sys.setswitchinterval(SWITCH_INTERVAL)
         return broker
 
     def _declare_configured_queues(self, broker: Broker) -> None:

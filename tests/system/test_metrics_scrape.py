@@ -54,7 +54,11 @@ def test_a_scrape_of_thousands_of_queues_does_not_stop_the_broker_serving(system
                 scraped.append(response.read())
             window.append(time.monotonic())
 
-        for _ in range(3):  # the first may be slowed by the worker thread's start
+        # (longest gap between round trips, the scrape's time, round trips in it) of three
+        # scrapes: a broker that stops serving while it makes the text shows it in every
+        # one; a machine busy with other work lengthens some gaps, never shortens them
+        scrapes: list[tuple[float, float, int]] = []
+        for _ in range(3):
             scraper = threading.Thread(target=scrape)
             done = [time.monotonic()]
             scraper.start()
@@ -64,12 +68,13 @@ def test_a_scrape_of_thousands_of_queues_does_not_stop_the_broker_serving(system
             scraper.join()
             began, ended = window[-2:]
             gaps = [b - a for a, b in itertools.pairwise(done) if b > began and a < ended]
-            longest = max(gaps)
-            took = ended - began
-            assert longest < took / 2, (
-                f"no round trip for {longest:.3f} s of a {took:.3f} s scrape: the broker "
-                f"stopped serving while it made the text ({len(gaps)} round trips in it)"
-            )
+            scrapes.append((max(gaps), ended - began, len(gaps)))
+        longest, took, trips = min(scrapes, key=lambda s: s[0] / s[1])
+        assert longest < took / 2, (
+            f"no round trip for {longest:.3f} s of a {took:.3f} s scrape, in the best of "
+            f"{len(scrapes)}: the broker stopped serving while it made the text "
+            f"({trips} round trips in it)"
+        )
     finally:
         connection.close()
     text = scraped[-1].decode()
