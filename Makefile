@@ -10,7 +10,10 @@ TSTAMP := $(VENV)/.installed-test
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# the hot path's C builds (pyproject.toml's ext-modules) are rebuilt when their sources change
+SPEEDUPS := $(wildcard core/*.c protocols/amqp/*.c)
+
+$(STAMP): pyproject.toml $(SPEEDUPS) | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 

@@ -16,7 +16,7 @@ def copy_tree(source: Path, target: Path, names: tuple[str, ...]) -> Path:
     """Copy `names` of `source`: pip builds in the source tree, and the checkout must
     stay untouched (others build and test in it at the same time)."""
     target.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".venv", "data")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".venv", "data", "*.so")
     for name in names:
         path = source / name
         if path.is_dir():

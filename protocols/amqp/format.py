@@ -12,6 +12,11 @@ from scow.core.duplicates import DUPLICATE_ID_PROPERTY, key_of
 from scow.core.message import Header, Message
 from scow.protocols.amqp import codec
 
+try:  # the C build of `inspect` (protocols/amqp/_speedups.c); optional, as a compiler is
+    from scow.protocols.amqp._speedups import Inspector
+except ImportError:
+    Inspector = None
+
 log = structlog.get_logger("scow.amqp")
 
 _DUPLICATE_ID_NAME = DUPLICATE_ID_PROPERTY.encode()
@@ -40,7 +45,12 @@ class AmqpMessageFormat:
 
     name = "amqp-1.0"
 
-    def __init__(self) -> None:
+    def __init__(self, *, speedups: bool = True) -> None:
+        #: `MessageFormat.inspect`: `_inspect`, or (`speedups`, when built) its C build,
+        #: which reads the usual layouts itself and hands any other message to `_inspect`.
+        self.inspect: Callable[[bytes], Header] = (
+            Inspector(self._inspect) if speedups and Inspector is not None else self._inspect
+        )
         #: Encoded application-properties -> decoded, shared by `properties` callers.
         self._properties: dict[bytes, dict[str, Any]] = {}
         #: A message's bytes before the duplicate id's name -> where its application
@@ -51,7 +61,7 @@ class AmqpMessageFormat:
         #: properties end; whether the id is a string; the header's three fields).
         self._id_shape: _IdShape = _NO_SHAPE
 
-    def inspect(self, data: bytes) -> Header:
+    def _inspect(self, data: bytes) -> Header:
         # No duplicate id, nearly always. A message that begins with its body has neither
         # a header nor application properties (both come before it): nothing to read.
         # Others cost one search for the property's name (`find`: `in` costs twice as

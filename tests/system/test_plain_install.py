@@ -65,3 +65,16 @@ def test_plain_install_runs_the_packaged_config_with_management(fresh_venv, tmp_
         [fresh_venv / "bin" / "scow", "--version"], capture_output=True, text=True, timeout=60
     )
     assert printed.returncode == 0 and printed.stdout.startswith(f"scow {VERSION} (Python 3.")
+    # the hot path's C builds were compiled (`ext-modules`: optional, so a failed build
+    # would otherwise go unseen, leaving only the slower Python)
+    built = subprocess.run(
+        [
+            fresh_venv / "bin" / "python",
+            "-c",
+            "import scow.protocols.amqp._speedups as s; print(s.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert built.returncode == 0 and built.stdout.startswith(str(fresh_venv)), built.stderr

@@ -162,11 +162,14 @@ def _encoded(message: object) -> bytes:
     return bytes(message.encode())  # type: ignore[attr-defined]
 
 
-def test_inspect_reads_the_header_and_the_duplicate_id_of_every_message_shape():
+@pytest.mark.parametrize("speedups", [True, False], ids=["c", "python"])
+def test_inspect_reads_the_header_and_the_duplicate_id_of_every_message_shape(speedups):
     from proton import Message as ProtonMessage
 
     from scow.protocols.amqp.codec import DecodeError
-    from scow.protocols.amqp.format import AMQP_FORMAT
+    from scow.protocols.amqp.format import AmqpMessageFormat
+
+    AMQP_FORMAT = AmqpMessageFormat(speedups=speedups)
 
     # only a body (the perf client's messages): defaults, no id, nothing else read
     assert AMQP_FORMAT.inspect(b"\x00\x53\x75\xa0\x03abc") == (False, 4, 0, None)
@@ -194,7 +197,7 @@ def test_inspect_reads_ids_of_messages_alike_up_to_the_name_from_the_first_one_s
 
     from scow.protocols.amqp.format import AmqpMessageFormat
 
-    fmt = AmqpMessageFormat()  # a layout cache of its own
+    fmt = AmqpMessageFormat(speedups=False)  # the Python's layout cache, of its own
 
     def inspect(**kwargs: object) -> object:
         found = fmt.inspect(_encoded(ProtonMessage(**kwargs)))[3]
