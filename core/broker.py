@@ -634,13 +634,14 @@ class Broker:
         key = header[3]
         cache = None
         if key is not None and check_duplicates:
-            cache = self.duplicate_ids.get(address.name)  # _id_cache, inlined: per message
-            if cache is None or cache.size <= 0:
+            # _id_cache, inlined: per message (a cache kept has a size)
+            cache = self.duplicate_ids.get(address.name)
+            if cache is None:
                 cache = self._id_cache(address.name)  # None: detection is off here
             if cache is not None:
                 if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
                     key = id_key(key, address.name)  # raises InvalidField
-                if key in cache.young or key in cache.old:  # `in cache`, inlined: per message
+                if key in cache:
                     return self._duplicate(cache, key, address, on_stored)
         routed = self._route(data, address, fmt, routing_type, header)
         if routed.__class__ is RouteStatus:  # isinstance: 65 ns, EnumType's own check
@@ -658,14 +659,8 @@ class Broker:
             self.messages_routed -= 1  # refused before anything was enqueued or counted
             raise
         # held in memory only: accepted at once, nothing waits
-        if cache is not None:
-            keys = cache.open
-            young = cache.young
-            if keys is not None and len(young) < cache.size:  # `admit`, inlined: per message
-                young[key] = None
-                keys.append(key)
-            elif cache.admit(key):  # the first of this loop pass
-                self._write_ids_soon(address.name, cache)
+        if cache is not None and cache.admit(key):  # the first of this loop pass
+            self._write_ids_soon(address.name, cache)
         return status
 
     def _duplicate(

@@ -19,9 +19,11 @@ through `StorageManager`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from scow.core.interfaces import Completion
 from scow.core.model import BrokerError, InvalidField
+from scow.core.speedups import PURE_PYTHON
 
 #: The application property a producer sets to have a message kept once (Artemis's
 #: `Message.HDR_DUPLICATE_DETECTION_ID`).
@@ -138,7 +140,59 @@ class IdBlock:
         self.keys = keys
 
 
-class DuplicateIdCache:
+class PyIdGenerations:
+    """A cache's two generations of ids, its open block and its size: the part of
+    `DuplicateIdCache` every message with an id uses, as `_speedups.IdGenerations`
+    (core/_speedups.c) builds it in C; this is the build that runs without it."""
+
+    __slots__ = ("journaled", "old", "open", "size", "young")
+
+    def __init__(self, size: int, *, journaled: bool = True) -> None:
+        self.size = size
+        #: Whether the cache's blocks are journaled (persist-id-cache on a journal).
+        self.journaled = journaled
+        #: The ids admitted since the young generation began (at most `size`), as the
+        #: keys of a dict: a miss reads less memory than in a set (whose table is twice
+        #: the size), and every new id is a miss: about 0.2 against 0.3 us per new id at
+        #: 20,000 ids with other memory traffic between (CPU, best of 5).
+        self.young: dict[bytes, None] = {}
+        #: The generation before it (no id of it is in `young`).
+        self.old: dict[bytes, None] = {}
+        #: The ids admitted on their own since the last `close` (None: none yet, or
+        #: the cache is not journaled).
+        self.open: list[bytes] | None = None
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.young or key in self.old
+
+    def __len__(self) -> int:
+        return len(self.young) + len(self.old)
+
+    def admit(self, key: bytes) -> bool:
+        """Admit `key` (newest, not in the cache) into the open block; True when this
+        opened the block, so that a `close` is due."""
+        keys = self.open
+        if keys is not None and len(self.young) < self.size:  # the usual case
+            self.young[key] = None
+            keys.append(key)
+            return False
+        return self._admit(key)
+
+    def _admit(self, key: bytes) -> bool:
+        """`admit` when the young generation is full or no block is open."""
+        raise NotImplementedError
+
+
+if TYPE_CHECKING or PURE_PYTHON:
+    IdGenerations = PyIdGenerations
+else:
+    try:  # the C build (core/_speedups.c); optional, as a compiler is
+        from scow.core._speedups import IdGenerations
+    except ImportError:
+        IdGenerations = PyIdGenerations
+
+
+class DuplicateIdCache(IdGenerations):
     """The ids one address admitted last: at least its last `size`, in two generations.
 
     Ids go into the young generation; when it holds `size` ids, the next id first makes
@@ -160,36 +214,13 @@ class DuplicateIdCache:
     rebuilds the same generations.
     """
 
-    __slots__ = (
-        "dead",
-        "journaled",
-        "old",
-        "old_blocks",
-        "open",
-        "pending",
-        "size",
-        "unwritten",
-        "young",
-        "young_blocks",
-    )
+    __slots__ = ("dead", "old_blocks", "pending", "unwritten", "young_blocks")
 
     def __init__(self, size: int, *, journaled: bool = True) -> None:
-        self.size = size
-        #: Whether the cache's blocks are journaled (persist-id-cache on a journal).
-        self.journaled = journaled
-        #: The ids admitted since the young generation began (at most `size`), as the
-        #: keys of a dict: a miss reads less memory than in a set (whose table is twice
-        #: the size), and every new id is a miss: about 0.2 against 0.3 us per new id at
-        #: 20,000 ids with other memory traffic between (CPU, best of 5).
-        self.young: dict[bytes, None] = {}
-        #: The generation before it (no id of it is in `young`).
-        self.old: dict[bytes, None] = {}
+        super().__init__(size, journaled=journaled)
         #: The blocks of each generation, oldest first.
         self.young_blocks: list[IdBlock] = []
         self.old_blocks: list[IdBlock] = []
-        #: The ids admitted on their own since the last `close` (None: none yet, or
-        #: the cache is not journaled).
-        self.open: list[bytes] | None = None
         #: Blocks cut from the open one when its generation aged, to write at `close`.
         self.unwritten: list[IdBlock] = []
         #: Records of dropped generations, to delete at the next `close`.
@@ -197,12 +228,6 @@ class DuplicateIdCache:
         #: Ids whose admitting commit is not durable yet -> outcomes of resends waiting
         #: for it (a resend is confirmed only once what it duplicates is safe).
         self.pending: dict[bytes, list[Completion]] = {}
-
-    def __contains__(self, key: bytes) -> bool:
-        return key in self.young or key in self.old
-
-    def __len__(self) -> int:
-        return len(self.young) + len(self.old)
 
     def holds_any(self, keys: Iterable[bytes]) -> bool:
         """Whether any of `keys` is in the cache."""
@@ -212,9 +237,7 @@ class DuplicateIdCache:
         """Of ids about to be admitted together (oldest first), those the cache keeps."""
         return keys[max(len(keys) - self.size, 0) :] if self.size > 0 else []
 
-    def admit(self, key: bytes) -> bool:
-        """Admit `key` (newest, not in the cache) into the open block; True when this
-        opened the block, so that a `close` is due."""
+    def _admit(self, key: bytes) -> bool:
         young = self.young
         if len(young) >= self.size:  # full: as `add_block` of one id
             self._age()

@@ -10,12 +10,16 @@ from proton import Message as ProtonMessage
 
 from scow.core.duplicates import DUPLICATE_ID_PROPERTY, key_of
 from scow.core.message import Header, Message
+from scow.core.speedups import PURE_PYTHON
 from scow.protocols.amqp import codec
 
-try:  # the C build of `inspect` (protocols/amqp/_speedups.c); optional, as a compiler is
-    from scow.protocols.amqp._speedups import Inspector
-except ImportError:
+if PURE_PYTHON:
     Inspector = None
+else:
+    try:  # the C build of `inspect` (protocols/amqp/_speedups.c); optional, as a compiler is
+        from scow.protocols.amqp._speedups import Inspector
+    except ImportError:
+        Inspector = None
 
 log = structlog.get_logger("scow.amqp")
 

@@ -287,3 +287,85 @@ def test_keys_written_back_to_back_are_split_by_their_own_lengths():
         split_keys(keys[0] + keys[2][:-1])
     with pytest.raises(ValueError, match=r"key at byte 0 runs past the end"):
         split_keys(b"\xa0")
+
+
+def _generation_builds() -> list[type]:
+    from scow.core import duplicates
+
+    builds: list[type] = [duplicates.PyIdGenerations]
+    try:
+        from scow.core._speedups import IdGenerations
+    except ImportError:  # not built: the Python runs alone (test_plain_install checks it is)
+        pass
+    else:
+        builds.append(IdGenerations)
+    return builds
+
+
+@pytest.mark.parametrize("base", _generation_builds(), ids=lambda base: base.__module__)
+def test_both_builds_of_the_generations_check_and_admit_alike(base):
+    class Cache(base):  # type: ignore[misc, valid-type]
+        __slots__ = ("slow",)
+
+        def _admit(self, key: bytes) -> bool:
+            self.slow.append(key)
+            self.young[key] = None
+            return True
+
+    cache = Cache(2, journaled=True)
+    cache.slow = []
+    assert (cache.size, cache.journaled, cache.young, cache.old, cache.open) == (
+        2,
+        True,
+        {},
+        {},
+        None,
+    )
+    # no open block: the subclass's `_admit` decides
+    assert cache.admit(b"a") is True and cache.slow == [b"a"]
+    cache.open = [b"a"]
+    assert cache.admit(b"b") is False and cache.open == [b"a", b"b"]
+    assert set(cache.young) == {b"a", b"b"} and len(cache) == 2
+    # the young generation full: `_admit` again
+    assert cache.admit(b"c") is True and cache.slow == [b"a", b"c"]
+    cache.old, cache.young = cache.young, {}
+    assert b"a" in cache and b"c" in cache and b"d" not in cache and len(cache) == 3
+    with pytest.raises(TypeError):
+        [] in cache  # noqa: B015  (unhashable, as in a dict)
+
+
+def test_the_python_builds_run_the_duplicate_tests_alone():
+    """SCOW_PURE_PYTHON=1: the Python builds of the hot path, as where no compiler is."""
+    import os
+    import subprocess
+    import sys
+
+    tests = ["tests/unit/test_duplicates.py", "tests/wire/test_duplicate_detection.py"]
+    probe = (
+        "from scow.core.duplicates import DuplicateIdCache as C; "
+        "from scow.protocols.amqp.format import AMQP_FORMAT as F; "
+        "print(C.__mro__[1].__module__, type(F.inspect).__name__)"
+    )
+    env = {**os.environ, "SCOW_PURE_PYTHON": "1"}
+    probed = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert probed.stdout.split() == ["scow.core.duplicates", "method"], probed.stderr
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:randomly",
+            "-k",
+            "not python_builds",
+            *tests,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:]
