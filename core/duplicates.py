@@ -143,7 +143,10 @@ class IdBlock:
 class PyIdGenerations:
     """A cache's two generations of ids, its open block and its size: the part of
     `DuplicateIdCache` every message with an id uses, as `_speedups.IdGenerations`
-    (core/_speedups.c) builds it in C; this is the build that runs without it."""
+    (core/_speedups.c) builds it in C; this is the build that runs without it. The C
+    build keeps a filter of each generation, so that telling a new id new mostly reads
+    no dict: the generations are changed only by the methods here (`old` may lose ids).
+    """
 
     __slots__ = ("journaled", "old", "open", "size", "young")
 
@@ -181,6 +184,21 @@ class PyIdGenerations:
     def _admit(self, key: bytes) -> bool:
         """`admit` when the young generation is full or no block is open."""
         raise NotImplementedError
+
+    # The generations change through these only (the C build keeps a filter of each).
+
+    def _add(self, key: bytes) -> None:
+        """Put `key` in the young generation."""
+        self.young[key] = None
+
+    def _age_generations(self) -> None:
+        """The young generation becomes the old one, whose ids are dropped."""
+        self.old, self.young = self.young, {}
+
+    def _clear_generations(self) -> None:
+        """Forget every id."""
+        self.young.clear()
+        self.old.clear()
 
 
 if TYPE_CHECKING or PURE_PYTHON:
@@ -238,11 +256,9 @@ class DuplicateIdCache(IdGenerations):
         return keys[max(len(keys) - self.size, 0) :] if self.size > 0 else []
 
     def _admit(self, key: bytes) -> bool:
-        young = self.young
-        if len(young) >= self.size:  # full: as `add_block` of one id
+        if len(self.young) >= self.size:  # full: as `add_block` of one id
             self._age()
-            young = self.young
-        young[key] = None
+        self._add(key)
         keys = self.open
         if keys is not None:
             keys.append(key)
@@ -281,11 +297,11 @@ class DuplicateIdCache(IdGenerations):
         if keys:
             if self._ages_for(keys):
                 self._age()
-            old, young = self.old, self.young
+            old = self.old
             for key in keys:
                 if key in old:
-                    del old[key]
-                young[key] = None
+                    del old[key]  # safe behind the C build's filter: it may hold more
+                self._add(key)
             if record_id:
                 self.young_blocks.append(IdBlock(None, record_id))
         dead, self.dead = self.dead, []
@@ -296,8 +312,7 @@ class DuplicateIdCache(IdGenerations):
         records = {block.record_id for block in self.young_blocks if block.record_id}
         records.update(block.record_id for block in self.old_blocks if block.record_id)
         records.update(self.dead)
-        for generation in (self.young, self.old):
-            generation.clear()
+        self._clear_generations()
         self.young_blocks, self.old_blocks, self.unwritten, self.dead = [], [], [], []
         self.open = None
         return sorted(records)
@@ -319,5 +334,5 @@ class DuplicateIdCache(IdGenerations):
             block.keys = None  # not written, if it was not yet
             if block.record_id:
                 self.dead.append(block.record_id)
-        self.old, self.old_blocks = self.young, self.young_blocks
-        self.young, self.young_blocks = {}, []
+        self._age_generations()
+        self.old_blocks, self.young_blocks = self.young_blocks, []
