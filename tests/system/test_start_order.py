@@ -14,6 +14,7 @@ import threading
 import urllib.error
 from typing import Any
 
+from scow.core.testing import wait_for
 from tests.system.broker import listening, perf_send
 from tests.system.topology import BrokerSpec
 
@@ -48,6 +49,8 @@ def test_after_a_sigkill_the_api_answers_only_once_pages_are_read_and_amqp_liste
     try:
         starting.set()
         broker.start()
+        # the watcher may have been between two polls when the API began to answer
+        wait_for(lambda: answers, timeout=10, what="an answer of the API")
     finally:
         done.set()
         watcher.join()
