@@ -32,6 +32,10 @@ Where this follows qpidd and where it departs from it (the reference's bug list,
 - Released messages (refs put back) wait in memory, sorted by id, and are merged with
   the pages by id: exact FIFO order without loading the page they came from, which may
   be long gone. They are bounded by the credit consumers held.
+- A large message's record holds its head (what the broker parses) and refers to its
+  body, which stays in its own file: the page size bounds the head, not the body, and
+  all the queue keeps of a paged large message is its `LargeBody` (the reference the
+  file is deleted by), by message id.
 - Entries that cannot be rebuilt from bytes stay in memory as objects, "pinned" in their
   page (a header-only record keeps their place): messages shared with other queues (their
   reference counts and journal records are shared), refs of the paging plugin's
@@ -71,6 +75,7 @@ import structlog
 
 from scow.core import hookimpl
 from scow.core.descriptors import QueueType
+from scow.core.large_messages import LargeBody, LargeHead
 from scow.core.message import (
     MEMORY_OVERHEAD,
     Entry,
@@ -109,6 +114,7 @@ HEADER = struct.Struct(">IQqBBHI")
 DURABLE = 1
 PINNED = 2  # the entry stays in memory; the record only keeps its place
 REF = 4  # rebuilt as a MessageRef (it carries a delivery count)
+LARGE = 8  # the record's bytes are a large message's head; its body is in `_bodies`
 _MAX_ORIGINS = 1 << 16
 
 ARGUMENTS = {
@@ -277,19 +283,23 @@ class _Page:
 
 
 def _pageable(entry: Entry) -> bool:
-    """Whether `entry` can leave memory and be rebuilt from its record alone."""
+    """Whether `entry` can leave memory and be rebuilt from its record (and, for a large
+    message, its body)."""
     cls = entry.__class__
     if cls is Message:
-        return entry.message.data.__class__ is bytes
+        return entry.message.data.__class__ in _PAGED_DATA
     if cls is MessageRef:
         ref = cast(MessageRef, entry)
         message = ref.message
         return (
             message.__class__ is Message
-            and message.data.__class__ is bytes
+            and message.data.__class__ in _PAGED_DATA
             and ref.consumer is None
         )
     return False  # shared messages, the paging plugin's refs
+
+
+_PAGED_DATA = (bytes, LargeHead)
 
 
 def _message_id(entry: Entry) -> int:
@@ -363,6 +373,8 @@ class PagedWaiting(Unaware):
         self.bytes = 0
         self._origins: list[tuple[str, MessageFormat]] = []
         self._origin_index: dict[tuple[str, MessageFormat], int] = {}
+        #: The bodies of the large messages whose records are in pages, by message id.
+        self._bodies: dict[int, LargeBody] = {}
         #: The most pages ever loaded at once (never above max_loaded unless writes fail).
         self.peak_loaded = 0
         self.page_reads = 0
@@ -595,6 +607,8 @@ class PagedWaiting(Unaware):
                     kind = kinds[key] = kind_of(address, fmt, bool(flags & DURABLE), priority)
                 body.buffer, body.offset, body.length = data, body_at, length
                 probe.id, probe.data, probe.kind = message_id, body, kind
+                if flags & LARGE:  # a predicate may ask for the whole message's size
+                    probe.data = LargeHead(data[body_at:offset], self._bodies[message_id])
                 probe.expiration = expiration
                 if flags & REF:
                     ref_probe.delivery_count = count
@@ -612,6 +626,7 @@ class PagedWaiting(Unaware):
         self._pages.clear()
         self._loaded.clear()
         self._returned = []
+        self._bodies = {}
         self._count = 0
         self.bytes = 0
         self._reset_file()
@@ -660,6 +675,8 @@ class PagedWaiting(Unaware):
         self.bytes -= len(entry.message.data)
         if page.pinned:
             page.pinned.pop(message_id, None)
+        if self._bodies:
+            self._bodies.pop(message_id, None)
         if page.live == 0:
             if free:
                 self._free_page(page)
@@ -835,6 +852,9 @@ class PagedWaiting(Unaware):
             return HEADER.pack(
                 0, message.id, message.expiration, message.priority, flags | PINNED, 0, count
             )
+        if data.__class__ is LargeHead:
+            flags |= LARGE
+            self._bodies[message.id] = cast(LargeHead, data).body
         header = HEADER.pack(
             len(data), message.id, message.expiration, message.priority, flags, origin, count
         )
@@ -894,7 +914,13 @@ class PagedWaiting(Unaware):
                 kind = kinds[key] = kind_of(address, fmt, bool(flags & DURABLE), priority)
             message = new(Message)
             message.id = message_id
-            body: Any = _InPage(data, body_at, length) if transient else data[body_at:offset]
+            body: Any
+            if flags & LARGE:
+                body = LargeHead(data[body_at:offset], self._bodies[message_id])
+            elif transient:
+                body = _InPage(data, body_at, length)
+            else:
+                body = data[body_at:offset]
             message.data = body
             message.kind = kind
             message.expiration = expiration

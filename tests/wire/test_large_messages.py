@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from proton import Delivery, Message
+from proton.reactor import Copy
 from proton.utils import LinkDetached
 
 from scow.core.large_message_files import FileLargeMessageStore
@@ -343,20 +344,47 @@ def test_transactions_commit_large_messages_and_roll_them_back_with_their_files(
     assert [bytes(m.body) for m in got] == bodies
 
 
-def test_a_qpid_paged_queue_keeps_large_messages_with_their_files(scow_broker):
+def test_a_qpid_paged_queue_pages_large_messages_heads_with_a_reference_to_their_files(
+    scow_broker,
+):
+    """A page record holds a large message's head and refers to its body: the messages
+    leave memory with their pages (they are not pinned there), come back whole and in
+    order, and their files go as they are acknowledged. The page size bounds the head,
+    not the body."""
     broker = scow_broker(
         plugins=[*DEFAULT_PLUGINS, "qpid-paged-queues"],
         sections={
             "amqp": {"min-large-message-size": SMALL_LARGE},
-            "queues": _queues(pq={"arguments": {"qpid.paging": True}}),
+            "queues": _queues(pq={"arguments": {"qpid.paging": True, "qpid.max_pages_loaded": 1}}),
         },
     )
-    bodies = [body_of(256 << 10, seed=i) for i in range(3)]
+    bodies = [body_of(64 << 10, seed=i) for i in range(60)]  # each 16 x a page
     with connected(broker.url) as conn:
         send(conn, "pq", *(Message(body="k" * 1000) for _ in range(20)))
-        send(conn, "pq", *(Message(body=b, durable=True) for b in bodies))
-        got = receive(conn.create_receiver("pq", credit=10), 23)
+        send(
+            conn,
+            "pq",
+            *(
+                Message(body=b, durable=True, properties={"n": i, "pad": "p" * 300})
+                for i, b in enumerate(bodies)
+            ),
+        )
+        assert len(files(broker)) == len(bodies)
+        stats = broker.queue_stats("pq")
+        assert stats["pages"] > 4 and stats["pages-loaded"] == 1
+        # about 11 heads fit in a page: one page's worth in memory, not all 60
+        assert stats["messages-in-memory"] <= 20, stats["messages-in-memory"]
+        assert broker.call(lambda: broker.broker.addresses["pq"].size) < 20 * 1024
+        # a browser reads the pages it passes without loading them, bodies whole
+        browser = conn.create_receiver("pq", credit=10, name="browser", options=Copy())
+        browsed = receive(browser, 80, accept=False)
+        assert [bytes(m.body) for m in browsed[20:]] == bodies
+        browser.close()
+        assert broker.queue_stats("pq")["pages-loaded"] == 1
+        got = receive(conn.create_receiver("pq", credit=10), 80)
     assert [bytes(m.body) for m in got[20:]] == bodies
+    assert [m.properties["n"] for m in got[20:]] == list(range(60))
+    wait_for(lambda: not files(broker), 5, what="the files to go with the acknowledgements")
 
 
 def test_duplicate_detection_drops_a_resent_large_message_and_its_file(scow_broker):
