@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proton import Message
+from proton import Delivery, Message
 
 from scow.core.testing import amqp_client, scow_command, wait_for
 from scow.plugins.database_store.journal import MAX_WAITING
@@ -364,3 +364,53 @@ def test_a_transaction_into_pages_commits_only_once_its_pages_are_stored(
     broker.start()
     left, out = (broker.api(f"/api/queues/{q}")["message-count"] for q in ("in", "out"))
     assert (left, out) == (count, before), f"{count - left} left 'in', and 'out' holds {out}"
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["large-message-sync", "no-sync"])
+def test_a_durable_large_message_is_accepted_once_its_file_is_synced(system_broker, tmp_path, sync):
+    """With `large-message-sync` (the default) a durable large message's outcome waits
+    for its file's sync, not only for its journal record: here the file's sync hangs,
+    and a durable message sent after it, on the same connection, is accepted first.
+    Without it the file is left to the operating system and the message is accepted as
+    any other."""
+    command, flag = _stalling(tmp_path, "/large-messages/")
+    anycast = {"routing-type": "ANYCAST"}
+    spec = BrokerSpec(
+        queues={"big": anycast, "small": anycast},
+        global_max_size="256MiB",
+        broker={"large-message-sync": sync},
+    )
+    broker = system_broker(spec, command=command)
+    assert broker.data_dir is not None
+    large_files = broker.data_dir / "large-messages"
+    body = b"L" * MiB  # over min-large-message-size (100 KiB)
+    flag.touch()
+    try:
+        with amqp_client(broker, timeout=30) as conn:
+            big = conn.create_sender("big").link.send(Message(body=body, durable=True))
+            # its frames all came before this one's: once this is accepted, the large
+            # message's file is complete and its record went to the journal with it or
+            # before it
+            small = conn.create_sender("small").send(Message(body="s", durable=True))
+            assert small.remote_state == Delivery.ACCEPTED
+            if sync:
+                assert big.remote_state != Delivery.ACCEPTED and not big.settled
+                assert len(list(large_files.iterdir())) == 1
+            else:
+                conn.wait(lambda: big.remote_state == Delivery.ACCEPTED, timeout=10)
+        if sync:
+            broker.kill()
+    finally:
+        flag.unlink()
+    if sync:
+        broker.start()
+        # its record was journaled beside the sync, and a SIGKILL keeps what the file
+        # was given: the unconfirmed message is there, whole, as any unconfirmed send
+        # may be
+        assert broker.api("/api/queues/small")["message-count"] == 1
+        assert broker.api("/api/queues/big")["message-count"] == 1
+    with amqp_client(broker) as conn:
+        receiver = conn.create_receiver("big")
+        assert receiver.receive(timeout=10).body == body
+        receiver.accept()
+    wait_for(lambda: not list(large_files.iterdir()), 10, what="the file to go")
