@@ -95,13 +95,13 @@ class SystemBroker(BrokerProcess):
         """Open file descriptors, from /proc/<pid>/fd."""
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
-    def rss_kib(self) -> int:
-        """Resident set size (VmRSS) in KiB."""
+    def rss_kib(self, field: str = "VmRSS") -> int:
+        """Resident set size (VmRSS) in KiB; `field="VmHWM"`: its peak so far."""
         with open(f"/proc/{self.pid}/status") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1])
-        raise AssertionError(f"no VmRSS in /proc/{self.pid}/status")
+        raise AssertionError(f"no {field} in /proc/{self.pid}/status")
 
     def api(self, path: str, timeout: float = 10) -> Any:
         """GET `path` from the management API (anonymous, loopback) as JSON."""
