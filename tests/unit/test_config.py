@@ -16,6 +16,7 @@ from scow.core.config import (
     read_plugin_list,
 )
 from scow.core.model import host_port
+from scow.protocols.amqp.plugin import SECTION as AMQP_SECTION
 
 # A stand-in for the amqp plugin's section (the plugin owns the real one).
 AMQP = ConfigSection(
@@ -83,6 +84,16 @@ address-full-policy = "BLOCK"
     assert (orders.max_size_bytes, orders.address_full_policy) == (10 * 2**20, "BLOCK")
     assert orders.dead_letter_address == "DLA"
     assert config.raw["broker"]["name"] == "b1"
+
+
+def test_amqp_takes_messages_of_up_to_1_gib_and_stores_those_from_100_kib_apart(
+    tmp_path: Path,
+) -> None:
+    """A large message can be what max-message-size allows (1 GiB); from 100 KiB on
+    (Artemis's AMQP default) a message is large."""
+    amqp = load_config(write(tmp_path, ""), [AMQP_SECTION]).section("amqp")
+    assert amqp["max-message-size"] == 1 << 30
+    assert amqp["min-large-message-size"] == 100 << 10
 
 
 def test_defaults_are_filled(tmp_path: Path) -> None:

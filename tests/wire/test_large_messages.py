@@ -16,6 +16,7 @@ from proton.reactor import Copy
 from proton.utils import LinkDetached
 
 from scow.core.large_message_files import FileLargeMessageStore
+from scow.core.management import Management
 from scow.core.testing import DEFAULT_PLUGINS, wait_for
 from scow.protocols.amqp import engine
 from tests.database.backends import on_database
@@ -385,6 +386,16 @@ def test_a_qpid_paged_queue_pages_large_messages_heads_with_a_reference_to_their
     assert [bytes(m.body) for m in got[20:]] == bodies
     assert [m.properties["n"] for m in got[20:]] == list(range(60))
     wait_for(lambda: not files(broker), 5, what="the files to go with the acknowledgements")
+
+
+def test_a_purged_queue_deletes_its_large_messages_files(scow_broker):
+    broker = large_broker(scow_broker)
+    with connected(broker.url) as conn:
+        send(conn, "purged", *(Message(body=body_of(64 << 10, seed=i)) for i in range(3)))
+    assert len(files(broker)) == 3
+    assert broker.call(lambda: Management(broker.broker).purge_queue("purged")) == 3
+    wait_for(lambda: not files(broker), 5, what="the bodies to go with the purge")
+    assert broker.call(broker.broker.stats)["large-messages"]["files"] == 0
 
 
 def test_duplicate_detection_drops_a_resent_large_message_and_its_file(scow_broker):
