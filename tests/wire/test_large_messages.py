@@ -31,11 +31,19 @@ def large_broker(scow_broker: Any, **sections: dict[str, Any]) -> Any:
     return scow_broker(sections={"amqp": amqp, **sections})
 
 
+def on_file_journal(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with the file journal in place of the memory journal: records are
+    written and synced, and so are durable large messages' files (large-message-sync)."""
+    plugins = kwargs.get("plugins", DEFAULT_PLUGINS)
+    swapped = ["file-journal" if p == "memory-journal" else p for p in plugins]
+    return {**kwargs, "plugins": swapped}
+
+
 @pytest.fixture(params=["file", "database"])
 def scow_broker(request: pytest.FixtureRequest, scow_broker: Any) -> Any:
     """The brokers of these tests: on the file journal, then on the database store."""
     if request.param == "file":
-        return scow_broker
+        return lambda **kwargs: scow_broker(**on_file_journal(kwargs))
     return lambda **kwargs: scow_broker(**on_database(kwargs, ""))
 
 
