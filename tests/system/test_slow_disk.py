@@ -65,14 +65,35 @@ int fdatasync(int fd) {
     wait_while_stalled(fd);
     return real(fd);
 }
+/* Unlinks hang only when SCOW_TEST_STALL_UNLINK is set, for paths that hold it. */
+static void wait_while_unlink_stalled(const char *path) {
+    const char *only = getenv("SCOW_TEST_STALL_UNLINK");
+    const char *flag = getenv("SCOW_TEST_STALL_FLAG");
+    struct stat st;
+    if (!only || !strstr(path, only)) return;
+    while (flag && stat(flag, &st) == 0) usleep(10000);
+}
+int unlink(const char *path) {
+    static int (*real)(const char *);
+    if (!real) real = (int (*)(const char *))dlsym(RTLD_NEXT, "unlink");
+    wait_while_unlink_stalled(path);
+    return real(path);
+}
+int unlinkat(int dirfd, const char *path, int flags) {
+    static int (*real)(int, const char *, int);
+    if (!real) real = (int (*)(int, const char *, int))dlsym(RTLD_NEXT, "unlinkat");
+    wait_while_unlink_stalled(path);
+    return real(dirfd, path, flags);
+}
 """
 COUNT, BODY = 20_000, 1024  # 20 MiB: twenty 1 MiB journal files
 MiB = 1 << 20
 
 
-def _stalling(tmp_path: Path, only: str = "") -> tuple[str, Path]:
+def _stalling(tmp_path: Path, only: str = "", *, unlink: str = "") -> tuple[str, Path]:
     """(a `scow` that syncs through the shim, the flag file that stalls its syncs: of
-    every file, or of those whose path holds `only`)."""
+    every file, or of those whose path holds `only`; and with `unlink`, the unlinks of
+    paths that hold it)."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed: the sync-stalling shim cannot be built")
     source, shim = tmp_path / "stall.c", tmp_path / "libstall.so"
@@ -82,6 +103,8 @@ def _stalling(tmp_path: Path, only: str = "") -> tuple[str, Path]:
     prelude = f"export LD_PRELOAD={shim} SCOW_TEST_STALL_FLAG={flag}"
     if only:
         prelude += f" SCOW_TEST_STALL_ONLY={only}"
+    if unlink:
+        prelude += f" SCOW_TEST_STALL_UNLINK={unlink}"
     return scow_behind(tmp_path / "scow-on-a-slow-disk", prelude), flag
 
 
@@ -414,3 +437,40 @@ def test_a_durable_large_message_is_accepted_once_its_file_is_synced(system_brok
         assert receiver.receive(timeout=10).body == body
         receiver.accept()
     wait_for(lambda: not list(large_files.iterdir()), 10, what="the file to go")
+
+
+def test_a_sigkill_while_an_acknowledged_large_messages_file_is_deleted_leaves_neither(
+    system_broker, tmp_path
+):
+    """The file of an acknowledged large message is deleted after its acknowledgement
+    is journaled. Here the deletion hangs (its unlink, through the shim), and the broker
+    is SIGKILLed meanwhile: the restart neither delivers the message again nor keeps
+    its file (no record refers to it: an orphan, removed at start)."""
+    command, flag = _stalling(tmp_path, "/no-file-syncs-stall/", unlink="/large-messages/")
+    anycast = {"routing-type": "ANYCAST"}
+    spec = BrokerSpec(queues={"big": anycast, "marker": anycast}, global_max_size="256MiB")
+    broker = system_broker(spec, command=command)
+    assert broker.data_dir is not None
+    large_files = broker.data_dir / "large-messages"
+    with amqp_client(broker) as conn:
+        conn.create_sender("big").send(Message(body=b"L" * MiB, durable=True))
+    (stored,) = large_files.iterdir()
+    flag.touch()
+    try:
+        with amqp_client(broker) as conn:
+            receiver = conn.create_receiver("big")
+            assert receiver.receive(timeout=10).body == b"L" * MiB
+            receiver.accept()
+            # sent after the acknowledgement, and journaled after it: once this is
+            # confirmed, so is the acknowledgement
+            conn.create_sender("marker").send(Message(body="m", durable=True))
+        assert broker.api("/api/queues/big")["messages-acknowledged"] == 1
+        assert stored.exists()  # its unlink hangs
+        broker.kill()
+    finally:
+        flag.unlink()
+    assert stored.exists()
+    broker.start()
+    assert broker.api("/api/queues/big")["message-count"] == 0
+    assert broker.api("/api/queues/marker")["message-count"] == 1
+    assert not stored.exists()
