@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,7 +22,8 @@ from proton.utils import BlockingConnection
 
 from scow.core import app
 from scow.core.storage import DUPLICATE_ID, DUPLICATE_IDS
-from scow.core.testing import wait_for
+from scow.core.testing import BrokerThread, broker_config, wait_for, write_config
+from tests.journal.helpers import records_on_disk
 from tests.wire.helpers import consume_all
 
 PLUGINS = ["amqp", "file-journal", "standard-queues", "full-policies"]
@@ -374,3 +376,46 @@ def test_ids_admitted_in_passes_come_back_in_order_after_sigkill(scow_broker_pro
         *(f"n{i}" for i in range(29)),
         "r50 again, new",
     ]
+
+
+def _cut_broker(data: Path) -> BrokerThread:
+    queues = {"once": {"routing-type": "ANYCAST"}}  # declared: the bindings stay uncut
+    tables = broker_config(data, plugins=PLUGINS, sections={"queues": queues})
+    return BrokerThread(write_config(data.with_suffix(".toml"), tables)).start()
+
+
+def test_a_journal_cut_anywhere_keeps_each_message_with_its_id(tmp_path: Path) -> None:
+    """An id is recorded in the same journal transaction as the message it admits: cut
+    the journal at any record (what a crash leaves), and each message is back with its
+    id or not at all. A message kept without its id would be stored again by the
+    producer's resend, and an id kept without its message would drop the resend."""
+    count = 3
+    broker = _cut_broker(tmp_path / "data")
+    try:
+        send(broker.url, "once", *(dupl(f"m{n}", f"id-{n}") for n in range(count)))
+    finally:
+        broker.stop()
+    records = [
+        r for r in records_on_disk(tmp_path / "data" / "journal") if r.valid and r.kind != "PAD"
+    ]
+    assert len({r.file for r in records}) == 1, "the test cuts a journal of one file"
+    last = records[-1]
+    seen = []
+    for cut in sorted({r.offset for r in records} | {last.offset + 32 + last.data_length}):
+        data = tmp_path / f"cut-{cut}"
+        shutil.copytree(tmp_path / "data", data)
+        with open(data / "journal" / last.file, "r+b") as f:  # what was never written
+            size = f.seek(0, 2)
+            f.seek(cut)
+            f.write(bytes(size - cut))
+        restarted = _cut_broker(data)
+        try:
+            kept = restarted.queue_stats("once")["message-count"]
+            # the producer resends all: whatever was kept is dropped, the rest stored
+            send(restarted.url, "once", *(dupl(f"m{n}", f"id-{n}") for n in range(count)))
+            after = restarted.queue_stats("once")["message-count"]
+        finally:
+            restarted.stop()
+        seen.append((cut, kept))
+        assert after == count, f"journal ending at {cut}: {kept} kept, {after} after the resend"
+    assert seen[0][1] == 0 and seen[-1][1] == count, seen
