@@ -282,6 +282,10 @@ class _Page:
         return f"<page slot {self.slot}, {self.live} waiting, {self.size} bytes, {state}>"
 
 
+#: What a pageable message's data may be: its bytes, or a large message's head.
+_PAGED_DATA = (bytes, LargeHead)
+
+
 def _pageable(entry: Entry) -> bool:
     """Whether `entry` can leave memory and be rebuilt from its record (and, for a large
     message, its body)."""
@@ -297,9 +301,6 @@ def _pageable(entry: Entry) -> bool:
             and ref.consumer is None
         )
     return False  # shared messages, the paging plugin's refs
-
-
-_PAGED_DATA = (bytes, LargeHead)
 
 
 def _message_id(entry: Entry) -> int:
