@@ -185,7 +185,13 @@ IdGenerations_age_generations(IdGenerations *self, PyObject *Py_UNUSED(ignored))
 {
     if (!initialized(self))
         return NULL;
+    /* sized for the ids the generation that filled held: no growth by doubling (the
+       presizing call is CPython's own, private from 3.13 on) */
+#if PY_VERSION_HEX < 0x030D0000
+    PyObject *young = _PyDict_NewPresized(self->size);
+#else
     PyObject *young = PyDict_New();
+#endif
     if (young == NULL)
         return NULL;
     /* the old filter, cleared and sized for the size now, is the young one's */
