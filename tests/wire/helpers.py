@@ -299,9 +299,9 @@ class RawClient:
     """A client on proton's engine over a plain socket, driven step by step, so that a
     test can stop mid-message (which a blocking client cannot)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, max_frame: int = 65536) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
-        self.engine = engine.Engine(max_frame=65536, idle_timeout_ms=0, server=False)
+        self.engine = engine.Engine(max_frame=max_frame, idle_timeout_ms=0, server=False)
         engine.client_open(self.engine.connection, "raw")
         self.session = engine.new_session(self.engine.connection)
         self.received = 0
