@@ -31,6 +31,7 @@ from scow.core.duplicates import (
 from scow.core.interfaces import after_all, take_expired
 from scow.core.large_message_files import configured_store
 from scow.core.large_messages import LargeHead, LargeMessageStore, large_body, with_head
+from scow.core.logging import debug_enabled
 from scow.core.message import (
     MEMORY_OVERHEAD,
     REF_OVERHEAD,
@@ -672,7 +673,8 @@ class Broker:
     ) -> RouteStatus:
         """Drop (but accept) a message whose id `key` its address's cache holds."""
         self.messages_duplicate += 1
-        log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
+        if debug_enabled():  # a resend storm is thousands of these
+            log.debug("duplicate message dropped", address=address.name, id=describe_id(key))
         waiting = cache.pending.get(key)
         if waiting is not None and on_stored is not None:
             # what it repeats is not durable yet: it is confirmed when that is

@@ -24,6 +24,17 @@ LEVELS = {
 }
 
 
+#: Whether debug lines are written: `configure`'s level (structlog unconfigured writes
+#: every line). A debug line on a per-message path is skipped whole when they are not,
+#: since even a filtered call through structlog's lazy logger costs about 2 us.
+_debug = True
+
+
+def debug_enabled() -> bool:
+    """Whether a debug line would be written (see `_debug`)."""
+    return _debug
+
+
 class _Stderr:
     """`sys.stderr` as it is when a line is written, not when logging was configured: a
     program that runs `scow` commands in-process (a test runner capturing output) may
@@ -174,7 +185,8 @@ def configure(
     lines are written by a thread of their own, since a stalled log reader must not stall
     the broker, and Python's `logging` records and uncaught exceptions (of the process,
     of a thread) become structlog lines."""
-    global _background
+    global _background, _debug
+    _debug = LEVELS[level] <= logging.DEBUG
     renderer: list[structlog.typing.Processor]
     if log_format == "json":  # a traceback as the string "exception", not exc_info=true
         renderer = [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]

@@ -44,6 +44,20 @@ def address_stats(broker: Any, name: str) -> dict[str, Any]:
     return broker.call(lambda: broker.broker.address_stats(broker.broker.addresses[name]))
 
 
+@pytest.mark.parametrize("level", ["debug", "info"])
+def test_a_dropped_resend_is_logged_at_debug_only(scow_broker, capsys, level):
+    """Above debug the line is not even built (`debug_enabled`): structlog's filtered
+    call alone cost a resend about 2 us."""
+    broker = scow_broker(sections={"broker": {"log-level": level}})
+    send_outcomes(broker.url, "logged", dupl("first", "l-1"), dupl("resent", "l-1"))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "duplicate" in line]
+    if level == "debug":
+        (line,) = lines
+        assert "duplicate message dropped" in line and "'l-1'" in line
+    else:
+        assert lines == []
+
+
 def test_a_resent_id_is_accepted_and_not_routed(scow_broker):
     broker = scow_broker()
     outcomes = send_outcomes(
