@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,24 @@ def records_on_disk(
     path: Path | str, prefix: str = "scow-data", ext: str = "scow"
 ) -> list[RecordView]:
     return list(iter_records(str(path), prefix, ext))
+
+
+def cut_copies(data_dir: Path) -> Iterator[tuple[int, Path]]:
+    """Copies of a broker's data dir whose message journal (one file) ends at each point
+    a crash can leave it: at each record, and after the last; yields (the offset it ends
+    at, the copy). A SIGKILL leaves a prefix of what the journal wrote: the page cache
+    keeps every write made before it."""
+    records = [r for r in records_on_disk(data_dir / "journal") if r.valid and r.kind != "PAD"]
+    assert len({r.file for r in records}) == 1, "cut_copies cuts a journal of one file"
+    last = records[-1]
+    for cut in sorted({r.offset for r in records} | {last.offset + 32 + last.data_length}):
+        copy = data_dir.with_name(f"{data_dir.name}-cut-{cut}")
+        shutil.copytree(data_dir, copy)
+        with open(copy / "journal" / last.file, "r+b") as f:  # what was never written
+            size = f.seek(0, 2)
+            f.seek(cut)
+            f.write(bytes(size - cut))
+        yield cut, copy
 
 
 def valid_records(path: Path | str) -> list[RecordView]:
