@@ -642,27 +642,32 @@ class Broker:
             if cache is not None:
                 if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
                     key = id_key(key, address.name)  # raises InvalidField
-                if key in cache:
+                if header[0] or address.pager is not None:
+                    # the message, or its resends, may wait for its storage
+                    return self._send_once(
+                        data, address, fmt, routing_type, header, cache, key, on_stored
+                    )
+                # held in memory only, so accepted at once: its id is admitted as it is
+                # checked, and withdrawn if the send is refused
+                opened = cache.admit_new(key)
+                if opened is None:
                     return self._duplicate(cache, key, address, on_stored)
-        routed = self._route(data, address, fmt, routing_type, header)
-        if routed.__class__ is RouteStatus:  # isinstance: 65 ns, EnumType's own check
-            # it goes nowhere, but its id counts (Artemis)
-            if cache is not None and cache.admit(key):  # the first of this loop pass
-                self._write_ids_soon(address.name, cache)
-            return routed
-        message, queues, full = routed
-        if cache is not None and (header[0] or address.pager is not None):
-            # the message, or its resends, may wait for its storage
-            return self._send_once(message, queues, full, address, cache, key, on_stored)
+                if opened:  # the first of this loop pass
+                    self._write_ids_soon(address.name, cache)
         try:
-            status = self._accept(message, queues, address, on_stored, full)
-        except StorageFull:
-            self.messages_routed -= 1  # refused before anything was enqueued or counted
+            routed = self._route(data, address, fmt, routing_type, header)
+            if routed.__class__ is RouteStatus:  # isinstance: 65 ns, EnumType's own check
+                return routed  # it goes nowhere, but its id counts (Artemis)
+            message, queues, full = routed
+            try:
+                return self._accept(message, queues, address, on_stored, full)
+            except StorageFull:
+                self.messages_routed -= 1  # refused before anything was enqueued or counted
+                raise
+        except BaseException:
+            if cache is not None:
+                cache.withdraw(key)
             raise
-        # held in memory only: accepted at once, nothing waits
-        if cache is not None and cache.admit(key):  # the first of this loop pass
-            self._write_ids_soon(address.name, cache)
-        return status
 
     def _duplicate(
         self,
@@ -684,18 +689,28 @@ class Broker:
 
     def _send_once(
         self,
-        message: Message,
-        queues: list[Any],
-        full: bool,
+        data: bytes,
         address: AddressInfo,
+        fmt: MessageFormat,
+        routing_type: RoutingType | None,
+        header: Header,
         cache: DuplicateIdCache,
         key: bytes,
         on_stored: Completion | None,
     ) -> RouteStatus:
-        """Accept a routed message, new to its address's cache, that is durable or may be
-        paged: one journaled goes as a transaction of its own, so that it and its id are
+        """Send a message with id `key`, durable or to an address that may page, once:
+        one journaled goes as a transaction of its own, so that it and its id are
         journaled together (both durable, or neither); any other's id joins its cache's
         open block, its resends confirmed when it is stored."""
+        if key in cache:
+            return self._duplicate(cache, key, address, on_stored)
+        routed = self._route(data, address, fmt, routing_type, header)
+        if routed.__class__ is RouteStatus:
+            # it goes nowhere, but its id counts (Artemis)
+            if cache.admit(key):  # the first of this loop pass
+                self._write_ids_soon(address.name, cache)
+            return routed
+        message, queues, full = routed
         pager = address.pager
         paging = pager is not None and (full or pager.paging)
         durable = message.kind.durable

@@ -143,9 +143,9 @@ class IdBlock:
 class PyIdGenerations:
     """A cache's two generations of ids, its open block and its size: the part of
     `DuplicateIdCache` every message with an id uses, as `_speedups.IdGenerations`
-    (core/_speedups.c) builds it in C; this is the build that runs without it. The C
-    build keeps a filter of each generation, so that telling a new id new mostly reads
-    no dict: the generations are changed only by the methods here (`old` may lose ids).
+    (core/_speedups.c) builds it in C; this is the build that runs without it. Its
+    generations are dicts (the C build's are tables of its own, read alike: `in`, `len`,
+    iteration in the order the ids came, `pop`), changed through the methods here only.
     """
 
     __slots__ = ("journaled", "old", "open", "size", "young")
@@ -156,8 +156,7 @@ class PyIdGenerations:
         self.journaled = journaled
         #: The ids admitted since the young generation began (at most `size`), as the
         #: keys of a dict: a miss reads less memory than in a set (whose table is twice
-        #: the size), and every new id is a miss: about 0.2 against 0.3 us per new id at
-        #: 20,000 ids with other memory traffic between (CPU, best of 5).
+        #: the size), and every new id is a miss.
         self.young: dict[bytes, None] = {}
         #: The generation before it (no id of it is in `young`).
         self.old: dict[bytes, None] = {}
@@ -174,18 +173,36 @@ class PyIdGenerations:
     def admit(self, key: bytes) -> bool:
         """Admit `key` (newest, not in the cache) into the open block; True when this
         opened the block, so that a `close` is due."""
-        keys = self.open
-        if keys is not None and len(self.young) < self.size:  # the usual case
-            self.young[key] = None
-            keys.append(key)
-            return False
+        if len(self.young) < self.size:  # the usual case
+            keys = self.open
+            if keys is not None:
+                self.young[key] = None
+                keys.append(key)
+                return False
+            if not self.journaled:
+                self.young[key] = None
+                return False
         return self._admit(key)
+
+    def admit_new(self, key: bytes) -> bool | None:
+        """None when the cache holds `key` (a duplicate); otherwise admit it, as
+        `admit`: a send accepted at once admits its id as it checks it."""
+        if key in self.young or key in self.old:
+            return None
+        return self.admit(key)
+
+    def withdraw(self, key: bytes) -> None:
+        """Undo the admission of `key` just made: its send was refused."""
+        self.young.pop(key, None)
+        keys = self.open
+        if keys and key in keys:  # (an open block's ids are distinct)
+            keys.remove(key)
 
     def _admit(self, key: bytes) -> bool:
         """`admit` when the young generation is full or no block is open."""
         raise NotImplementedError
 
-    # The generations change through these only (the C build keeps a filter of each).
+    # The generations change through these only (the C build's are its own tables).
 
     def _add(self, key: bytes) -> None:
         """Put `key` in the young generation."""
@@ -249,7 +266,7 @@ class DuplicateIdCache(IdGenerations):
 
     def holds_any(self, keys: Iterable[bytes]) -> bool:
         """Whether any of `keys` is in the cache."""
-        return not (self.young.keys().isdisjoint(keys) and self.old.keys().isdisjoint(keys))
+        return any(key in self for key in keys)
 
     def kept(self, keys: list[bytes]) -> list[bytes]:
         """Of ids about to be admitted together (oldest first), those the cache keeps."""
@@ -299,8 +316,7 @@ class DuplicateIdCache(IdGenerations):
                 self._age()
             old = self.old
             for key in keys:
-                if key in old:
-                    del old[key]  # safe behind the C build's filter: it may hold more
+                old.pop(key, None)
                 self._add(key)
             if record_id:
                 self.young_blocks.append(IdBlock(None, record_id))

@@ -157,6 +157,28 @@ def test_an_id_neither_string_nor_binary_is_refused_naming_the_property(scow_bro
     assert [m.body for m in consume_all(broker.url, "typed")] == ["s"]
 
 
+@pytest.mark.parametrize("durable", [False, True], ids=["in-memory", "durable"])
+def test_a_refused_send_s_id_is_not_kept_so_its_resend_goes_through(scow_broker, durable):
+    """A message held in memory only has its id admitted as it is checked (one call):
+    a send refused after that (its address full, FAIL) must take its id back."""
+    broker = scow_broker(
+        address_settings={"capped": {"max-size-messages": 1, "address-full-policy": "FAIL"}}
+    )
+    first, second = (
+        Message(body=body, durable=durable, properties={DUPL: body}) for body in ("r-1", "r-2")
+    )
+    with connected(broker.url) as conn:
+        sender = conn.create_sender("capped")
+        assert sender.send(first).remote_state == Delivery.ACCEPTED
+        with pytest.raises(SendException) as refused:
+            sender.send(second)
+        assert refused.value.state == Delivery.REJECTED
+    assert [m.body for m in consume_all(broker.url, "capped")] == ["r-1"]
+    assert send_outcomes(broker.url, "capped", second, first) == [Delivery.ACCEPTED] * 2
+    assert [m.body for m in consume_all(broker.url, "capped")] == ["r-2"]  # r-1: a resend
+    assert broker.call(broker.broker.stats)["messages-duplicate"] == 1
+
+
 def test_ids_outlive_an_auto_deleted_address(scow_broker):
     broker = scow_broker()
     send_outcomes(broker.url, "passing", dupl("once", "p-1"))
