@@ -38,7 +38,7 @@ lint: $(TSTAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_perf.py
+	$(BIN)/python benchmarks/run_perf.py $(BENCH_ARGS)
 
 spark-demo: $(TSTAMP)
 	$(BIN)/python examples/spark/demo.py

@@ -14,6 +14,12 @@ from round to round: --rounds repeats, and medians are printed.
     .venv/bin/python benchmarks/broker_instructions.py                # none, ids, control
     .venv/bin/python benchmarks/broker_instructions.py --rounds 3 --count 20000
 
+With --cache-sim callgrind also simulates the CPU's caches (its first level, and a last
+level of --ll-size: by default 1 MiB, a core's L2 here, as the L3 is shared with the
+machine's other work) and each figure is an estimate of cycles, callgrind's own: an
+instruction 1, a first-level miss 10, a last-level miss 100. Where the cost of a
+variant is memory traffic more than instructions, this is the figure that shows it.
+
 Needs valgrind (Debian: `valgrind`).
 """
 
@@ -41,8 +47,16 @@ VARIANTS = {
 PLUGINS = ["amqp", "memory-journal", "standard-queues", "full-policies"]
 
 
-def instructions(workdir: Path, count: int, client_options: list[str]) -> int:
-    """Instructions of one `scow run` under callgrind that took `count` messages."""
+#: callgrind's cycle estimate: the weight of each event of --cache-sim's totals line
+#: (Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw)
+CYCLE_WEIGHTS = (1, 0, 0, 10, 10, 10, 100, 100, 100)
+
+
+def instructions(
+    workdir: Path, count: int, client_options: list[str], cache_sim: str | None
+) -> int:
+    """Instructions (with `cache_sim`, the --LL option: estimated cycles) of one `scow
+    run` under callgrind that took `count` messages."""
     workdir.mkdir(parents=True)
     port = free_port()
     config = workdir / "scow.toml"
@@ -56,6 +70,7 @@ def instructions(workdir: Path, count: int, client_options: list[str]) -> int:
         broker = subprocess.Popen(
             [
                 *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"),
+                *(("--cache-sim=yes", f"--LL={cache_sim}") if cache_sim else ()),
                 *(sys.executable, "-m", "scow.core.cli", "run", "--config", str(config)),
             ],
             stdout=log_file,
@@ -77,16 +92,21 @@ def instructions(workdir: Path, count: int, client_options: list[str]) -> int:
         stop(broker)
     for line in out.read_text(errors="replace").splitlines():
         if line.startswith("totals:"):
-            return int(line.split()[1])
+            events = [int(n) for n in line.split()[1:]]
+            if not cache_sim:
+                return events[0]
+            return sum(w * n for w, n in zip(CYCLE_WEIGHTS, events, strict=True))
     raise SystemExit(f"no totals in {out}; the broker's log: {log.read_text()}")
 
 
-def per_message(workdir: Path, count: int, client_options: list[str]) -> float:
-    """(instructions for 3 x count) - (for count), over 2 x count: the runs at once."""
+def per_message(
+    workdir: Path, count: int, client_options: list[str], cache_sim: str | None
+) -> float:
+    """(the figure for 3 x count) - (for count), over 2 x count: the runs at once."""
     totals: dict[int, int] = {}
 
     def run(n: int) -> None:
-        totals[n] = instructions(workdir / str(n), n, client_options)
+        totals[n] = instructions(workdir / str(n), n, client_options, cache_sim)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in (count, 3 * count)]
     for thread in threads:
@@ -103,6 +123,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20_000, help="messages of the shorter run")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--cache-sim", action="store_true", help="estimate cycles from simulated caches"
+    )
+    parser.add_argument(
+        "--ll-size", type=int, default=1 << 20, help="simulated last level, bytes (1 MiB)"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -111,13 +137,17 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     print(platform_line())
+    cache_sim = f"{args.ll_size},16,64" if args.cache_sim else None
+    unit = "estimated cycles" if cache_sim else "instructions"
     figures: dict[str, list[float]] = {v: [] for v in chosen}
     with tempfile.TemporaryDirectory(prefix="scow-instructions-") as tmp:
         for r in range(args.rounds):
             for variant in chosen:
-                n = per_message(Path(tmp) / f"{r}-{variant}", args.count, VARIANTS[variant])
+                n = per_message(
+                    Path(tmp) / f"{r}-{variant}", args.count, VARIANTS[variant], cache_sim
+                )
                 figures[variant].append(n)
-                print(f"round {r + 1} {variant:8} {n:9,.0f} instructions per message", flush=True)
+                print(f"round {r + 1} {variant:8} {n:9,.0f} {unit} per message", flush=True)
     base = statistics.median(figures[chosen[0]])
     for variant in chosen:
         median = statistics.median(figures[variant])

@@ -9,6 +9,12 @@ messages each), prints each run and the median receive rate, then runs once more
     .venv/bin/python benchmarks/run_perf.py --url amqp://127.0.0.1:5673/perf  # any broker
     .venv/bin/python benchmarks/run_perf.py --sink                # the client alone
     .venv/bin/python benchmarks/run_perf.py --compare-proton-c    # Scow, then the baseline
+    .venv/bin/python benchmarks/run_perf.py --compare-duplicate-ids --runs 15
+
+--compare-duplicate-ids measures duplicate detection's cost: one broker, runs without
+and with --duplicate-ids in pairs (alternating which goes first), and the median of the
+pairs' ratios. The two runs of a pair are seconds apart, so what a shared machine's
+other work does to one it mostly does to the other too.
 
 Each run sends to an address of its own (`<address>.<n>`) so that a failed run cannot
 leave messages behind for the next. `--compare-proton-c` builds and starts proton-C's
@@ -164,8 +170,13 @@ def proton_c_broker(window: int | None) -> Iterator[str]:
 
 
 def run_client(
-    url: str, address: str, args: argparse.Namespace, rate: float | None
+    url: str,
+    address: str,
+    args: argparse.Namespace,
+    rate: float | None,
+    duplicate_ids: bool | None = None,
 ) -> dict[str, Any]:
+    """One `scow perf client` run; `duplicate_ids` (if given) instead of --duplicate-ids."""
     command = [
         *scow_command(),
         "perf",
@@ -186,7 +197,7 @@ def run_client(
     ]
     if args.durable:
         command.append("--durable")
-    if args.duplicate_ids:
+    if args.duplicate_ids if duplicate_ids is None else duplicate_ids:
         command.append("--duplicate-ids")
     for prop in args.property:
         command += ["--property", prop]
@@ -229,12 +240,7 @@ def measure(
     )
     runs = []
     for n in range(1, args.runs + 1):
-        before = cpu_seconds(pid) if pid else 0.0
-        result = run_client(url, f"{address}.{n}", args, None)
-        if pid:
-            used = cpu_seconds(pid) - before
-            messages = (args.count + args.warmup) * args.pairs
-            result["broker_cpu_us_per_message"] = used / messages * 1e6
+        result = timed_run(url, f"{address}.{n}", args, pid)
         runs.append(result)
         print(line(f"run {n}", result), flush=True)
     median_receive = statistics.median(r["receive_rate"] for r in runs)
@@ -267,6 +273,68 @@ def measure(
     }
 
 
+def timed_run(
+    url: str,
+    address: str,
+    args: argparse.Namespace,
+    pid: int | None,
+    duplicate_ids: bool | None = None,
+) -> dict[str, Any]:
+    """An unpaced run; with the broker's `pid`, also the broker's CPU time per message."""
+    before = cpu_seconds(pid) if pid else 0.0
+    result = run_client(url, address, args, None, duplicate_ids)
+    if pid:
+        used = cpu_seconds(pid) - before
+        messages = (args.count + args.warmup) * args.pairs
+        result["broker_cpu_us_per_message"] = used / messages * 1e6
+    return result
+
+
+def compare_duplicate_ids(
+    url: str, address: str, args: argparse.Namespace, pid: int
+) -> dict[str, Any]:
+    """--runs pairs of runs, without and with an id per message, on one broker."""
+    print(
+        f"== duplicate ids: {url}  (--runs {args.runs} pairs, {args.size} B, "
+        f"{args.count} messages/run, {args.warmup} warm-up; "
+        f"load average {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
+    pairs = []
+    for n in range(1, args.runs + 1):
+        order = (False, True) if n % 2 else (True, False)
+        runs = {
+            ids: timed_run(url, f"{address}.{'ids' if ids else 'none'}.{n}", args, pid, ids)
+            for ids in order
+        }
+        without, with_ids = runs[False], runs[True]
+        cpu = with_ids["broker_cpu_us_per_message"] / without["broker_cpu_us_per_message"]
+        rate = with_ids["receive_rate"] / without["receive_rate"]
+        pairs.append({"without": without, "with": with_ids, "cpu": cpu, "receive": rate})
+        print(
+            f"pair {n:<3} broker CPU {without['broker_cpu_us_per_message']:.2f} -> "
+            f"{with_ids['broker_cpu_us_per_message']:.2f} us/msg ({cpu:.3f}x)   "
+            f"receive {without['receive_rate']:,.0f} -> {with_ids['receive_rate']:,.0f} "
+            f"msg/s ({rate:.3f}x)",
+            flush=True,
+        )
+    cpu_ratios = sorted(p["cpu"] for p in pairs)
+    median_cpu = statistics.median(cpu_ratios)
+    median_rate = statistics.median(p["receive"] for p in pairs)
+    print(
+        f"median of {len(pairs)} pairs: broker CPU {median_cpu:.3f}x "
+        f"(pairs {cpu_ratios[0]:.3f}-{cpu_ratios[-1]:.3f}), receive rate {median_rate:.3f}x\n",
+        flush=True,
+    )
+    return {
+        "name": "duplicate ids",
+        "url": url,
+        "pairs": pairs,
+        "median_broker_cpu_ratio": median_cpu,
+        "median_receive_rate_ratio": median_rate,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     target = parser.add_mutually_exclusive_group()
@@ -276,6 +344,11 @@ def main() -> int:
         "--compare-proton-c",
         action="store_true",
         help="then measure proton-C's example broker (baseline script) and print ratios",
+    )
+    parser.add_argument(
+        "--compare-duplicate-ids",
+        action="store_true",
+        help="instead: --runs pairs of runs without and with --duplicate-ids (Scow only)",
     )
     parser.add_argument(
         "--proton-c-window",
@@ -312,6 +385,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="per client run (s)")
     parser.add_argument("--json-out", type=Path, help="write every figure here as JSON")
     args = parser.parse_args()
+    if args.compare_duplicate_ids and (args.url or args.sink or args.compare_proton_c):
+        parser.error("--compare-duplicate-ids measures the Scow it starts, alone")
 
     print(f"machine: {os.cpu_count()} cores, {platform_line()}\n", flush=True)
     results = []
@@ -328,7 +403,10 @@ def main() -> int:
         else:
             plugins = [p.strip() for p in args.plugins.split(",") if p.strip()]
             with scow_broker(workdir, args.config, plugins) as (url, pid):
-                results.append(measure("scow", url, args.address, args, pid))
+                if args.compare_duplicate_ids:
+                    results.append(compare_duplicate_ids(url, args.address, args, pid))
+                else:
+                    results.append(measure("scow", url, args.address, args, pid))
         if args.compare_proton_c:
             window = args.proton_c_window
             name = "proton-C broker.c" + (f" (WINDOW={window})" if window else "")
