@@ -170,13 +170,8 @@ def proton_c_broker(window: int | None) -> Iterator[str]:
 
 
 def run_client(
-    url: str,
-    address: str,
-    args: argparse.Namespace,
-    rate: float | None,
-    duplicate_ids: bool | None = None,
+    url: str, address: str, args: argparse.Namespace, rate: float | None
 ) -> dict[str, Any]:
-    """One `scow perf client` run; `duplicate_ids` (if given) instead of --duplicate-ids."""
     command = [
         *scow_command(),
         "perf",
@@ -197,7 +192,7 @@ def run_client(
     ]
     if args.durable:
         command.append("--durable")
-    if args.duplicate_ids if duplicate_ids is None else duplicate_ids:
+    if args.duplicate_ids:
         command.append("--duplicate-ids")
     for prop in args.property:
         command += ["--property", prop]
@@ -273,16 +268,10 @@ def measure(
     }
 
 
-def timed_run(
-    url: str,
-    address: str,
-    args: argparse.Namespace,
-    pid: int | None,
-    duplicate_ids: bool | None = None,
-) -> dict[str, Any]:
+def timed_run(url: str, address: str, args: argparse.Namespace, pid: int | None) -> dict[str, Any]:
     """An unpaced run; with the broker's `pid`, also the broker's CPU time per message."""
     before = cpu_seconds(pid) if pid else 0.0
-    result = run_client(url, address, args, None, duplicate_ids)
+    result = run_client(url, address, args, None)
     if pid:
         used = cpu_seconds(pid) - before
         messages = (args.count + args.warmup) * args.pairs
@@ -304,7 +293,12 @@ def compare_duplicate_ids(
     for n in range(1, args.runs + 1):
         order = (False, True) if n % 2 else (True, False)
         runs = {
-            ids: timed_run(url, f"{address}.{'ids' if ids else 'none'}.{n}", args, pid, ids)
+            ids: timed_run(
+                url,
+                f"{address}.{'ids' if ids else 'none'}.{n}",
+                argparse.Namespace(**{**vars(args), "duplicate_ids": ids}),
+                pid,
+            )
             for ids in order
         }
         without, with_ids = runs[False], runs[True]
