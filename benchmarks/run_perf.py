@@ -218,6 +218,17 @@ def line(label: str, result: dict[str, Any]) -> str:
     )
 
 
+def conditions(args: argparse.Namespace) -> str:
+    """What the runs are: pairs, size, settlement, ..., and the load when they start."""
+    mode = "pre-settled" if args.presettled else "at-least-once"
+    return (
+        f"{args.pairs} pair(s), {args.size} B, {mode}"
+        f"{', durable' if args.durable else ''}"
+        f"{', duplicate ids' if args.duplicate_ids else ''}, {args.count} messages/run, "
+        f"{args.warmup} warm-up; load average {os.getloadavg()[0]:.2f}"
+    )
+
+
 def measure(
     name: str, url: str, address: str, args: argparse.Namespace, pid: int | None = None
 ) -> dict[str, Any]:
@@ -225,14 +236,7 @@ def measure(
 
     With the broker's `pid`, each run also reports the broker's CPU time per message
     (sent and received), which a busy machine disturbs far less than throughput."""
-    mode = "pre-settled" if args.presettled else "at-least-once"
-    print(
-        f"== {name}: {url}  ({args.pairs} pair(s), {args.size} B, {mode}"
-        f"{', durable' if args.durable else ''}"
-        f"{', duplicate ids' if args.duplicate_ids else ''}, {args.count} messages/run, "
-        f"{args.warmup} warm-up; load average {os.getloadavg()[0]:.2f})",
-        flush=True,
-    )
+    print(f"== {name}: {url}  ({conditions(args)})", flush=True)
     runs = []
     for n in range(1, args.runs + 1):
         result = timed_run(url, f"{address}.{n}", args, pid)
@@ -284,9 +288,7 @@ def compare_duplicate_ids(
 ) -> dict[str, Any]:
     """--runs pairs of runs, without and with an id per message, on one broker."""
     print(
-        f"== duplicate ids: {url}  (--runs {args.runs} pairs, {args.size} B, "
-        f"{args.count} messages/run, {args.warmup} warm-up; "
-        f"load average {os.getloadavg()[0]:.2f})",
+        f"== duplicate ids: {url}  ({args.runs} x without and with; {conditions(args)})",
         flush=True,
     )
     pairs = []
