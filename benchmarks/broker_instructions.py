@@ -20,6 +20,10 @@ machine's other work) and each figure is an estimate of cycles, callgrind's own:
 instruction 1, a first-level miss 10, a last-level miss 100. Where the cost of a
 variant is memory traffic more than instructions, this is the figure that shows it.
 
+--keep DIR leaves each run's profile, DIR/<round>-<variant>/<messages>/callgrind.out, for
+callgrind_annotate: a function's cost per message is its figure in the longer run less
+that in the shorter, over 2 x --count.
+
 Needs valgrind (Debian: `valgrind`).
 """
 
@@ -56,7 +60,7 @@ def instructions(
     workdir: Path, count: int, client_options: list[str], cache_sim: str | None
 ) -> int:
     """Instructions (with `cache_sim`, the --LL option: estimated cycles) of one `scow
-    run` under callgrind that took `count` messages."""
+    run` under callgrind that took `count` messages; its profile is left in `workdir`."""
     workdir.mkdir(parents=True)
     port = free_port()
     config = workdir / "scow.toml"
@@ -129,6 +133,7 @@ def main() -> None:
     parser.add_argument(
         "--ll-size", type=int, default=1 << 20, help="simulated last level, bytes (1 MiB)"
     )
+    parser.add_argument("--keep", type=Path, help="a new directory to leave the profiles in")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -141,10 +146,11 @@ def main() -> None:
     unit = "estimated cycles" if cache_sim else "instructions"
     figures: dict[str, list[float]] = {v: [] for v in chosen}
     with tempfile.TemporaryDirectory(prefix="scow-instructions-") as tmp:
+        root = args.keep or Path(tmp)
         for r in range(args.rounds):
             for variant in chosen:
                 n = per_message(
-                    Path(tmp) / f"{r}-{variant}", args.count, VARIANTS[variant], cache_sim
+                    root / f"{r + 1}-{variant}", args.count, VARIANTS[variant], cache_sim
                 )
                 figures[variant].append(n)
                 print(f"round {r + 1} {variant:8} {n:9,.0f} {unit} per message", flush=True)

@@ -189,20 +189,22 @@ generation_reset(IdGeneration *g, Py_ssize_t expected)
     return 0;
 }
 
-/* Add `key` unless held: 1 when added, 0 when it was held already, -1 on error. */
+/* Make room in the index for one more key (before a `find` whose slot `add_at` fills). */
 static int
-generation_add(IdGeneration *g, const char *key, Py_ssize_t length, Py_hash_t hash)
+generation_reserve(IdGeneration *g)
 {
-    if (length > (Py_ssize_t)UINT32_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "IdGeneration: a key of over 4 GiB");
-        return -1;
-    }
     if ((g->indexed + 1) > (g->mask + 1) / 4 * 3
         && reindex(g, index_size(2 * ((size_t)g->live + 1))) < 0)
         return -1;
-    size_t slot;
-    if (find(g, key, (uint32_t)length, hash, &slot) >= 0)
-        return 0;
+    return 0;
+}
+
+/* Add `key`, not held, at the empty `slot` its `find` gave (after `generation_reserve`;
+   the length checked): 0, or -1 on error. */
+static int
+generation_add_at(IdGeneration *g, const char *key, Py_ssize_t length, Py_hash_t hash,
+                  size_t slot)
+{
     size_t offset = g->used;
     if (grow((void **)&g->arena, &g->room, offset + HEAD + (size_t)length, 1) < 0
         || grow((void **)&g->entries, &g->entries_room, g->count + 1, sizeof(uint64_t)) < 0)
@@ -217,7 +219,29 @@ generation_add(IdGeneration *g, const char *key, Py_ssize_t length, Py_hash_t ha
     g->slots[slot] = ((uint64_t)tag_of(hash) << 32) | (uint64_t)g->count;
     g->indexed++;
     g->live++;
+    return 0;
+}
+
+static int
+key_fits(Py_ssize_t length)
+{
+    if (length > (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "IdGeneration: a key of over 4 GiB");
+        return 0;
+    }
     return 1;
+}
+
+/* Add `key` unless held: 1 when added, 0 when it was held already, -1 on error. */
+static int
+generation_add(IdGeneration *g, const char *key, Py_ssize_t length, Py_hash_t hash)
+{
+    size_t slot;
+    if (!key_fits(length) || generation_reserve(g) < 0)
+        return -1;
+    if (find(g, key, (uint32_t)length, hash, &slot) >= 0)
+        return 0;
+    return generation_add_at(g, key, length, hash, slot) < 0 ? -1 : 1;
 }
 
 /* Remove `key`: 1 when it was held, 0 when not. The key that came last goes whole (a
@@ -450,13 +474,17 @@ bytes_key(PyObject *key, const char **bytes, Py_ssize_t *length, Py_hash_t *hash
     return key_parts(key, bytes, length, hash, &(int){0});
 }
 
-/* `admit` once `key` (hashed) is known new: its usual case here, any other in `_admit` */
+/* `admit` once `key` (hashed) is known new: its usual case here, any other in `_admit`.
+   `slot`, when not NULL, is the young generation's empty slot for it (its `find`). */
 static PyObject *
-admit(IdGenerations *self, PyObject *key, const char *bytes, Py_ssize_t length, Py_hash_t hash)
+admit(IdGenerations *self, PyObject *key, const char *bytes, Py_ssize_t length, Py_hash_t hash,
+      const size_t *slot)
 {
     PyObject *open = self->open;
     if (self->young->live < self->size && (PyList_CheckExact(open) || !self->journaled)) {
-        if (generation_add(self->young, bytes, length, hash) < 0)
+        if ((slot ? generation_add_at(self->young, bytes, length, hash, *slot)
+                  : generation_add(self->young, bytes, length, hash))
+            < 0)
             return NULL;
         if (open != Py_None && PyList_Append(open, key) < 0)
             return NULL;
@@ -473,20 +501,24 @@ IdGenerations_admit(IdGenerations *self, PyObject *key)
     Py_hash_t hash;
     if (!initialized(self) || bytes_key(key, &bytes, &length, &hash) < 0)
         return NULL;
-    return admit(self, key, bytes, length, hash);
+    return admit(self, key, bytes, length, hash, NULL);
 }
 
+/* The young generation is probed once: the slot where it misses `key` is where it goes. */
 static PyObject *
 IdGenerations_admit_new(IdGenerations *self, PyObject *key)
 {
     const char *bytes;
     Py_ssize_t length;
     Py_hash_t hash;
-    if (!initialized(self) || bytes_key(key, &bytes, &length, &hash) < 0)
+    size_t slot, other;
+    if (!initialized(self) || bytes_key(key, &bytes, &length, &hash) < 0 || !key_fits(length)
+        || generation_reserve(self->young) < 0)
         return NULL;
-    if (holds(self, bytes, length, hash))
+    if (find(self->young, bytes, (uint32_t)length, hash, &slot) >= 0
+        || find(self->old, bytes, (uint32_t)length, hash, &other) >= 0)
         Py_RETURN_NONE;
-    return admit(self, key, bytes, length, hash);
+    return admit(self, key, bytes, length, hash, &slot);
 }
 
 static PyObject *

@@ -635,10 +635,9 @@ class Broker:
         key = header[3]
         cache = None
         if key is not None and check_duplicates:
-            # _id_cache, inlined: per message (a cache kept has a size)
-            cache = self.duplicate_ids.get(address.name)
-            if cache is None:
-                cache = self._id_cache(address.name)  # None: detection is off here
+            cache = address.id_cache
+            if cache is None:  # None again: detection is off here
+                cache = address.id_cache = self._id_cache(address.name)
             if cache is not None:
                 if key.__class__ is not bytes:  # `inspect` gives the key of a valid id
                     key = id_key(key, address.name)  # raises InvalidField
@@ -812,6 +811,9 @@ class Broker:
     def _forget_ids(self, address_name: str) -> None:
         """Drop an address's duplicate-id cache and its records."""
         cache = self.duplicate_ids.pop(address_name, None)
+        address = self.addresses.get(address_name)
+        if address is not None:
+            address.id_cache = None
         if cache is None or not self.persistent:
             return
         try:

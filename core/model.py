@@ -14,6 +14,7 @@ from scow.core.message import MEMORY_OVERHEAD
 
 if TYPE_CHECKING:
     from scow.core.address_settings import AddressSettings
+    from scow.core.duplicates import DuplicateIdCache
     from scow.core.interfaces import FullPolicy, Pager, Queue
 
 
@@ -230,6 +231,9 @@ class AddressInfo:
     record_id: int | None = None
     #: Called with no arguments when the address stops being full (BLOCK resumes credit).
     on_space: list[Callable[[], None]] = field(default_factory=list)
+    #: Its duplicate-id cache once a message with an id looked it up (the broker's
+    #: `duplicate_ids` holds it, by name: it outlives the address).
+    id_cache: DuplicateIdCache | None = None
     _anycast_index: int = 0
 
     def bind(self, queue: Queue) -> None:

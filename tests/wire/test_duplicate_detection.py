@@ -121,6 +121,25 @@ def test_an_id_is_caught_for_id_cache_size_admissions_then_forgotten_with_its_ge
     ]
 
 
+def test_an_id_cache_size_of_0_set_at_run_time_turns_detection_off_then_on_afresh(
+    scow_broker,
+):
+    """The address keeps a reference to its cache (looked up once, not per message): a
+    cache the settings drop must not stay in use through it."""
+    broker = scow_broker()
+    send_outcomes(broker.url, "live", dupl("a", "a"), dupl("dup", "a"))
+    broker.call(lambda: broker.broker.set_address_settings("live", {"id-cache-size": 0}))
+    send_outcomes(broker.url, "live", dupl("a again", "a"), dupl("a thrice", "a"))
+    broker.call(lambda: broker.broker.set_address_settings("live", {"id-cache-size": 10}))
+    send_outcomes(broker.url, "live", dupl("a, cached afresh", "a"), dupl("dup", "a"))
+    assert [m.body for m in consume_all(broker.url, "live")] == [
+        "a",
+        "a again",
+        "a thrice",
+        "a, cached afresh",
+    ]
+
+
 def test_the_broker_wide_id_cache_size_applies_where_addresses_do_not_say(scow_broker):
     broker = scow_broker(sections={"broker": {"id-cache-size": 1}})
     send_outcomes(
