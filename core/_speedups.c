@@ -1,10 +1,11 @@
 /* The duplicate-id check of the broker's hot path, in C: `IdGenerations`, the base of
    `DuplicateIdCache` (core/duplicates.py, which says what the generations and the open
    block are). It holds the two generations (`IdGeneration`: a table of its own, below),
-   the open block (a list or None) and the size, and answers what every message with an
-   id asks: whether the cache holds it and, if not, its admission (`admit_new`; `in` and
-   `admit` apart), whose usual case (room in the young generation, the open block open)
-   it makes itself; any other it leaves to the subclass's `_admit`.
+   the open block (a bytearray of keys back to back, or None) and the size, and answers
+   what every message with an id asks: whether the cache holds it and, if not, its
+   admission (`admit_new`; `in` and `admit` apart), whose usual case (room in the young
+   generation, the open block open) it makes itself; any other it leaves to the
+   subclass's `_admit`.
 
    The module is optional: without a C compiler the package installs without it, and
    duplicates.py's Python build of the same class (`PyIdGenerations`, whose generations
@@ -481,13 +482,18 @@ admit(IdGenerations *self, PyObject *key, const char *bytes, Py_ssize_t length, 
       const size_t *slot)
 {
     PyObject *open = self->open;
-    if (self->young->live < self->size && (PyList_CheckExact(open) || !self->journaled)) {
+    int block = PyByteArray_CheckExact(open);
+    if (self->young->live < self->size && (block || (open == Py_None && !self->journaled))) {
         if ((slot ? generation_add_at(self->young, bytes, length, hash, *slot)
                   : generation_add(self->young, bytes, length, hash))
             < 0)
             return NULL;
-        if (open != Py_None && PyList_Append(open, key) < 0)
-            return NULL;
+        if (block) {
+            Py_ssize_t end = PyByteArray_GET_SIZE(open);
+            if (PyByteArray_Resize(open, end + length) < 0)
+                return NULL;
+            memcpy(PyByteArray_AS_STRING(open) + end, bytes, (size_t)length);
+        }
         Py_RETURN_FALSE;
     }
     return PyObject_CallMethod((PyObject *)self, "_admit", "O", key);
@@ -521,6 +527,21 @@ IdGenerations_admit_new(IdGenerations *self, PyObject *key)
     return admit(self, key, bytes, length, hash, &slot);
 }
 
+/* The bytes of the key at `key` (the AMQP encoding of a string or binary: its type code
+   gives its length's size), of at most `room`; 0 when none starts there. */
+static Py_ssize_t
+key_size(const char *key, Py_ssize_t room)
+{
+    const unsigned char *at = (const unsigned char *)key;
+    Py_ssize_t size = 0;
+    if ((at[0] == 0xA0 || at[0] == 0xA1) && room >= 2)
+        size = 2 + (Py_ssize_t)at[1];
+    else if ((at[0] == 0xB0 || at[0] == 0xB1) && room >= 5)
+        size = 5 + (Py_ssize_t)((uint32_t)at[1] << 24 | (uint32_t)at[2] << 16
+                                | (uint32_t)at[3] << 8 | (uint32_t)at[4]);
+    return size <= room ? size : 0;
+}
+
 static PyObject *
 IdGenerations_withdraw(IdGenerations *self, PyObject *key)
 {
@@ -531,14 +552,15 @@ IdGenerations_withdraw(IdGenerations *self, PyObject *key)
         return NULL;
     generation_remove(self->young, bytes, length, hash);
     PyObject *open = self->open;
-    if (PyList_CheckExact(open)) {
-        /* the last of the block, but for a send within its send */
-        for (Py_ssize_t at = PyList_GET_SIZE(open) - 1; at >= 0; at--) {
-            int same = PyObject_RichCompareBool(PyList_GET_ITEM(open, at), key, Py_EQ);
-            if (same < 0)
-                return NULL;
-            if (same)
-                return PyList_SetSlice(open, at, at + 1, NULL) < 0 ? NULL : Py_NewRef(Py_None);
+    if (PyByteArray_CheckExact(open)) {
+        char *block = PyByteArray_AS_STRING(open);
+        Py_ssize_t end = PyByteArray_GET_SIZE(open), size;
+        for (Py_ssize_t at = 0; at < end && (size = key_size(block + at, end - at)) > 0;
+             at += size) {
+            if (size == length && memcmp(block + at, bytes, (size_t)length) == 0) {
+                memmove(block + at, block + at + size, (size_t)(end - at - size));
+                return PyByteArray_Resize(open, end - size) < 0 ? NULL : Py_NewRef(Py_None);
+            }
         }
     }
     Py_RETURN_NONE;
@@ -610,7 +632,8 @@ static PyMemberDef members[] = {
     {"old", T_OBJECT_EX, offsetof(IdGenerations, old), READONLY,
      "The generation before it (`add_block` may pop ids from it)."},
     {"open", T_OBJECT, offsetof(IdGenerations, open), 0,
-     "The ids admitted on their own since the open block's last close (None: none)."},
+     "The keys admitted on their own since the open block's last close, back to back "
+     "(a bytearray; None: none)."},
     {"size", T_PYSSIZET, offsetof(IdGenerations, size), 0, "A generation's ids, at most."},
     {"journaled", T_BOOL, offsetof(IdGenerations, journaled), 0,
      "Whether the cache's blocks are journaled."},

@@ -781,7 +781,7 @@ class Broker:
         try:
             for block, keys in blocks:
                 record_id = self.next_id()
-                self.storage.store_duplicate_ids(record_id, address_name, keys, deleting=dead)
+                self.storage.store_duplicate_ids(record_id, address_name, [keys], deleting=dead)
                 block.record_id, block.keys, dead = record_id, None, []
             for record_id in dead:
                 self.storage.delete_record(record_id)

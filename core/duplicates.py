@@ -132,11 +132,11 @@ class IdBlock:
 
     __slots__ = ("keys", "record_id")
 
-    def __init__(self, keys: list[bytes] | None, record_id: int = 0) -> None:
+    def __init__(self, keys: bytes | None, record_id: int = 0) -> None:
         #: Its journal record (0: not journaled, or not yet).
         self.record_id = record_id
-        #: Its ids, until its record is written (None once written, or once its
-        #: generation was dropped before).
+        #: Its ids' keys back to back, until its record is written (None once written,
+        #: or once its generation was dropped before).
         self.keys = keys
 
 
@@ -160,9 +160,10 @@ class PyIdGenerations:
         self.young: dict[bytes, None] = {}
         #: The generation before it (no id of it is in `young`).
         self.old: dict[bytes, None] = {}
-        #: The ids admitted on their own since the last `close` (None: none yet, or
-        #: the cache is not journaled).
-        self.open: list[bytes] | None = None
+        #: The keys of the ids admitted on their own since the last `close`, back to
+        #: back as their record holds them (None: none yet, or the cache is not
+        #: journaled). Not a list of the keys: a key is then let go with its message.
+        self.open: bytearray | None = None
 
     def __contains__(self, key: bytes) -> bool:
         return key in self.young or key in self.old
@@ -177,7 +178,7 @@ class PyIdGenerations:
             keys = self.open
             if keys is not None:
                 self.young[key] = None
-                keys.append(key)
+                keys += key
                 return False
             if not self.journaled:
                 self.young[key] = None
@@ -195,8 +196,11 @@ class PyIdGenerations:
         """Undo the admission of `key` just made: its send was refused."""
         self.young.pop(key, None)
         keys = self.open
-        if keys and key in keys:  # (an open block's ids are distinct)
-            keys.remove(key)
+        if keys:
+            held = split_keys(bytes(keys))
+            if key in held:  # (an open block's ids are distinct)
+                held.remove(key)
+                keys[:] = b"".join(held)
 
     def _admit(self, key: bytes) -> bool:
         """`admit` when the young generation is full or no block is open."""
@@ -278,22 +282,24 @@ class DuplicateIdCache(IdGenerations):
         self._add(key)
         keys = self.open
         if keys is not None:
-            keys.append(key)
+            keys += key
             return False
         if self.journaled:
-            self.open = [key]
+            self.open = bytearray(key)
             return True
         return False
 
-    def close(self) -> tuple[list[tuple[IdBlock, list[bytes]]], list[int]]:
-        """End the open block: (the blocks to write, oldest first, with their ids: each
-        one record, then set its `record_id`; the records to delete)."""
+    def close(self) -> tuple[list[tuple[IdBlock, bytes]], list[int]]:
+        """End the open block: (the blocks to write, oldest first, with their ids' keys
+        back to back: each one record, then set its `record_id`; the records to
+        delete)."""
         blocks = [(block, block.keys) for block in self.unwritten if block.keys is not None]
         self.unwritten = []
         if self.open:
-            block = IdBlock(self.open)
+            keys = bytes(self.open)
+            block = IdBlock(keys)
             self.young_blocks.append(block)
-            blocks.append((block, self.open))
+            blocks.append((block, keys))
         self.open = None
         dead, self.dead = self.dead, []
         return blocks, dead
@@ -342,10 +348,10 @@ class DuplicateIdCache(IdGenerations):
     def _age(self) -> None:
         """The young generation becomes the old one; the old one is dropped whole."""
         if self.open:  # its ids are in the generation that ages: a block of their own
-            block = IdBlock(self.open)
+            block = IdBlock(bytes(self.open))
             self.young_blocks.append(block)
             self.unwritten.append(block)
-            self.open = []  # still open (its `close` is due), for the new generation
+            self.open = bytearray()  # still open (its `close` is due), for the new generation
         for block in self.old_blocks:
             block.keys = None  # not written, if it was not yet
             if block.record_id:

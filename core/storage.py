@@ -516,10 +516,11 @@ class StorageManager:
         tx_id: int | None = None,
         deleting: Iterable[int] = (),
     ) -> None:
-        """Journal a block of ids of `address`'s duplicate-id cache (oldest first) as
-        record `record_id`: within `tx_id`, the transaction of the messages they admit
-        (so both are durable, or neither), else unsynced. The records of `deleting` (of
-        blocks of a generation dropped from the cache) are deleted first."""
+        """Journal a block of ids of `address`'s duplicate-id cache (oldest first; the
+        keys of a block admitted on its own come joined, as one) as record `record_id`:
+        within `tx_id`, the transaction of the messages they admit (so both are durable,
+        or neither), else unsynced. The records of `deleting` (of blocks of a generation
+        dropped from the cache) are deleted first."""
         journal = self.messages
         prefix = self._id_prefixes.get(address)
         if prefix is None:
